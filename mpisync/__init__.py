@@ -1,0 +1,31 @@
+"""mpisync: keep model parameters identical across the ranks of an MPI job.
+
+>>> from mpi4py import MPI
+>>> import mpisync
+>>> report = mpisync.sync_params(model.state_dict(), MPI.COMM_WORLD, root=0)  # doctest: +SKIP
+"""
+
+from .errors import (
+    InvalidParamError,
+    ManifestMismatchError,
+    SyncError,
+    SyncTimeoutError,
+    VerificationError,
+)
+from .report import SyncReport
+from .ring import RequestRing
+from .sync import ParamSync, sync_params
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "sync_params",
+    "ParamSync",
+    "RequestRing",
+    "SyncReport",
+    "SyncError",
+    "ManifestMismatchError",
+    "InvalidParamError",
+    "SyncTimeoutError",
+    "VerificationError",
+]

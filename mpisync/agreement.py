@@ -1,0 +1,122 @@
+"""Agree, across every rank, that a sync may start, or on the one error all ranks raise.
+
+The happy path costs one ``Iallreduce`` of a few integers: a flag for local
+errors and the manifest digest, reduced with MAX together with its bitwise
+complement (``max(~x) == ~min(x)``), so every rank learns whether min == max.
+Only when something differs do ranks exchange their JSON manifests to name
+the offending rank(s) and parameter(s). Nothing received is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json as _json
+
+import numpy as _np
+from mpi4py import MPI
+
+from .errors import InvalidParamError, ManifestMismatchError
+
+__all__ = ["all_equal", "allgather_bytes", "agree", "diagnose"]
+
+_MAX_ITEMS = 20
+
+
+def all_equal(comm, words: _np.ndarray, call) -> tuple:
+    """Return ``(max, all ranks equal)`` for an int64 vector, in one nonblocking all-reduce.
+
+    ``call(request)`` waits for the request (with the caller's deadline).
+    """
+    words = _np.ascontiguousarray(words, dtype=_np.int64)
+    send = _np.concatenate([words, ~words])
+    recv = _np.empty_like(send)
+    call(comm.Iallreduce(send, recv, op=MPI.MAX))
+    n = words.size
+    high, low = recv[:n], ~recv[n:]
+    return high, bool(_np.array_equal(high, low))
+
+
+def allgather_bytes(comm, payload: bytes, call) -> list:
+    """Every rank's ``payload``, in rank order (two nonblocking collectives)."""
+    lengths = _np.empty(comm.size, dtype=_np.int64)
+    call(comm.Iallgather(_np.array([len(payload)], dtype=_np.int64), lengths))
+    displs = _np.zeros(comm.size, dtype=_np.int64)
+    _np.cumsum(lengths[:-1], out=displs[1:])
+    recv = _np.empty(int(lengths.sum()), dtype=_np.uint8)
+    send = _np.frombuffer(payload, dtype=_np.uint8)
+    call(comm.Iallgatherv(send, [recv, (lengths.tolist(), displs.tolist()), MPI.BYTE]))
+    return [recv[d : d + n].tobytes() for d, n in zip(displs.tolist(), lengths.tolist())]
+
+
+def agree(comm, manifest, call) -> None:
+    """Raise the same error on every rank if any rank's manifest is bad or differs; else return.
+
+    ``call(request)`` waits for one request; it enforces the timeout.
+    """
+    flag = 1 if manifest.errors else 0
+    words = _np.concatenate([[flag], _np.frombuffer(manifest.digest(), dtype=_np.int64)])
+    high, equal = all_equal(comm, words, call)
+    if high[0] == 0 and equal:
+        return
+    docs = [_json.loads(raw) for raw in allgather_bytes(comm, manifest.encode(), call)]
+    raise diagnose(docs)
+
+
+def _limited(items: list) -> str:
+    shown = "; ".join(items[:_MAX_ITEMS])
+    if len(items) > _MAX_ITEMS:
+        shown += f"; ... and {len(items) - _MAX_ITEMS} more"
+    return shown
+
+
+def _shape(shape: list) -> str:
+    return str(tuple(shape))
+
+
+def diagnose(docs: list) -> Exception:
+    """The error every rank raises, computed identically on every rank from all manifests."""
+    invalid = [
+        f"rank {rank}: " + (f"parameter {name!r}: {msg}" if name is not None else msg)
+        for rank, doc in enumerate(docs)
+        for name, msg in doc["errors"]
+    ]
+    if invalid:
+        ranks = sorted({rank for rank, doc in enumerate(docs) if doc["errors"]})
+        return InvalidParamError(
+            f"mpisync: invalid input on rank(s) {', '.join(map(str, ranks))}: {_limited(invalid)}"
+        )
+    reference = docs[0]["settings"]
+    differing = []
+    for key in sorted(set().union(*(d["settings"] for d in docs))):
+        values = [d["settings"].get(key) for d in docs]
+        if any(v != values[0] for v in values):
+            differing.append(f"{key}: " + ", ".join(f"rank {r}={v!r}" for r, v in enumerate(values)))
+    if differing:
+        return ManifestMismatchError(f"mpisync: ranks disagree on sync settings: {_limited(differing)}")
+    root = reference["root"]
+    expected = {row[0]: row for row in docs[root]["params"]}
+    problems = []  # (rank, text)
+    for rank, doc in enumerate(docs):
+        if rank == root:
+            continue
+        mine = {row[0]: row for row in doc["params"]}
+        for name in sorted(expected.keys() | mine.keys()):
+            if name not in mine:
+                problems.append((rank, f"parameter {name!r} is missing (root has it)"))
+            elif name not in expected:
+                problems.append((rank, f"parameter {name!r} is not on root rank {root}"))
+            else:
+                _, shape, dtype, count = mine[name]
+                _, rshape, rdtype, rcount = expected[name]
+                if shape != rshape:
+                    problems.append((rank, f"parameter {name!r} has shape {_shape(shape)}, root has {_shape(rshape)}"))
+                if dtype != rdtype:
+                    problems.append((rank, f"parameter {name!r} has dtype {dtype}, root has {rdtype}"))
+                if count != rcount:
+                    problems.append((rank, f"parameter {name!r} has {count} replica(s), root has {rcount}"))
+    if not problems:  # a digest collision or a bug: still fail loudly, never hang
+        return ManifestMismatchError("mpisync: manifest digests differ between ranks, but no difference was found")
+    ranks = ", ".join(str(r) for r in sorted({r for r, _ in problems}))
+    return ManifestMismatchError(
+        f"mpisync: parameters differ from root rank {root}'s on rank(s) {ranks}: "
+        + _limited([f"rank {r}: {text}" for r, text in problems])
+    )

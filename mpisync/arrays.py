@@ -1,0 +1,130 @@
+"""Adapt user arrays (numpy, torch CPU, DLPack, buffer protocol) to flat byte views.
+
+A broadcast moves bytes, not numbers: every supported array becomes a
+one-dimensional ``numpy.uint8`` view of its own memory (no copy), plus the
+shape and a dtype name that is the same for equal dtypes across libraries
+(``numpy.float32`` and ``torch.float32`` are both ``"float32"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses as _dc
+import sys as _sys
+
+import numpy as _np
+
+__all__ = ["ArrayView", "UnsupportedArray", "as_array_view", "is_array_like"]
+
+
+class UnsupportedArray(Exception):
+    """Raised by :func:`as_array_view` with the reason an object cannot be synced."""
+
+
+@_dc.dataclass(frozen=True)
+class ArrayView:
+    """A flat byte view of one replica, with what validation needs to know about it."""
+
+    data: _np.ndarray  # 1-D uint8, aliases the replica's memory
+    shape: tuple
+    dtype: str
+    writable: bool
+    kind: str = "host"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the replica."""
+        return self.data.nbytes
+
+
+def _dtype_name(dtype: _np.dtype) -> str:
+    if dtype.hasobject:
+        raise UnsupportedArray(f"dtype {dtype} holds Python objects, not fixed-size values")
+    name = dtype.name if dtype.fields is None else str(dtype.descr)
+    if dtype.byteorder == (">" if _sys.byteorder == "little" else "<"):
+        name = dtype.byteorder + name
+    return name
+
+
+def _from_numpy(array: _np.ndarray) -> ArrayView:
+    if not array.flags.c_contiguous:
+        raise UnsupportedArray(f"numpy array with strides {array.strides} is not C-contiguous")
+    dtype = _dtype_name(array.dtype)
+    flat = array.reshape(-1)
+    return ArrayView(flat.view(_np.uint8), array.shape, dtype, bool(array.flags.writeable))
+
+
+def _is_torch_tensor(obj) -> bool:
+    torch = _sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _from_torch(tensor) -> ArrayView:
+    import torch
+
+    if tensor.layout != torch.strided:
+        raise UnsupportedArray(f"torch tensor with layout {tensor.layout} is not a dense array")
+    if tensor.device.type != "cpu":
+        raise UnsupportedArray(
+            f"torch tensor on device {tensor.device}: GPU buffers are not supported by this "
+            "version of mpisync; move it to the CPU first"
+        )
+    if not tensor.is_contiguous():
+        raise UnsupportedArray(f"torch tensor with stride {tensor.stride()} is not contiguous")
+    if tensor.is_quantized or tensor.is_complex() and tensor.is_conj():
+        raise UnsupportedArray("quantized or lazily conjugated torch tensors are not supported")
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    flat = tensor.detach().reshape(-1).view(torch.uint8)
+    return ArrayView(flat.numpy(), tuple(tensor.shape), dtype, True)
+
+
+def _is_gpu_object(obj) -> bool:
+    return hasattr(obj, "__cuda_array_interface__")
+
+
+def is_array_like(obj) -> bool:
+    """Whether ``obj`` looks like one array (rather than a container of replicas)."""
+    if isinstance(obj, _np.ndarray) or _is_torch_tensor(obj) or _is_gpu_object(obj):
+        return True
+    if hasattr(obj, "__dlpack__"):
+        return True
+    if isinstance(obj, (str, list, tuple, dict)):
+        return False
+    try:
+        memoryview(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def as_array_view(obj) -> ArrayView:
+    """Return the flat byte view of one replica, or raise :class:`UnsupportedArray` saying why."""
+    if isinstance(obj, _np.ndarray):
+        return _from_numpy(obj)
+    if _is_torch_tensor(obj):
+        return _from_torch(obj)
+    if _is_gpu_object(obj):
+        raise UnsupportedArray(
+            f"{type(obj).__module__}.{type(obj).__qualname__} is a GPU buffer: GPU buffers are "
+            "not supported by this version of mpisync; copy it to host memory first"
+        )
+    if hasattr(obj, "__dlpack__"):
+        try:
+            array = _np.from_dlpack(obj)
+        except Exception as exc:  # the producer says why (device, dtype, ...)
+            raise UnsupportedArray(f"DLPack export of {type(obj).__qualname__} failed: {exc}") from None
+        return _from_numpy(array)
+    try:
+        buffer = memoryview(obj)
+    except TypeError:
+        raise UnsupportedArray(
+            f"unsupported object of type {type(obj).__module__}.{type(obj).__qualname__}: "
+            "expected a numpy array, a torch CPU tensor, or an object with the buffer "
+            "protocol or DLPack"
+        ) from None
+    if not buffer.c_contiguous:
+        raise UnsupportedArray(f"{type(obj).__qualname__} buffer is not C-contiguous")
+    try:
+        array = _np.asarray(buffer)
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedArray(f"buffer format {buffer.format!r} is not understood: {exc}") from None
+    return _from_numpy(array)

@@ -1,0 +1,119 @@
+"""Effective settings: an explicit argument, else the environment, else a built-in default.
+
+Each resolved value remembers where it came from, so ``mpisync info`` can say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses as _dc
+import os as _os
+
+from .errors import InvalidParamError
+
+__all__ = ["Setting", "Settings", "resolve", "BUILTIN_DEFAULTS", "ENV_NAMES"]
+
+GPU_TRANSPORTS = ("auto", "cuda-aware", "staged")
+
+#: Built-in defaults; the README's Performance section says how they were chosen.
+BUILTIN_DEFAULTS = {
+    "max_concurrent": 4,
+    "fusion_bytes": 1 << 20,
+    "gpu_transport": "auto",
+    "timeout": 300.0,
+}
+
+ENV_NAMES = {
+    "max_concurrent": "MPISYNC_MAX_CONCURRENT",
+    "fusion_bytes": "MPISYNC_FUSION_BYTES",
+    "gpu_transport": "MPISYNC_GPU_TRANSPORT",
+    "timeout": "MPISYNC_TIMEOUT",
+}
+
+
+@_dc.dataclass(frozen=True)
+class Setting:
+    """One effective value and its source: ``"argument"``, ``"environment"`` or ``"built-in"``."""
+
+    value: object
+    source: str
+
+
+@_dc.dataclass(frozen=True)
+class Settings:
+    """The effective values of every tunable of a sync."""
+
+    max_concurrent: Setting
+    fusion_bytes: Setting
+    gpu_transport: Setting
+    timeout: Setting
+
+    def values(self) -> dict:
+        """The values alone, by name."""
+        return {f.name: getattr(self, f.name).value for f in _dc.fields(self)}
+
+
+def _parse_int(name: str, raw: object, minimum: int) -> int:
+    try:
+        value = int(raw)  # type: ignore[arg-type]
+        if isinstance(raw, float) and raw != value:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InvalidParamError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise InvalidParamError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _parse_timeout(raw: object) -> float | None:
+    if isinstance(raw, str) and raw.strip().lower() in ("", "none", "inf", "0"):
+        return None
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InvalidParamError(f"timeout must be a number of seconds, got {raw!r}") from None
+    if value != value or value < 0:
+        raise InvalidParamError(f"timeout must be >= 0 seconds, got {raw!r}")
+    return None if value in (0.0, float("inf")) else value
+
+
+def _parse(name: str, raw: object):
+    if name == "max_concurrent":
+        return _parse_int(name, raw, 1)
+    if name == "fusion_bytes":
+        return _parse_int(name, raw, 0)
+    if name == "timeout":
+        return _parse_timeout(raw)
+    value = str(raw).strip().lower()
+    if value not in GPU_TRANSPORTS:
+        raise InvalidParamError(f"gpu_transport must be one of {GPU_TRANSPORTS}, got {raw!r}")
+    return value
+
+
+def _resolve_one(name: str, argument: object) -> Setting:
+    if argument is not None:
+        return Setting(_parse(name, argument), "argument")
+    raw = _os.environ.get(ENV_NAMES[name])
+    if raw is not None and raw.strip() != "":
+        try:
+            return Setting(_parse(name, raw), "environment")
+        except InvalidParamError as exc:
+            raise InvalidParamError(f"{ENV_NAMES[name]}: {exc}") from None
+    return Setting(BUILTIN_DEFAULTS[name], "built-in")
+
+
+def resolve(max_concurrent=None, fusion_bytes=None, gpu_transport=None, timeout=None) -> Settings:
+    """Resolve every setting: argument if not ``None``, else environment, else built-in.
+
+    ``timeout`` of ``0``, ``inf`` or ``"none"`` (from the environment) means wait forever.
+    """
+    return Settings(
+        max_concurrent=_resolve_one("max_concurrent", max_concurrent),
+        fusion_bytes=_resolve_one("fusion_bytes", fusion_bytes),
+        gpu_transport=_resolve_one("gpu_transport", gpu_transport),
+        timeout=_resolve_one("timeout", timeout),
+    )
+
+
+def abort_on_timeout() -> bool:
+    """Whether a timeout aborts the job (default) or only raises (``MPISYNC_TIMEOUT_ABORT=0``)."""
+    return _os.environ.get("MPISYNC_TIMEOUT_ABORT", "1").strip().lower() not in ("0", "false", "no", "off")

@@ -1,0 +1,48 @@
+"""Facts about the MPI library and mpisync's effective settings, for ``mpisync info``."""
+
+from __future__ import annotations
+
+import importlib.metadata as _metadata
+
+from mpi4py import MPI
+
+from . import __version__, config as _config
+
+__all__ = ["collect_info"]
+
+_THREAD_LEVELS = {
+    MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
+    MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+    MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
+    MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE",
+}
+
+
+def _version(dist: str) -> str:
+    try:
+        return _metadata.version(dist)
+    except _metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def collect_info() -> dict:
+    """Everything ``mpisync info`` prints, as a JSON-safe dict."""
+    library = MPI.Get_library_version().strip().splitlines()
+    settings = _config.resolve()
+    return {
+        "mpisync": __version__,
+        "mpi4py": _version("mpi4py"),
+        "numpy": _version("numpy"),
+        "torch": _version("torch"),
+        "mpi_library": library[0].strip() if library else "unknown",
+        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
+        "world_size": MPI.COMM_WORLD.size,
+        "gpu": "not supported by this version: host arrays only (numpy, torch CPU, buffer protocol, DLPack on CPU)",
+        "defaults": {
+            name: {"value": s.value, "source": s.source, "env": _config.ENV_NAMES[name]}
+            for name, s in zip(_config.ENV_NAMES, (settings.max_concurrent, settings.fusion_bytes,
+                                                    settings.gpu_transport, settings.timeout))
+        },
+        "timeout_aborts": _config.abort_on_timeout(),
+    }

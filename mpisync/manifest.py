@@ -1,0 +1,143 @@
+"""What one rank holds: the sorted parameter list, its replicas, and local problems.
+
+Nothing here talks to other ranks; :mod:`mpisync.agreement` compares manifests.
+"""
+
+from __future__ import annotations
+
+import collections.abc as _abc
+import dataclasses as _dc
+import hashlib as _hashlib
+import json as _json
+
+from .arrays import ArrayView, UnsupportedArray, as_array_view, is_array_like
+
+__all__ = ["Param", "Manifest", "build_manifest"]
+
+
+@_dc.dataclass
+class Param:
+    """One named parameter: its replicas' byte views, master first."""
+
+    name: str
+    replicas: list  # list[ArrayView]
+
+    @property
+    def master(self) -> ArrayView:
+        """The replica whose bytes travel (on the root) or arrive first (elsewhere)."""
+        return self.replicas[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one copy."""
+        return self.replicas[0].nbytes
+
+
+@_dc.dataclass
+class Manifest:
+    """This rank's view of a sync: parameters in sorted order, local errors, settings that must agree."""
+
+    params: list  # list[Param], sorted by name
+    errors: list  # list[tuple[str | None, str]]
+    settings: dict  # values every rank must share (root, fusion_bytes, ...)
+
+    def describe(self) -> list:
+        """One row per parameter: ``[name, shape, dtype, replicas]``, JSON-safe."""
+        return [[p.name, list(p.master.shape), p.master.dtype, len(p.replicas)] for p in self.params]
+
+    def encode(self) -> bytes:
+        """A JSON encoding of everything other ranks must compare (never pickle)."""
+        doc = {"settings": self.settings, "params": self.describe(), "errors": self.errors}
+        return _json.dumps(doc, separators=(",", ":")).encode()
+
+    def digest(self) -> bytes:
+        """16 bytes that differ, with overwhelming probability, when the comparable parts differ."""
+        h = _hashlib.blake2b(digest_size=16)
+        h.update(_json.dumps(self.settings, sort_keys=True).encode())
+        for p in self.params:
+            m = p.master
+            h.update(f"\x00{p.name}\x01{m.shape}\x01{m.dtype}\x01{len(p.replicas)}".encode())
+        return h.digest()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one copy of every parameter."""
+        return sum(p.nbytes for p in self.params)
+
+    @property
+    def nreplicas(self) -> int:
+        """Replicas on this rank, all parameters together."""
+        return sum(len(p.replicas) for p in self.params)
+
+
+def _replica_list(name: str, replicas, devices) -> list:
+    """The replicas of one parameter as a list, master first; raises ``ValueError`` saying why not."""
+    if is_array_like(replicas):
+        return [replicas]
+    if isinstance(replicas, _abc.Mapping):
+        if devices is None:
+            return list(replicas.values())
+        missing = [d for d in devices if d not in replicas]
+        if missing:
+            raise ValueError(f"no replica for device(s) {missing!r}; it has {list(replicas)!r}")
+        return [replicas[d] for d in devices]
+    if isinstance(replicas, _abc.Sequence) and not isinstance(replicas, str):
+        return list(replicas)
+    raise ValueError(
+        f"unsupported object of type {type(replicas).__module__}.{type(replicas).__qualname__}: "
+        "expected an array, a sequence of arrays or a mapping of device to array"
+    )
+
+
+def _check_param(name: str, views: list, receiving: bool) -> str | None:
+    master = views[0]
+    for i, view in enumerate(views[1:], start=1):
+        if view.shape != master.shape or view.dtype != master.dtype:
+            return (
+                f"replica {i} has shape {view.shape} dtype {view.dtype}, but the master "
+                f"has shape {master.shape} dtype {master.dtype}"
+            )
+    for i, view in enumerate(views):
+        if not view.writable and (receiving or i > 0):
+            return f"replica {i} is read-only, but this rank must write into it"
+    return None
+
+
+def build_manifest(params, *, rank: int, size: int, root, devices=None, settings=None) -> Manifest:
+    """Inspect ``params`` on this rank; collect every local problem instead of raising.
+
+    Precondition: none; any object is accepted and problems are reported in
+    ``Manifest.errors`` as ``(parameter name or None, message)``.
+    """
+    errors: list = []
+    out: list = []
+    root_ok = isinstance(root, int) and not isinstance(root, bool) and 0 <= root < size
+    if not root_ok:
+        errors.append((None, f"root={root!r} is not a rank of this communicator (size {size})"))
+    receiving = not (root_ok and rank == root)
+    if devices is not None and (isinstance(devices, (str, bytes)) or not isinstance(devices, _abc.Sequence) or not devices):
+        errors.append((None, f"devices must be a non-empty sequence of device keys, got {devices!r}"))
+        devices = None
+    if not isinstance(params, _abc.Mapping):
+        errors.append((None, f"params must be a mapping of name to replicas, got {type(params).__qualname__}"))
+        params = {}
+    bad_names = [n for n in params if not isinstance(n, str)]
+    if bad_names:
+        errors.append((None, f"parameter names must be str, got {bad_names[:3]!r}"))
+    for name in sorted(n for n in params if isinstance(n, str)):
+        try:
+            objs = _replica_list(name, params[name], devices)
+            if not objs:
+                raise ValueError("has no replicas")
+            views = [as_array_view(o) for o in objs]
+        except (ValueError, UnsupportedArray) as exc:
+            errors.append((name, str(exc)))
+            continue
+        problem = _check_param(name, views, receiving)
+        if problem:
+            errors.append((name, problem))
+            continue
+        out.append(Param(name, views))
+    values = dict(settings or {})
+    values["root"] = root if root_ok else repr(root)
+    return Manifest(out, errors, values)

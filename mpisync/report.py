@@ -1,0 +1,44 @@
+"""What one sync did, as returned by ``sync_params`` and ``ParamSync.sync``."""
+
+from __future__ import annotations
+
+import dataclasses as _dc
+
+__all__ = ["SyncReport"]
+
+
+@_dc.dataclass
+class SyncReport:
+    """One rank's account of one sync.
+
+    ``bytes`` counts one copy of all parameters; ``collectives`` every MPI
+    collective this rank issued (validation and verification included);
+    ``transport`` is ``"host"``, ``"staged"``, ``"cuda-aware"`` or ``"local"``
+    (no peers: only the local fan-out ran).
+    """
+
+    tensors: int
+    replicas: int
+    bytes: int
+    collectives: int
+    seconds: float
+    transport: str
+    rank: int = 0
+    size: int = 1
+    root: int = 0
+    fused_buckets: int = 0
+    verified: bool = False
+
+    @property
+    def gbps(self) -> float:
+        """Bytes of one copy of the parameters per second, in GB/s (10**9 bytes)."""
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        """One line for logs."""
+        return (
+            f"rank {self.rank}/{self.size}: synced {self.tensors} tensors ({self.replicas} replicas, "
+            f"{self.bytes / 1e6:.3f} MB) from root {self.root} in {self.seconds * 1e3:.2f} ms "
+            f"({self.gbps:.2f} GB/s) with {self.collectives} collectives, {self.fused_buckets} fused "
+            f"buckets, transport={self.transport}" + (", verified" if self.verified else "")
+        )

@@ -1,0 +1,243 @@
+"""``ParamSync`` and ``sync_params``: validate, broadcast in a capped ring, fan out, verify."""
+
+from __future__ import annotations
+
+import functools as _functools
+import json as _json
+import sys as _sys
+import time as _time
+
+import numpy as _np
+from mpi4py import MPI
+
+from . import config as _config
+from .agreement import agree, diagnose
+from .errors import InvalidParamError, SyncError, SyncTimeoutError
+from .manifest import build_manifest
+from .plan import DEFAULT_CHUNK_BYTES, build_plan
+from .report import SyncReport
+from .ring import Expired, TrackedRing, wait_request
+from .verify import verify as _verify
+
+__all__ = ["ParamSync", "sync_params"]
+
+# Seconds between writing a timeout diagnostic and aborting, so the launcher
+# forwards the message before it tears the job down.
+_ABORT_GRACE_SECONDS = 1.0
+_PLAN_CACHE_SIZE = 8
+
+
+def _fan_out(params, indices) -> None:
+    """Copy each listed parameter's master into its other local replicas (Caffe2's ``_Broadcast``)."""
+    for i in indices:
+        replicas = params[i].replicas
+        master = replicas[0].data
+        for replica in replicas[1:]:
+            _np.copyto(replica.data, master)
+
+
+def _check_comm(comm):
+    if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+        raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+    if comm.Is_inter():
+        raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
+
+
+class ParamSync:
+    """A reusable parameter sync over ``comm`` (default ``MPI.COMM_WORLD``).
+
+    The first ``sync`` duplicates ``comm`` (so mpisync's traffic never matches
+    the caller's); later syncs reuse that communicator, the broadcast plan of
+    an unchanged parameter set and the fusion buffers. ``close()`` frees them.
+    Settings left ``None`` come from ``MPISYNC_*`` environment variables, else
+    built-in defaults (see ``mpisync info``).
+    """
+
+    def __init__(self, comm=None, *, root=0, max_concurrent=None, fusion_bytes=None,
+                 gpu_transport=None, timeout=None):
+        self._user_comm = MPI.COMM_WORLD if comm is None else comm
+        self._root = root
+        # A bad setting is reported at sync time, collectively, like any bad input.
+        self._settings_error = None
+        try:
+            self._settings = _config.resolve(max_concurrent, fusion_bytes, gpu_transport, timeout)
+        except InvalidParamError as exc:
+            self._settings_error = str(exc)
+            self._settings = _config.resolve(1, 0, "auto", _config.BUILTIN_DEFAULTS["timeout"])
+        self._chunk_bytes = DEFAULT_CHUNK_BYTES
+        self._comm = None
+        self._plans: dict = {}
+        self._free_buffers: list = []
+        self._closed = False
+        self._broken = None
+
+    @property
+    def settings(self) -> _config.Settings:
+        """The effective settings and where each came from."""
+        return self._settings
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def close(self) -> None:
+        """Free the duplicated communicator and the cached buffers; further syncs raise."""
+        if self._comm is not None and self._broken is None:
+            self._comm.Free()
+        self._comm = None
+        self._plans.clear()
+        self._free_buffers.clear()
+        self._closed = True
+
+    def sync(self, params, *, devices=None, verify=False) -> SyncReport:
+        """Make every replica on every rank byte-for-byte equal to root's master replica.
+
+        Every rank of the communicator must call this with parameter sets of the
+        same names, shapes, dtypes and replica counts; otherwise every rank
+        raises the same :class:`~mpisync.SyncError` and nothing is written.
+        """
+        if self._closed:
+            raise SyncError("mpisync: this ParamSync is closed")
+        if self._broken:
+            raise SyncError(f"mpisync: this ParamSync is unusable: {self._broken}")
+        start = _time.perf_counter()
+        comm = self._user_comm
+        _check_comm(comm)
+        rank, size = comm.rank, comm.size
+        values = self._settings.values()
+        agreed = {"fusion_bytes": values["fusion_bytes"], "chunk_bytes": self._chunk_bytes,
+                  "verify": bool(verify)}
+        manifest = build_manifest(params, rank=rank, size=size, root=self._root, devices=devices,
+                                  settings=agreed)
+        if self._settings_error:
+            manifest.errors.append((None, self._settings_error))
+        report = SyncReport(tensors=len(manifest.params), replicas=manifest.nreplicas,
+                            bytes=manifest.nbytes, collectives=0, seconds=0.0, transport="host",
+                            rank=rank, size=size, root=self._root if not manifest.errors else 0)
+        if size == 1:
+            if manifest.errors:
+                raise diagnose([_json.loads(manifest.encode())])
+            _fan_out(manifest.params, range(len(manifest.params)))
+            if verify:
+                _verify(None, manifest, 0, None)
+            report.transport, report.verified = "local", bool(verify)
+            report.seconds = _time.perf_counter() - start
+            return report
+        self._run_collective(manifest, report, values, verify)
+        report.seconds = _time.perf_counter() - start
+        return report
+
+    # -- the collective part ------------------------------------------------
+
+    def _run_collective(self, manifest, report, values, verify) -> None:
+        timeout = values["timeout"]
+
+        def call(request):
+            report.collectives += 1
+            wait_request(request, None if timeout is None else _time.monotonic() + timeout)
+
+        names = [p.name for p in manifest.params]
+        phase, ring = "communicator duplication", None
+        try:
+            if self._comm is None:
+                dup, request = self._user_comm.Idup()
+                call(request)
+                self._comm = dup
+            phase = "validation exchange"
+            agree(self._comm, manifest, call)
+            phase = "broadcast"
+            ring = TrackedRing(values["max_concurrent"], timeout)
+            report.fused_buckets = self._broadcast(manifest, ring, report)
+            if verify:
+                phase = "verification"
+                _verify(self._comm, manifest, self._root, call)
+                report.verified = True
+        except Expired:
+            pending = names if ring is None or phase != "broadcast" else [
+                n for label in ring.pending_labels() for n in label]
+            self._timed_out(phase, pending, timeout)
+
+    def _plan(self, manifest) -> list:
+        sizes = tuple(p.nbytes for p in manifest.params)
+        key = (sizes, manifest.settings["fusion_bytes"], self._chunk_bytes)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _PLAN_CACHE_SIZE:
+                self._plans.pop(next(iter(self._plans)))
+            plan = build_plan(list(sizes), key[1], key[2])
+            self._plans[key] = plan
+        return plan
+
+    def _take_buffer(self, fusion_bytes: int) -> _np.ndarray:
+        return self._free_buffers.pop() if self._free_buffers else _np.empty(fusion_bytes, _np.uint8)
+
+    def _finish_bucket(self, transfer, buffer, params, receiving) -> None:
+        if receiving:
+            for i, _, offset, n in transfer.pieces:
+                _np.copyto(params[i].master.data, buffer[offset:offset + n])
+        self._free_buffers.append(buffer)
+        _fan_out(params, transfer.completes)
+
+    def _broadcast(self, manifest, ring, report) -> int:
+        """Post every transfer of the plan through ``ring``; return the number of fused buckets."""
+        params, root, comm = manifest.params, self._root, self._comm
+        receiving = comm.rank != root
+        fusion = manifest.settings["fusion_bytes"]
+        buckets = 0
+        for transfer in self._plan(manifest):
+            ring.make_room()  # retiring the oldest may free the buffer taken next
+            label = tuple(params[p[0]].name for p in transfer.pieces)
+            if transfer.fused:
+                buffer = self._take_buffer(fusion)
+                view = buffer[:transfer.nbytes]
+                if not receiving:
+                    _np.concatenate([params[p[0]].master.data for p in transfer.pieces], out=view)
+                request = comm.Ibcast([view, MPI.BYTE], root)
+                done = _functools.partial(self._finish_bucket, transfer, buffer, params, receiving)
+                buckets += 1
+            else:
+                index, start, _, n = transfer.pieces[0]
+                request = comm.Ibcast([params[index].master.data[start:start + n], MPI.BYTE], root)
+                done = _functools.partial(_fan_out, params, transfer.completes) if transfer.completes else None
+            report.collectives += 1
+            ring.push(request, done, label)
+        ring.drain()
+        return buckets
+
+    def _timed_out(self, phase: str, pending: list, timeout: float) -> None:
+        comm = self._user_comm
+        shown = ", ".join(repr(n) for n in pending[:20])
+        if len(pending) > 20:
+            shown += f", ... and {len(pending) - 20} more"
+        message = (
+            f"mpisync: rank {comm.rank} of {comm.size}: the {phase} did not complete within "
+            f"{timeout:g} s; pending parameter(s): {shown or 'none'}. Another rank may not have "
+            "called sync, may have died, or may be stuck elsewhere."
+        )
+        self._broken = f"a sync timed out during the {phase}; its collectives may still be pending"
+        if _config.abort_on_timeout():
+            _sys.stderr.write(
+                f"SyncTimeoutError: {message}\nmpisync: MPI cannot cancel a collective, so rank "
+                f"{comm.rank} aborts the job (set MPISYNC_TIMEOUT_ABORT=0 to raise instead).\n"
+            )
+            _sys.stderr.flush()
+            _time.sleep(_ABORT_GRACE_SECONDS)
+            comm.Abort(1)
+        raise SyncTimeoutError(message)
+
+
+def sync_params(params, comm=None, *, root=0, devices=None, max_concurrent=None, fusion_bytes=None,
+                gpu_transport=None, timeout=None, verify=False) -> SyncReport:
+    """Broadcast every parameter from ``root``'s master replica to every replica on every rank.
+
+    ``params`` maps each name to one array, a sequence of replicas, or a
+    mapping of device key to replica (master: ``devices[0]`` if given, else
+    the first). Names are processed in ``sorted()`` order. Raises the same
+    :class:`~mpisync.SyncError` on every rank when any rank's input is bad.
+    See :class:`ParamSync` for the reusable form.
+    """
+    with ParamSync(comm, root=root, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes,
+                   gpu_transport=gpu_transport, timeout=timeout) as syncer:
+        return syncer.sync(params, devices=devices, verify=verify)

@@ -1,0 +1,165 @@
+"""sync_params on host arrays: every replica on every rank ends with root's bytes."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpisync
+from mpiutil import need_ranks, same_bytes, values
+
+pytestmark = pytest.mark.mpi
+
+DTYPES = ["float16", "float32", "float64", "bool", "complex64", "complex128", "uint16", "int8", "int64", "uint8"]
+
+
+def _params(rank, shapes):
+    return {name: values(name, rank, shape, dtype) for name, (shape, dtype) in shapes.items()}
+
+
+@pytest.mark.parametrize("root_choice", ["first", "last"])
+def test_dtypes_shapes_and_any_root(comm, root_choice):
+    root = 0 if root_choice == "first" else comm.size - 1
+    shapes = {f"p.{d}": ((3, 5), d) for d in DTYPES}
+    shapes.update({"zero": ((0, 4), "float32"), "scalar": ((), "float64"), "big": ((1000, 300), "float32")})
+    params = _params(comm.rank, shapes)
+    report = mpisync.sync_params(params, comm, root=root, verify=True, fusion_bytes=1 << 20)
+    for name, (shape, dtype) in shapes.items():
+        expected = values(name, root, shape, dtype)
+        assert params[name].shape == tuple(shape) and params[name].dtype == np.dtype(dtype)
+        assert same_bytes(params[name], expected), name
+    assert report.tensors == len(shapes) and report.replicas == len(shapes)
+    assert report.bytes == sum(a.nbytes for a in params.values())
+    assert report.transport == ("local" if comm.size == 1 else "host")
+    assert report.verified and report.seconds > 0 and report.gbps >= 0
+    # Idup + validation + one fused bucket + 'big' (1.2 MB > fusion_bytes) + verification
+    assert report.collectives == (0 if comm.size == 1 else 5)
+    assert report.fused_buckets == (0 if comm.size == 1 else 1)
+
+
+def test_replicas_as_list_and_mapping_with_devices(comm):
+    root = comm.size // 2
+    shape = (4, 6)
+    a = [values("a", comm.rank, shape, "float32"), np.zeros(shape, np.float32), np.ones(shape, np.float32)]
+    master_b = values("b", comm.rank, shape, "int32")
+    b = {"cpu:1": np.zeros(shape, np.int32), "cpu:0": master_b, "cpu:2": np.full(shape, -1, np.int32)}
+    c = {"x": values("c", comm.rank, (7,), "uint16"), "y": np.zeros(7, np.uint16)}  # first key is master
+    report = mpisync.sync_params({"a": a, "b": b, "c": c}, comm, root=root, devices=None)
+    assert report.replicas == 3 + 3 + 2
+    for replica in a:
+        assert same_bytes(replica, values("a", root, shape, "float32"))
+    for replica in c.values():
+        assert same_bytes(replica, values("c", root, (7,), "uint16"))
+    # With devices, the master of a mapping is devices[0], and replicas follow devices.
+    b2 = {"cpu:1": np.zeros(shape, np.int32), "cpu:0": values("b", comm.rank, shape, "int32")}
+    mpisync.sync_params({"b": b2}, comm, root=root, devices=["cpu:0", "cpu:1"])
+    for replica in b2.values():
+        assert same_bytes(replica, values("b", root, shape, "int32"))
+
+
+def test_insertion_order_differs_between_ranks(comm):
+    names = [f"layer{i}.w" for i in range(40)]
+    order = list(np.random.default_rng(comm.rank).permutation(names))
+    params = {n: values(n, comm.rank, (i % 5 + 1, 3), "float32") for i, n in enumerate(names)}
+    shuffled = {n: params[n] for n in order}
+    mpisync.sync_params(shuffled, comm, root=0, fusion_bytes=64)
+    for i, n in enumerate(names):
+        assert same_bytes(params[n], values(n, 0, (i % 5 + 1, 3), "float32")), n
+
+
+def test_sub_communicators(comm):
+    sub = comm.Split(color=comm.rank % 2, key=comm.rank)
+    try:
+        root = sub.size - 1
+        p = {"w": values("w", comm.rank, (33,), "float64")}
+        mpisync.sync_params(p, sub, root=root, verify=True)
+        root_world = sub.group.Translate_ranks([root], comm.group)[0]
+        assert same_bytes(p["w"], values("w", root_world, (33,), "float64"))
+    finally:
+        sub.Free()
+
+
+def test_buffer_protocol_and_dlpack_objects(comm):
+    import array
+
+    buf = array.array("i", [comm.rank] * 10)
+    raw = bytearray([comm.rank] * 16)
+    mpisync.sync_params({"array": buf, "bytes": raw}, comm, root=0)
+    assert list(buf) == [0] * 10 and raw == bytearray(16)
+
+
+@pytest.mark.parametrize("fusion_bytes", [0, 64, 1 << 20])
+@pytest.mark.parametrize("max_concurrent", [1, 3])
+def test_many_small_tensors_fused_and_not(comm, fusion_bytes, max_concurrent):
+    shapes = {f"t{i:04d}": ((i % 17,), ["float32", "int8", "float16"][i % 3]) for i in range(500)}
+    params = _params(comm.rank, shapes)
+    report = mpisync.sync_params(params, comm, root=comm.size - 1, fusion_bytes=fusion_bytes,
+                                 max_concurrent=max_concurrent)
+    for name, (shape, dtype) in shapes.items():
+        assert same_bytes(params[name], values(name, comm.size - 1, shape, dtype)), name
+    if comm.size > 1 and fusion_bytes == 0:
+        assert report.fused_buckets == 0
+    if comm.size > 1 and fusion_bytes == 1 << 20:
+        assert report.fused_buckets == 1
+
+
+def test_param_sync_reuses_communicator_plan_and_buffers(comm):
+    shapes = {f"w{i}": ((50 + i,), "float32") for i in range(20)}
+    with mpisync.ParamSync(comm, root=0, fusion_bytes=512, max_concurrent=2) as syncer:
+        syncer._chunk_bytes = 96  # every rank sets it: exercises chunking without 2 GiB tensors
+        seen = set()
+        for step in range(4):
+            params = {n: values(n, comm.rank + 10 * step, s, d) for n, (s, d) in shapes.items()}
+            report = syncer.sync(params, verify=(step % 2 == 0))
+            for n, (s, d) in shapes.items():
+                assert same_bytes(params[n], values(n, 10 * step, s, d)), (step, n)
+            seen.add(id(syncer._comm))
+            assert len(syncer._plans) <= 1
+            assert len(syncer._free_buffers) <= 2
+        assert len(seen) == 1
+    assert syncer._comm is None
+    with pytest.raises(mpisync.SyncError):
+        syncer.sync(params)
+
+
+def test_library_traffic_never_matches_the_users(comm):
+    need_ranks(comm, 2)
+    # The user has a receive posted on COMM_WORLD; mpisync's broadcasts must not satisfy it.
+    token = np.zeros(1, np.int64)
+    request = comm.Irecv(token, source=0, tag=0) if comm.rank == 1 else None
+    p = {"w": values("w", comm.rank, (10,), "float32")}
+    mpisync.sync_params(p, comm, root=0)
+    if comm.rank == 0:
+        comm.Send(np.array([42], np.int64), dest=1, tag=0)
+    if request is not None:
+        request.Wait()
+        assert token[0] == 42
+    assert same_bytes(p["w"], values("w", 0, (10,), "float32"))
+
+
+def test_request_ring_caps_requests_in_flight(comm):
+    ring = mpisync.RequestRing(2)
+    bufs = [values(f"r{i}", comm.rank, (100,), "float32") for i in range(7)]
+    peak = 0
+    for buf in bufs:
+        ring.push(comm.Ibcast(buf, root=0))
+        peak = max(peak, len(ring))
+    assert peak <= 2
+    ring.drain()
+    assert len(ring) == 0
+    for i, buf in enumerate(bufs):
+        assert same_bytes(buf, values(f"r{i}", 0, (100,), "float32"))
+    with pytest.raises(ValueError):
+        mpisync.RequestRing(0)
+
+
+def test_settings_from_environment(comm, monkeypatch):
+    monkeypatch.setenv("MPISYNC_FUSION_BYTES", "0")
+    monkeypatch.setenv("MPISYNC_MAX_CONCURRENT", "2")
+    syncer = mpisync.ParamSync(comm)
+    assert syncer.settings.fusion_bytes.value == 0 and syncer.settings.fusion_bytes.source == "environment"
+    params = {f"s{i}": values(f"s{i}", comm.rank, (3,), "int32") for i in range(5)}
+    report = syncer.sync(params)
+    syncer.close()
+    assert report.fused_buckets == 0
+    for i in range(5):
+        assert same_bytes(params[f"s{i}"], values(f"s{i}", 0, (3,), "int32"))

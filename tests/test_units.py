@@ -1,0 +1,104 @@
+"""Pure logic, no peers: the broadcast plan, settings resolution, error diagnosis, array adapters."""
+
+import numpy as np
+import pytest
+
+from mpisync import InvalidParamError, ManifestMismatchError
+from mpisync.agreement import diagnose
+from mpisync.arrays import UnsupportedArray, as_array_view
+from mpisync.config import resolve
+from mpisync.plan import build_plan
+
+
+def _covered(plan, sizes):
+    seen = [np.zeros(n, np.int32) for n in sizes]
+    for t in plan:
+        assert t.nbytes == sum(p[3] for p in t.pieces)
+        for index, start, offset, n in t.pieces:
+            seen[index][start:start + n] += 1
+            if t.fused:
+                assert 0 <= offset and offset + n <= t.nbytes
+    return seen
+
+
+@pytest.mark.parametrize("fusion,chunk", [(0, 1 << 30), (100, 1 << 30), (100, 37), (1 << 20, 64)])
+def test_plan_moves_every_byte_exactly_once(fusion, chunk):
+    sizes = [0, 5, 99, 100, 101, 0, 250, 3, 3, 1000, 0]
+    plan = build_plan(sizes, fusion, chunk)
+    for count in _covered(plan, sizes):
+        assert (count == 1).all()
+    for t in plan:
+        assert t.nbytes <= max(fusion, chunk)
+        if t.fused:
+            assert t.nbytes <= fusion and all(sizes[p[0]] < fusion for p in t.pieces)
+        else:
+            assert t.nbytes <= chunk
+    completed = sorted(i for t in plan for i in t.completes)
+    assert len(completed) == len(set(completed))  # each parameter completes once at most
+    assert set(range(10)) <= set(completed)  # a trailing empty one may complete with no transfer
+
+
+def test_plan_without_fusion_has_one_transfer_per_nonempty_tensor():
+    plan = build_plan([4, 0, 8], 0)
+    assert [(t.fused, t.pieces) for t in plan] == [(False, ((0, 0, 0, 4),)), (False, ((2, 0, 0, 8),))]
+    assert plan[1].completes == (1, 2)
+
+
+def test_settings_sources(monkeypatch):
+    monkeypatch.delenv("MPISYNC_MAX_CONCURRENT", raising=False)
+    monkeypatch.setenv("MPISYNC_FUSION_BYTES", "4096")
+    monkeypatch.setenv("MPISYNC_TIMEOUT", "none")
+    s = resolve(max_concurrent=None, fusion_bytes=None, gpu_transport="STAGED")
+    assert (s.max_concurrent.source, s.fusion_bytes.value, s.fusion_bytes.source) == ("built-in", 4096, "environment")
+    assert (s.gpu_transport.value, s.gpu_transport.source) == ("staged", "argument")
+    assert s.timeout.value is None
+    assert resolve(fusion_bytes=7).fusion_bytes.value == 7
+    monkeypatch.setenv("MPISYNC_MAX_CONCURRENT", "zero")
+    with pytest.raises(InvalidParamError, match="MPISYNC_MAX_CONCURRENT"):
+        resolve()
+    with pytest.raises(InvalidParamError, match="gpu_transport"):
+        resolve(max_concurrent=1, gpu_transport="carrier-pigeon")
+
+
+def _doc(params, errors=(), root=0, **settings):
+    return {"settings": {"root": root, **settings}, "params": params, "errors": list(errors)}
+
+
+def test_diagnose_prefers_invalid_input_and_lists_every_rank():
+    docs = [_doc([["a", [2], "float32", 1]]), _doc([], [["a", "not C-contiguous"]]), _doc([], [[None, "bad root"]])]
+    err = diagnose(docs)
+    assert isinstance(err, InvalidParamError)
+    assert str(err) == ("mpisync: invalid input on rank(s) 1, 2: rank 1: parameter 'a': not C-contiguous; "
+                        "rank 2: bad root")
+
+
+def test_diagnose_names_mismatches_against_root():
+    row = ["a", [2, 3], "float32", 1]
+    docs = [_doc([row, ["b", [1], "int8", 1]], root=1), _doc([row], root=1), _doc([["a", [3, 2], "float64", 2]], root=1)]
+    err = diagnose(docs)
+    assert isinstance(err, ManifestMismatchError)
+    text = str(err)
+    assert text.startswith("mpisync: parameters differ from root rank 1's on rank(s) 0, 2: ")
+    assert "rank 0: parameter 'b' is not on root rank 1" in text
+    assert "rank 2: parameter 'a' has shape (3, 2), root has (2, 3)" in text
+    assert "rank 2: parameter 'a' has dtype float64, root has float32" in text
+    assert "rank 2: parameter 'a' has 2 replica(s), root has 1" in text
+
+
+def test_diagnose_long_lists_are_cut():
+    docs = [_doc([[f"p{i}", [1], "int8", 1] for i in range(50)]), _doc([])]
+    assert str(diagnose(docs)).endswith("; ... and 30 more")
+
+
+def test_array_views_alias_memory_and_name_dtypes_alike():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    view = as_array_view(a)
+    view.data[:4] = 0
+    assert a[0, 0] == 0 and view.shape == (2, 3) and view.dtype == "float32" and view.nbytes == 24
+    assert as_array_view(np.zeros(3, ">f4")).dtype == ">float32"
+    assert as_array_view(np.float64(3.0).reshape(())).shape == ()
+    with pytest.raises(UnsupportedArray, match="unsupported object"):
+        as_array_view(object())
+    torch = pytest.importorskip("torch")
+    assert as_array_view(torch.zeros(2, dtype=torch.float32)).dtype == "float32"
+    assert as_array_view(torch.zeros((), dtype=torch.bfloat16)).nbytes == 2
