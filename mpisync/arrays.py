@@ -1,15 +1,16 @@
 """Adapt user arrays (numpy, torch CPU, DLPack, buffer protocol) to flat byte views.
 
 A broadcast moves bytes, not numbers: every supported array becomes a
-one-dimensional ``numpy.uint8`` view of its own memory (no copy), plus the
+one-dimensional byte ``memoryview`` of its own memory (no copy; slice
+assignment between memoryviews is the cheapest copy Python has), plus the
 shape and a dtype name that is the same for equal dtypes across libraries
 (``numpy.float32`` and ``torch.float32`` are both ``"float32"``).
 """
 
 from __future__ import annotations
 
-import dataclasses as _dc
 import sys as _sys
+import typing as _typing
 
 import numpy as _np
 
@@ -20,11 +21,13 @@ class UnsupportedArray(Exception):
     """Raised by :func:`as_array_view` with the reason an object cannot be synced."""
 
 
-@_dc.dataclass(frozen=True)
-class ArrayView:
-    """A flat byte view of one replica, with what validation needs to know about it."""
+class ArrayView(_typing.NamedTuple):
+    """A flat byte view of one replica, with what validation needs to know about it.
 
-    data: _np.ndarray  # 1-D uint8, aliases the replica's memory
+    A NamedTuple because a manifest builds one per replica on every cold sync.
+    """
+
+    data: memoryview  # 1-D, format "B", aliases the replica's memory
     shape: tuple
     dtype: str
     writable: bool
@@ -36,21 +39,35 @@ class ArrayView:
         return self.data.nbytes
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def _dtype_name(dtype: _np.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is not None:
+        return name
     if dtype.hasobject:
         raise UnsupportedArray(f"dtype {dtype} holds Python objects, not fixed-size values")
     name = dtype.name if dtype.fields is None else str(dtype.descr)
     if dtype.byteorder == (">" if _sys.byteorder == "little" else "<"):
         name = dtype.byteorder + name
+    _DTYPE_NAMES[dtype] = name
     return name
+
+
+def _byte_view(array: _np.ndarray) -> memoryview:
+    try:
+        return memoryview(array).cast("B")
+    except (TypeError, ValueError):  # zero-size, or a dtype the buffer protocol cannot describe
+        return memoryview(array.reshape(-1).view(_np.uint8))
 
 
 def _from_numpy(array: _np.ndarray) -> ArrayView:
     if not array.flags.c_contiguous:
         raise UnsupportedArray(f"numpy array with strides {array.strides} is not C-contiguous")
-    dtype = _dtype_name(array.dtype)
-    flat = array.reshape(-1)
-    return ArrayView(flat.view(_np.uint8), array.shape, dtype, bool(array.flags.writeable))
+    data = _byte_view(array)
+    dtype = _DTYPE_NAMES.get(array.dtype) or _dtype_name(array.dtype)
+    return ArrayView(data, array.shape, dtype, not data.readonly)
 
 
 def _is_torch_tensor(obj) -> bool:
@@ -73,8 +90,12 @@ def _from_torch(tensor) -> ArrayView:
     if tensor.is_quantized or tensor.is_complex() and tensor.is_conj():
         raise UnsupportedArray("quantized or lazily conjugated torch tensors are not supported")
     dtype = str(tensor.dtype).removeprefix("torch.")
-    flat = tensor.detach().reshape(-1).view(torch.uint8)
-    return ArrayView(flat.numpy(), tuple(tensor.shape), dtype, True)
+    tensor = tensor.detach()
+    try:
+        data = _byte_view(tensor.numpy())
+    except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks
+        data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return ArrayView(data, tuple(tensor.shape), dtype, True)
 
 
 def _is_gpu_object(obj) -> bool:
@@ -98,7 +119,7 @@ def is_array_like(obj) -> bool:
 
 def as_array_view(obj) -> ArrayView:
     """Return the flat byte view of one replica, or raise :class:`UnsupportedArray` saying why."""
-    if isinstance(obj, _np.ndarray):
+    if type(obj) is _np.ndarray or isinstance(obj, _np.ndarray):
         return _from_numpy(obj)
     if _is_torch_tensor(obj):
         return _from_torch(obj)

@@ -1,4 +1,4 @@
-"""The ``mpisync`` command: ``info`` (and the subcommands registered below)."""
+"""The ``mpisync`` command: ``info`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -27,16 +27,29 @@ def _info(args) -> int:
     return 0
 
 
+def _bench(args, rest) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(rest)
+
+
 def _parser() -> _argparse.ArgumentParser:
     parser = _argparse.ArgumentParser(prog="mpisync", description="Keep model parameters identical across MPI ranks.")
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="MPI library, thread level, effective defaults and their source")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(func=_info)
+    bench = sub.add_parser("bench", add_help=False, help="the microbenchmark suite (run under mpiexec)")
+    bench.set_defaults(func=_bench)
     return parser
 
 
 def main(args=None) -> int:
     """Run the command line with ``args`` (default: ``sys.argv[1:]``); return the exit status."""
-    parsed = _parser().parse_args(_sys.argv[1:] if args is None else args)
+    argv = list(_sys.argv[1:] if args is None else args)
+    parsed, rest = _parser().parse_known_args(argv)
+    if parsed.command == "bench":  # the bench has its own parser (``mpisync bench --help``)
+        return parsed.func(parsed, rest)
+    if rest:
+        _parser().error(f"unrecognized arguments: {' '.join(rest)}")
     return parsed.func(parsed)

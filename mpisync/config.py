@@ -16,8 +16,8 @@ GPU_TRANSPORTS = ("auto", "cuda-aware", "staged")
 
 #: Built-in defaults; the README's Performance section says how they were chosen.
 BUILTIN_DEFAULTS = {
-    "max_concurrent": 4,
-    "fusion_bytes": 1 << 20,
+    "max_concurrent": 16,
+    "fusion_bytes": 256 << 10,
     "gpu_transport": "auto",
     "timeout": 300.0,
 }

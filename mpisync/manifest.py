@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections.abc as _abc
 import dataclasses as _dc
+import functools as _functools
 import hashlib as _hashlib
 import json as _json
 
@@ -15,31 +16,31 @@ from .arrays import ArrayView, UnsupportedArray, as_array_view, is_array_like
 __all__ = ["Param", "Manifest", "build_manifest"]
 
 
-@_dc.dataclass
 class Param:
     """One named parameter: its replicas' byte views, master first."""
 
-    name: str
-    replicas: list  # list[ArrayView]
+    __slots__ = ("name", "replicas", "master", "nbytes")
 
-    @property
-    def master(self) -> ArrayView:
-        """The replica whose bytes travel (on the root) or arrive first (elsewhere)."""
-        return self.replicas[0]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one copy."""
-        return self.replicas[0].nbytes
+    def __init__(self, name: str, replicas: list):
+        self.name = name
+        self.replicas = replicas  # list[ArrayView]
+        self.master = replicas[0]  # whose bytes travel (on the root) or arrive first (elsewhere)
+        self.nbytes = replicas[0].data.nbytes
 
 
 @_dc.dataclass
 class Manifest:
-    """This rank's view of a sync: parameters in sorted order, local errors, settings that must agree."""
+    """This rank's view of a sync: parameters in sorted order, local errors, settings that must agree.
+
+    ``leaves_only`` is True when every value of ``params`` was itself an array
+    (no replica containers), the precondition of ParamSync's fast path.
+    """
 
     params: list  # list[Param], sorted by name
     errors: list  # list[tuple[str | None, str]]
     settings: dict  # values every rank must share (root, fusion_bytes, ...)
+    leaves_only: bool = False
+    _params_digest: bytes | None = None
 
     def describe(self) -> list:
         """One row per parameter: ``[name, shape, dtype, replicas]``, JSON-safe."""
@@ -52,28 +53,31 @@ class Manifest:
 
     def digest(self) -> bytes:
         """16 bytes that differ, with overwhelming probability, when the comparable parts differ."""
-        h = _hashlib.blake2b(digest_size=16)
+        if self._params_digest is None:
+            params = self.params
+            h = _hashlib.blake2b(digest_size=16)
+            h.update("\x00".join([p.name for p in params]).encode())
+            h.update("\x00".join([p.master.dtype for p in params]).encode())
+            h.update(repr([p.master.shape for p in params]).encode())
+            h.update(repr([len(p.replicas) for p in params]).encode())
+            self._params_digest = h.digest()
+        h = _hashlib.blake2b(self._params_digest, digest_size=16)
         h.update(_json.dumps(self.settings, sort_keys=True).encode())
-        for p in self.params:
-            m = p.master
-            h.update(f"\x00{p.name}\x01{m.shape}\x01{m.dtype}\x01{len(p.replicas)}".encode())
         return h.digest()
 
-    @property
+    @_functools.cached_property
     def nbytes(self) -> int:
         """Bytes of one copy of every parameter."""
         return sum(p.nbytes for p in self.params)
 
-    @property
+    @_functools.cached_property
     def nreplicas(self) -> int:
         """Replicas on this rank, all parameters together."""
         return sum(len(p.replicas) for p in self.params)
 
 
-def _replica_list(name: str, replicas, devices) -> list:
+def _replica_list(replicas, devices) -> list:
     """The replicas of one parameter as a list, master first; raises ``ValueError`` saying why not."""
-    if is_array_like(replicas):
-        return [replicas]
     if isinstance(replicas, _abc.Mapping):
         if devices is None:
             return list(replicas.values())
@@ -89,7 +93,7 @@ def _replica_list(name: str, replicas, devices) -> list:
     )
 
 
-def _check_param(name: str, views: list, receiving: bool) -> str | None:
+def _check_param(views: list, receiving: bool) -> str | None:
     master = views[0]
     for i, view in enumerate(views[1:], start=1):
         if view.shape != master.shape or view.dtype != master.dtype:
@@ -124,20 +128,26 @@ def build_manifest(params, *, rank: int, size: int, root, devices=None, settings
     bad_names = [n for n in params if not isinstance(n, str)]
     if bad_names:
         errors.append((None, f"parameter names must be str, got {bad_names[:3]!r}"))
+    leaves_only = True
     for name in sorted(n for n in params if isinstance(n, str)):
+        value = params[name]
         try:
-            objs = _replica_list(name, params[name], devices)
-            if not objs:
-                raise ValueError("has no replicas")
-            views = [as_array_view(o) for o in objs]
+            if is_array_like(value):
+                views = [as_array_view(value)]
+            else:
+                leaves_only = False
+                views = [as_array_view(o) for o in _replica_list(value, devices)]
+                if not views:
+                    raise ValueError("has no replicas")
         except (ValueError, UnsupportedArray) as exc:
             errors.append((name, str(exc)))
             continue
-        problem = _check_param(name, views, receiving)
-        if problem:
-            errors.append((name, problem))
-            continue
+        if len(views) > 1 or not (views[0].writable or not receiving):
+            problem = _check_param(views, receiving)
+            if problem:
+                errors.append((name, problem))
+                continue
         out.append(Param(name, views))
     values = dict(settings or {})
     values["root"] = root if root_ok else repr(root)
-    return Manifest(out, errors, values)
+    return Manifest(out, errors, values, leaves_only=leaves_only)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools as _functools
+import collections.abc as _abc
+import dataclasses as _dc
 import json as _json
 import sys as _sys
 import time as _time
 
-import numpy as _np
 from mpi4py import MPI
 
 from . import config as _config
@@ -15,6 +15,7 @@ from .agreement import agree, diagnose
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
 from .manifest import build_manifest
 from .plan import DEFAULT_CHUNK_BYTES, build_plan
+from .program import arena_slots, compile_program, new_arena
 from .report import SyncReport
 from .ring import Expired, TrackedRing, wait_request
 from .verify import verify as _verify
@@ -27,15 +28,6 @@ _ABORT_GRACE_SECONDS = 1.0
 _PLAN_CACHE_SIZE = 8
 
 
-def _fan_out(params, indices) -> None:
-    """Copy each listed parameter's master into its other local replicas (Caffe2's ``_Broadcast``)."""
-    for i in indices:
-        replicas = params[i].replicas
-        master = replicas[0].data
-        for replica in replicas[1:]:
-            _np.copyto(replica.data, master)
-
-
 def _check_comm(comm):
     if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
         raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
@@ -43,12 +35,43 @@ def _check_comm(comm):
         raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
 
 
+@_dc.dataclass
+class _Prepared:
+    """A validated manifest and its compiled steps, reusable while the same arrays come back."""
+
+    values: tuple  # strong references: the ids below stay unique while cached
+    keys: tuple
+    ids: tuple
+    devices: object
+    torch_indices: tuple
+    torch_storage: tuple
+    manifest: object
+    steps: list
+
+    def matches(self, params, devices) -> bool:
+        """Whether ``params`` holds exactly the arrays (and, for torch, the storage) prepared."""
+        if devices != self.devices or tuple(params) != self.keys:
+            return False
+        values = tuple(params.values())
+        if tuple(map(id, values)) != self.ids:
+            return False
+        return _torch_storage(values, self.torch_indices) == self.torch_storage
+
+
+def _torch_storage(values: tuple, indices: tuple) -> tuple:
+    # ``tensor.data = other`` keeps the object but moves its bytes: check where they are.
+    return tuple((values[i].data_ptr(), values[i].shape) for i in indices)
+
+
 class ParamSync:
     """A reusable parameter sync over ``comm`` (default ``MPI.COMM_WORLD``).
 
     The first ``sync`` duplicates ``comm`` (so mpisync's traffic never matches
-    the caller's); later syncs reuse that communicator, the broadcast plan of
-    an unchanged parameter set and the fusion buffers. ``close()`` frees them.
+    the caller's); later syncs reuse that communicator, the broadcast plan and
+    the fusion buffers. When a mapping of bare arrays comes back with the same
+    keys and the same array objects (torch: the same storage), its validation
+    and compiled copies are reused too; every sync still agrees with the other
+    ranks on the manifest digest. ``close()`` frees everything.
     Settings left ``None`` come from ``MPISYNC_*`` environment variables, else
     built-in defaults (see ``mpisync info``).
     """
@@ -67,7 +90,8 @@ class ParamSync:
         self._chunk_bytes = DEFAULT_CHUNK_BYTES
         self._comm = None
         self._plans: dict = {}
-        self._free_buffers: list = []
+        self._arena = memoryview(b"")
+        self._prepared = None
         self._closed = False
         self._broken = None
 
@@ -88,7 +112,8 @@ class ParamSync:
             self._comm.Free()
         self._comm = None
         self._plans.clear()
-        self._free_buffers.clear()
+        self._prepared = None
+        self._arena = memoryview(b"")
         self._closed = True
 
     def sync(self, params, *, devices=None, verify=False) -> SyncReport:
@@ -108,37 +133,45 @@ class ParamSync:
         rank, size = comm.rank, comm.size
         values = self._settings.values()
         agreed = {"fusion_bytes": values["fusion_bytes"], "chunk_bytes": self._chunk_bytes,
-                  "verify": bool(verify)}
-        manifest = build_manifest(params, rank=rank, size=size, root=self._root, devices=devices,
-                                  settings=agreed)
-        if self._settings_error:
-            manifest.errors.append((None, self._settings_error))
+                  "verify": bool(verify), "root": self._root}
+        devices_key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
+        prepared = self._prepared
+        if prepared is not None and isinstance(params, _abc.Mapping) and prepared.matches(params, devices_key):
+            manifest = prepared.manifest
+            manifest.settings = agreed
+        else:
+            prepared = None
+            manifest = build_manifest(params, rank=rank, size=size, root=self._root, devices=devices,
+                                      settings=agreed)
+            if self._settings_error:
+                manifest.errors.append((None, self._settings_error))
         report = SyncReport(tensors=len(manifest.params), replicas=manifest.nreplicas,
                             bytes=manifest.nbytes, collectives=0, seconds=0.0, transport="host",
                             rank=rank, size=size, root=self._root if not manifest.errors else 0)
         if size == 1:
             if manifest.errors:
                 raise diagnose([_json.loads(manifest.encode())])
-            _fan_out(manifest.params, range(len(manifest.params)))
+            for param in manifest.params:
+                for replica in param.replicas[1:]:
+                    replica.data[:] = param.master.data
             if verify:
                 _verify(None, manifest, 0, None)
             report.transport, report.verified = "local", bool(verify)
             report.seconds = _time.perf_counter() - start
             return report
-        self._run_collective(manifest, report, values, verify)
+        self._run_collective(params, devices_key, manifest, prepared, report, values, verify)
         report.seconds = _time.perf_counter() - start
         return report
 
     # -- the collective part ------------------------------------------------
 
-    def _run_collective(self, manifest, report, values, verify) -> None:
+    def _run_collective(self, params, devices_key, manifest, prepared, report, values, verify) -> None:
         timeout = values["timeout"]
 
         def call(request):
             report.collectives += 1
             wait_request(request, None if timeout is None else _time.monotonic() + timeout)
 
-        names = [p.name for p in manifest.params]
         phase, ring = "communicator duplication", None
         try:
             if self._comm is None:
@@ -147,16 +180,20 @@ class ParamSync:
                 self._comm = dup
             phase = "validation exchange"
             agree(self._comm, manifest, call)
+            if prepared is None:
+                prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"])
             phase = "broadcast"
             ring = TrackedRing(values["max_concurrent"], timeout)
-            report.fused_buckets = self._broadcast(manifest, ring, report)
+            report.fused_buckets = self._broadcast(prepared.steps, ring, report)
             if verify:
                 phase = "verification"
                 _verify(self._comm, manifest, self._root, call)
                 report.verified = True
         except Expired:
-            pending = names if ring is None or phase != "broadcast" else [
-                n for label in ring.pending_labels() for n in label]
+            if phase == "broadcast":
+                pending = [n for label in ring.pending_labels() for n in label]
+            else:
+                pending = [p.name for p in manifest.params]
             self._timed_out(phase, pending, timeout)
 
     def _plan(self, manifest) -> list:
@@ -170,41 +207,38 @@ class ParamSync:
             self._plans[key] = plan
         return plan
 
-    def _take_buffer(self, fusion_bytes: int) -> _np.ndarray:
-        return self._free_buffers.pop() if self._free_buffers else _np.empty(fusion_bytes, _np.uint8)
-
-    def _finish_bucket(self, transfer, buffer, params, receiving) -> None:
-        if receiving:
-            for i, _, offset, n in transfer.pieces:
-                _np.copyto(params[i].master.data, buffer[offset:offset + n])
-        self._free_buffers.append(buffer)
-        _fan_out(params, transfer.completes)
-
-    def _broadcast(self, manifest, ring, report) -> int:
-        """Post every transfer of the plan through ``ring``; return the number of fused buckets."""
-        params, root, comm = manifest.params, self._root, self._comm
-        receiving = comm.rank != root
+    def _prepare(self, params, devices_key, manifest, capacity: int) -> _Prepared:
+        """Compile the steps for these arrays; keep them for the fast path when eligible."""
+        plan = self._plan(manifest)
         fusion = manifest.settings["fusion_bytes"]
-        buckets = 0
-        for transfer in self._plan(manifest):
-            ring.make_room()  # retiring the oldest may free the buffer taken next
-            label = tuple(params[p[0]].name for p in transfer.pieces)
-            if transfer.fused:
-                buffer = self._take_buffer(fusion)
-                view = buffer[:transfer.nbytes]
-                if not receiving:
-                    _np.concatenate([params[p[0]].master.data for p in transfer.pieces], out=view)
-                request = comm.Ibcast([view, MPI.BYTE], root)
-                done = _functools.partial(self._finish_bucket, transfer, buffer, params, receiving)
-                buckets += 1
-            else:
-                index, start, _, n = transfer.pieces[0]
-                request = comm.Ibcast([params[index].master.data[start:start + n], MPI.BYTE], root)
-                done = _functools.partial(_fan_out, params, transfer.completes) if transfer.completes else None
-            report.collectives += 1
-            ring.push(request, done, label)
+        needed = arena_slots(plan, capacity) * fusion
+        if len(self._arena) < needed:
+            self._prepared = None  # its steps point into the old arena
+            self._arena = new_arena(needed)
+        steps = compile_program(manifest, plan, receiving=self._comm.rank != self._root,
+                                arena=self._arena, fusion_bytes=fusion)
+        values = tuple(params.values()) if manifest.leaves_only else ()
+        torch_module = _sys.modules.get("torch")
+        torch_indices = tuple(i for i, v in enumerate(values)
+                              if torch_module is not None and isinstance(v, torch_module.Tensor))
+        prepared = _Prepared(values, tuple(params) if values else (), tuple(map(id, values)), devices_key,
+                             torch_indices, _torch_storage(values, torch_indices), manifest, steps)
+        if manifest.leaves_only:
+            self._prepared = prepared
+        return prepared
+
+    def _broadcast(self, steps, ring, report) -> int:
+        """Post every step through ``ring``; return the number of fused buckets."""
+        comm, root = self._comm, self._root
+        for step in steps:
+            ring.make_room()  # the slot packed next belongs to a retired bucket
+            for dst, src in step.pack:
+                dst[:] = src
+            request = comm.Ibcast(step.buffer, root)
+            ring.push(request, step.finish if (step.unpack or step.fan_out) else None, step.label)
         ring.drain()
-        return buckets
+        report.collectives += len(steps)
+        return sum(1 for s in steps if s.fused)
 
     def _timed_out(self, phase: str, pending: list, timeout: float) -> None:
         comm = self._user_comm

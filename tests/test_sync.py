@@ -114,7 +114,8 @@ def test_param_sync_reuses_communicator_plan_and_buffers(comm):
                 assert same_bytes(params[n], values(n, 10 * step, s, d)), (step, n)
             seen.add(id(syncer._comm))
             assert len(syncer._plans) <= 1
-            assert len(syncer._free_buffers) <= 2
+            assert len(syncer._arena) <= 2 * 512  # max_concurrent x fusion_bytes, never the model's size
+            assert (syncer._prepared is not None) == (comm.size > 1)
         assert len(seen) == 1
     assert syncer._comm is None
     with pytest.raises(mpisync.SyncError):

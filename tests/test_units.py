@@ -93,7 +93,7 @@ def test_diagnose_long_lists_are_cut():
 def test_array_views_alias_memory_and_name_dtypes_alike():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     view = as_array_view(a)
-    view.data[:4] = 0
+    view.data[:4] = bytes(4)  # a memoryview of the same memory
     assert a[0, 0] == 0 and view.shape == (2, 3) and view.dtype == "float32" and view.nbytes == 24
     assert as_array_view(np.zeros(3, ">f4")).dtype == ">float32"
     assert as_array_view(np.float64(3.0).reshape(())).shape == ()

@@ -1,0 +1,66 @@
+"""Collective timing: barrier, warm-up, then per-iteration time, the slowest rank's."""
+
+from __future__ import annotations
+
+import dataclasses as _dc
+import statistics as _statistics
+
+import numpy as _np
+from mpi4py import MPI
+
+__all__ = ["Timing", "measure", "measure_interleaved"]
+
+
+@_dc.dataclass
+class Timing:
+    """Seconds per iteration, each sample being the slowest rank's time for that iteration."""
+
+    samples: list
+
+    @property
+    def median(self) -> float:
+        """The median sample: what tables and ratios use (robust on a shared machine)."""
+        return _statistics.median(self.samples)
+
+    @property
+    def best(self) -> float:
+        """The fastest sample."""
+        return min(self.samples)
+
+
+def _time_once(comm, fn) -> float:
+    comm.Barrier()
+    start = MPI.Wtime()
+    fn()
+    return MPI.Wtime() - start
+
+
+def _slowest(comm, samples: list) -> list:
+    slowest = _np.array(samples, dtype=_np.float64)
+    comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
+    return slowest.tolist()
+
+
+def measure(comm, fn, *, iterations: int, warmup: int) -> Timing:
+    """Run ``fn()`` ``warmup`` times, then time ``iterations`` runs (``MPI.Wtime``, barrier before each)."""
+    return measure_interleaved(comm, {"fn": fn}, iterations=iterations, warmup=warmup)["fn"]
+
+
+def measure_interleaved(comm, runs: dict, *, iterations: int, warmup: int, progress=None) -> dict:
+    """Time every ``runs[name]()`` side by side: each iteration runs each once, in a rotating order.
+
+    On a shared, noisy machine this keeps slow spells from landing on one
+    strategy only, so ratios of medians compare like with like.
+    """
+    names = list(runs)
+    for _ in range(warmup):
+        for name in names:
+            _time_once(comm, runs[name])
+    samples = {name: [] for name in names}
+    for i in range(iterations):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            samples[name].append(_time_once(comm, runs[name]))
+        if progress is not None:
+            progress()
+    return {name: Timing(_slowest(comm, samples[name])) for name in names}
