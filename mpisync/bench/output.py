@@ -90,9 +90,13 @@ def write_plot(results: dict, path: str) -> None:
     except ImportError:
         raise SystemExit("mpisync bench --plot needs matplotlib: pip install 'mpisync[plot]'") from None
     workloads = results["workloads"]
-    panels = (1 if results["osu"] else 0) + len(workloads)
-    fig, axes = plt.subplots(1, max(panels, 1), figsize=(5.5 * max(panels, 1), 4.6), squeeze=False)
-    axes = list(axes[0])
+    panels = max(1, (1 if results["osu"] else 0) + len(workloads))
+    ncols = min(3, panels)
+    nrows = -(-panels // ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, 4.4 * nrows), squeeze=False)
+    axes = list(grid.flat)
+    for unused in axes[panels:]:
+        unused.set_visible(False)
     if results["osu"]:
         ax = axes.pop(0)
         sizes = [r["bytes"] for r in results["osu"]]
