@@ -14,12 +14,14 @@ from .errors import (
 )
 from .report import SyncReport
 from .ring import RequestRing
+from .state import sync_state
 from .sync import ParamSync, sync_params
 
 __version__ = "0.1.0"
 
 __all__ = [
     "sync_params",
+    "sync_state",
     "ParamSync",
     "RequestRing",
     "SyncReport",

@@ -36,6 +36,19 @@ class Step:
         for dst, src in self.fan_out:
             dst[:] = src
 
+    def traced_finish(self, timeline) -> None:
+        """:meth:`finish`, recording its unpack and fan-out spans on ``timeline``."""
+        if self.unpack:
+            start = timeline.now()
+            for dst, src in self.unpack:
+                dst[:] = src
+            timeline.span("unpack", start, tensors=len(self.unpack))
+        if self.fan_out:
+            start = timeline.now()
+            for dst, src in self.fan_out:
+                dst[:] = src
+            timeline.span("fan-out", start, replicas=len(self.fan_out))
+
 
 def arena_slots(plan: list, capacity: int) -> int:
     """How many fusion buffers ``plan`` needs with ``capacity`` collectives in flight."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import collections.abc as _abc
 import dataclasses as _dc
+import functools as _functools
 import json as _json
+import logging as _logging
 import sys as _sys
 import time as _time
 
@@ -14,6 +16,7 @@ from . import config as _config
 from .agreement import agree, diagnose
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
 from .manifest import build_manifest
+from .observe import configure_logging, logger, timeline_for
 from .plan import DEFAULT_CHUNK_BYTES, build_plan
 from .program import arena_slots, compile_program, new_arena
 from .report import SyncReport
@@ -131,6 +134,9 @@ class ParamSync:
         comm = self._user_comm
         _check_comm(comm)
         rank, size = comm.rank, comm.size
+        configure_logging(rank)
+        timeline = timeline_for(rank)
+        t_validate = timeline.now() if timeline is not None else 0
         values = self._settings.values()
         agreed = {"fusion_bytes": values["fusion_bytes"], "chunk_bytes": self._chunk_bytes,
                   "verify": bool(verify), "root": self._root}
@@ -151,49 +157,92 @@ class ParamSync:
         if size == 1:
             if manifest.errors:
                 raise diagnose([_json.loads(manifest.encode())])
+            if timeline is not None:
+                timeline.span("validate", t_validate, tensors=len(manifest.params))
+            t_fan_out = timeline.now() if timeline is not None else 0
             for param in manifest.params:
                 for replica in param.replicas[1:]:
                     replica.data[:] = param.master.data
+            if timeline is not None:
+                timeline.span("fan-out", t_fan_out, replicas=manifest.nreplicas - len(manifest.params))
             if verify:
-                _verify(None, manifest, 0, None)
+                self._verify(None, manifest, None, timeline)
             report.transport, report.verified = "local", bool(verify)
-            report.seconds = _time.perf_counter() - start
-            return report
-        self._run_collective(params, devices_key, manifest, prepared, report, values, verify)
+        else:
+            self._run_collective(params, devices_key, manifest, prepared, report, values, verify,
+                                 timeline, t_validate)
         report.seconds = _time.perf_counter() - start
+        if timeline is not None:
+            timeline.flush()
+        if logger.isEnabledFor(_logging.INFO):
+            logger.info(report.summary())
         return report
+
+    def _verify(self, comm, manifest, call, timeline) -> None:
+        start = timeline.now() if timeline is not None else 0
+        _verify(comm, manifest, self._root if comm is not None else 0, call)
+        if timeline is not None:
+            timeline.span("verify", start, tensors=len(manifest.params))
 
     # -- the collective part ------------------------------------------------
 
-    def _run_collective(self, params, devices_key, manifest, prepared, report, values, verify) -> None:
+    def _run_collective(self, params, devices_key, manifest, prepared, report, values, verify,
+                        timeline, t_validate) -> None:
         timeout = values["timeout"]
-
-        def call(request):
-            report.collectives += 1
-            wait_request(request, None if timeout is None else _time.monotonic() + timeout)
-
+        call = self._caller(report, timeout)
         phase, ring = "communicator duplication", None
         try:
-            if self._comm is None:
-                dup, request = self._user_comm.Idup()
-                call(request)
-                self._comm = dup
+            self._ensure_comm(call)
             phase = "validation exchange"
             agree(self._comm, manifest, call)
             if prepared is None:
                 prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"])
+            if timeline is not None:
+                timeline.span("validate", t_validate, tensors=len(manifest.params),
+                              reused=prepared is self._prepared and manifest is prepared.manifest)
             phase = "broadcast"
             ring = TrackedRing(values["max_concurrent"], timeout)
-            report.fused_buckets = self._broadcast(prepared.steps, ring, report)
+            report.fused_buckets = self._broadcast(prepared.steps, ring, report, timeline)
             if verify:
                 phase = "verification"
-                _verify(self._comm, manifest, self._root, call)
+                self._verify(self._comm, manifest, call, timeline)
                 report.verified = True
         except Expired:
             if phase == "broadcast":
                 pending = [n for label in ring.pending_labels() for n in label]
             else:
                 pending = [p.name for p in manifest.params]
+            self._timed_out(phase, pending, timeout)
+
+    @staticmethod
+    def _caller(report, timeout):
+        """``call(request)``: wait for one collective within ``timeout``, counting it in ``report``."""
+        def call(request):
+            if report is not None:
+                report.collectives += 1
+            wait_request(request, None if timeout is None else _time.monotonic() + timeout)
+        return call
+
+    def _ensure_comm(self, call) -> None:
+        if self._comm is None:
+            dup, request = self._user_comm.Idup()
+            call(request)
+            self._comm = dup
+
+    def _collective_exchange(self, phase: str, pending: list, exchange):
+        """Run ``exchange(comm, call)`` on the library's communicator under this sync's timeout.
+
+        For collectives outside the parameter broadcast (``sync_state``'s
+        structure and scalar exchange); a timeout is handled like any other.
+        """
+        if self._closed or self._broken:
+            raise SyncError("mpisync: this ParamSync is closed or unusable")
+        timeout = self._settings.timeout.value
+        call = self._caller(None, timeout)
+        try:
+            self._ensure_comm(call)
+            return exchange(self._comm, call)
+        except Expired:
             self._timed_out(phase, pending, timeout)
 
     def _plan(self, manifest) -> list:
@@ -227,16 +276,37 @@ class ParamSync:
             self._prepared = prepared
         return prepared
 
-    def _broadcast(self, steps, ring, report) -> int:
+    def _broadcast(self, steps, ring, report, timeline) -> int:
         """Post every step through ``ring``; return the number of fused buckets."""
         comm, root = self._comm, self._root
-        for step in steps:
+        debug = logger.isEnabledFor(_logging.DEBUG)
+        start = timeline.now() if timeline is not None else 0
+        for k, step in enumerate(steps):
             ring.make_room()  # the slot packed next belongs to a retired bucket
-            for dst, src in step.pack:
-                dst[:] = src
+            if timeline is not None and step.pack:
+                t_pack = timeline.now()
+                for dst, src in step.pack:
+                    dst[:] = src
+                timeline.span("pack", t_pack, tensors=len(step.pack))
+            else:
+                for dst, src in step.pack:
+                    dst[:] = src
+            if debug:
+                names = ", ".join(step.label[:5]) + (f", ... ({len(step.label)} tensors)" if len(step.label) > 5 else "")
+                logger.debug("Ibcast %d/%d: %d bytes from root %d, %s: %s", k + 1, len(steps),
+                             len(step.buffer[0]), root, "fused" if step.fused else "direct", names)
             request = comm.Ibcast(step.buffer, root)
-            ring.push(request, step.finish if (step.unpack or step.fan_out) else None, step.label)
+            if not (step.unpack or step.fan_out):
+                done = None
+            elif timeline is not None:
+                done = _functools.partial(step.traced_finish, timeline)
+            else:
+                done = step.finish
+            ring.push(request, done, step.label)
         ring.drain()
+        if timeline is not None:
+            timeline.span("broadcast", start, collectives=len(steps),
+                          bytes=sum(len(s.buffer[0]) for s in steps))
         report.collectives += len(steps)
         return sum(1 for s in steps if s.fused)
 

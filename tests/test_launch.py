@@ -80,3 +80,20 @@ def test_bench_quick_smoke(bounded_env, tmp_path):
                                                                          ("many-small", "max_concurrent")}
     assert (tmp_path / "bench.csv").read_text().startswith("section,workload,name,value,seconds")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_debug_log_and_chrome_timeline_per_rank(bounded_env, tmp_path):
+    root = Path(__file__).parent.parent
+    env = dict(bounded_env, MPISYNC_LOG="debug", MPISYNC_TIMELINE=str(tmp_path / "tl-{rank}.json"))
+    proc, _ = _mpiexec(2, [str(root / "examples" / "sync_demo.py"), "--steps", "2"], env)
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        assert f"mpisync[rank {rank}] DEBUG Ibcast 1/" in proc.stderr
+        assert f"mpisync[rank {rank}] INFO rank {rank}/2: synced 320 tensors" in proc.stderr
+        trace = json.loads((tmp_path / f"tl-{rank}.json").read_text())
+        events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+        names = {e["name"] for e in events}
+        assert {"validate", "broadcast", "verify"} <= names
+        assert ("pack" if rank == 0 else "unpack") in names
+        assert all(e["pid"] == rank and e["dur"] >= 0 for e in events)
+        assert sum(e["name"] == "validate" for e in events) == 2  # one per sync

@@ -1,0 +1,216 @@
+"""``sync_state``: sync a nested training state (optimizer state_dict, pytree) from root.
+
+Array leaves are synced in place by :class:`~mpisync.ParamSync` under their
+dotted paths (``state.0.exp_avg``). Every other leaf (int, float, bool, str,
+None, and tuples of those) takes root's value: root encodes them as tagged
+JSON and broadcasts the bytes; nothing is ever unpickled. Containers are
+visited in sorted key order, so insertion order may differ between ranks.
+"""
+
+from __future__ import annotations
+
+import collections.abc as _abc
+import hashlib as _hashlib
+import json as _json
+import math as _math
+
+import numpy as _np
+from mpi4py import MPI
+
+from .agreement import all_equal, allgather_bytes
+from .arrays import is_array_like
+from .errors import InvalidParamError, ManifestMismatchError
+from .sync import ParamSync
+
+__all__ = ["sync_state"]
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _key_sort(key):
+    return (type(key).__name__, str(key))
+
+
+def _is_scalar(value) -> bool:
+    if isinstance(value, _SCALARS) or isinstance(value, (_np.bool_, _np.integer, _np.floating)):
+        return True
+    return isinstance(value, tuple) and all(_is_scalar(v) for v in value)
+
+
+def _encode_scalar(value):
+    """Tagged JSON for one non-array leaf: exact types and values survive the round trip."""
+    if isinstance(value, (bool, _np.bool_)):
+        return ["b", bool(value)]
+    if isinstance(value, (int, _np.integer)):
+        return ["i", int(value)]
+    if isinstance(value, (float, _np.floating)):
+        value = float(value)
+        return ["f", value.hex() if not _math.isfinite(value) else value]
+    if isinstance(value, str):
+        return ["s", value]
+    if value is None:
+        return ["n", None]
+    return ["t", [_encode_scalar(v) for v in value]]
+
+
+def _decode_scalar(doc):
+    tag, value = doc
+    if tag == "f":
+        return float.fromhex(value) if isinstance(value, str) else float(value)
+    if tag == "t":
+        return tuple(_decode_scalar(v) for v in value)
+    return {"b": bool, "i": int, "s": str, "n": lambda v: None}[tag](value)
+
+
+class _Flat:
+    """A tree taken apart: its shape (JSON-safe), array leaves by path, scalar leaves in order."""
+
+    def __init__(self):
+        self.arrays: dict = {}
+        self.scalars: list = []
+        self.errors: list = []
+
+    def visit(self, node, path: str):
+        """Return the JSON shape of ``node`` and collect its leaves."""
+        if _is_scalar(node):  # first: numpy scalars also have the buffer protocol
+            self.scalars.append(node)
+            return "s"
+        if is_array_like(node):
+            if path in self.arrays:
+                self.errors.append((path, "two entries flatten to the same dotted path"))
+            self.arrays[path] = node
+            return "a"
+        if isinstance(node, _abc.Mapping):
+            keys = list(node)
+            bad = [k for k in keys if not isinstance(k, (str, int)) or isinstance(k, bool)]
+            if bad:
+                self.errors.append((path or "<root>", f"mapping keys must be str or int, got {bad[:3]!r}"))
+                return "?"
+            children = []
+            for key in sorted(keys, key=_key_sort):
+                child = f"{path}.{key}" if path else str(key)
+                children.append([type(key).__name__, key, self.visit(node[key], child)])
+            return {"m": children}
+        if isinstance(node, (list, tuple)):
+            kind = "l" if isinstance(node, list) else "t"
+            return {kind: [self.visit(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node)]}
+        self.errors.append((path or "<root>", f"unsupported leaf of type {type(node).__module__}.{type(node).__qualname__}"))
+        return "?"
+
+
+def _rebuild(node, scalars):
+    """``node`` with its scalar leaves replaced, in visiting order, from the iterator ``scalars``."""
+    if _is_scalar(node):
+        return next(scalars)
+    if is_array_like(node):
+        return node
+    if isinstance(node, _abc.Mapping):
+        replaced = {key: _rebuild(node[key], scalars) for key in sorted(node, key=_key_sort)}
+        items = [(key, replaced[key]) for key in node]  # this rank's own key order
+        try:
+            return type(node)(items)
+        except TypeError:
+            return dict(items)
+    values = [_rebuild(v, scalars) for v in node]
+    if isinstance(node, list):
+        return values
+    return type(node)(*values) if hasattr(node, "_fields") else type(node)(values)  # namedtuple or tuple
+
+
+_KINDS = {"a": "an array", "s": "a non-array value", "?": "an unsupported leaf", "m": "a mapping",
+          "l": "a list", "t": "a tuple"}
+
+
+def _kind(shape) -> tuple:
+    """``(kind letter, children or None)`` of a JSON tree shape."""
+    return next(iter(shape.items())) if isinstance(shape, dict) else (shape, None)
+
+
+def _first_difference(a, b, path: str = "") -> str:
+    """The dotted path where two tree shapes first differ, and how."""
+    where = path or "<root>"
+    (kind_a, items_a), (kind_b, items_b) = _kind(a), _kind(b)
+    if kind_a != kind_b:
+        return f"{where}: {_KINDS[kind_a]} here, {_KINDS[kind_b]} on root"
+    if items_a is None:
+        return ""
+    if kind_a == "m":
+        keys_a, keys_b = [tuple(i[:2]) for i in items_a], [tuple(i[:2]) for i in items_b]
+        if keys_a != keys_b:
+            missing = [k for _, k in keys_b if (type(k).__name__, k) not in keys_a]
+            extra = [k for _, k in keys_a if (type(k).__name__, k) not in keys_b]
+            return f"{where}: keys differ (missing here: {missing!r}; not on root: {extra!r})"
+        for (_, key, sa), (_, _, sb) in zip(items_a, items_b):
+            found = _first_difference(sa, sb, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+        return ""
+    if len(items_a) != len(items_b):
+        return f"{where}: length {len(items_a)} here, {len(items_b)} on root"
+    for i, (sa, sb) in enumerate(zip(items_a, items_b)):
+        found = _first_difference(sa, sb, f"{path}.{i}" if path else str(i))
+        if found:
+            return found
+    return ""
+
+
+def _agree_on_shape(comm, flat: _Flat, shape, root, call) -> None:
+    doc = {"shape": shape, "errors": flat.errors}
+    payload = _json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    digest = _hashlib.blake2b(_json.dumps(shape, sort_keys=True).encode(), digest_size=16).digest()
+    words = _np.concatenate([[1 if flat.errors else 0], _np.frombuffer(digest, _np.int64)])
+    high, equal = all_equal(comm, words, call)
+    if high[0] == 0 and equal:
+        return
+    docs = [_json.loads(raw) for raw in allgather_bytes(comm, payload, call)]
+    invalid = [f"rank {r}: {path}: {msg}" for r, d in enumerate(docs) for path, msg in d["errors"]]
+    if invalid:
+        raise InvalidParamError("mpisync: invalid state tree: " + "; ".join(invalid[:20]))
+    diffs = [f"rank {r}: {_first_difference(d['shape'], docs[root]['shape'])}"
+             for r, d in enumerate(docs) if r != root and d["shape"] != docs[root]["shape"]]
+    raise ManifestMismatchError(f"mpisync: state tree structure differs from root rank {root}'s: " + "; ".join(diffs[:20]))
+
+
+def _broadcast_bytes(comm, payload: bytes, root, call) -> bytes:
+    length = _np.array([len(payload)], dtype=_np.int64)
+    call(comm.Ibcast(length, root))
+    buf = _np.frombuffer(payload, dtype=_np.uint8).copy() if comm.rank == root else _np.empty(int(length[0]), _np.uint8)
+    call(comm.Ibcast([buf, MPI.BYTE], root))
+    return buf.tobytes()
+
+
+def sync_state(tree, comm=None, *, root=0, max_concurrent=None, fusion_bytes=None, timeout=None,
+               verify=False):
+    """Sync a nested state from ``root``: arrays in place, other leaves to root's values; return the tree.
+
+    ``tree`` nests mappings (str or int keys), lists and tuples; its leaves are
+    arrays (synced in place, named by dotted path) or ints, floats, bools,
+    strings, None and tuples of those (root's values, returned in a rebuilt
+    tree; apply them with e.g. ``optimizer.load_state_dict(result)``). A
+    difference in structure raises :class:`~mpisync.ManifestMismatchError` on
+    every rank naming the first differing path.
+    """
+    with ParamSync(comm, root=root, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes,
+                   timeout=timeout) as syncer:
+        flat = _Flat()
+        shape = flat.visit(tree, "")
+        user_comm = syncer._user_comm
+        root_ok = isinstance(root, int) and not isinstance(root, bool) and 0 <= root < user_comm.size
+        if not root_ok:
+            flat.errors.append(("<root>", f"root={root!r} is not a rank of this communicator (size {user_comm.size})"))
+        if user_comm.size == 1:
+            if flat.errors:
+                raise InvalidParamError("mpisync: invalid state tree: " + "; ".join(f"rank 0: {p}: {m}" for p, m in flat.errors))
+            syncer.sync(flat.arrays, verify=verify)
+            return _rebuild(tree, iter(flat.scalars))
+        scalars = syncer._collective_exchange(
+            "state structure exchange", list(flat.arrays),
+            lambda comm, call: _exchange(comm, flat, shape, root, call))
+        syncer.sync(flat.arrays, verify=verify)
+        return _rebuild(tree, iter(scalars))
+
+
+def _exchange(comm, flat, shape, root, call) -> list:
+    _agree_on_shape(comm, flat, shape, root, call)
+    payload = _json.dumps([_encode_scalar(v) for v in flat.scalars]).encode() if comm.rank == root else b""
+    return [_decode_scalar(d) for d in _json.loads(_broadcast_bytes(comm, payload, root, call))]
