@@ -28,4 +28,10 @@ if [ "${MPISYNC_SKIP_OPENMPI:-0}" != 1 ]; then
       .venv-openmpi/bin/python ci/mpi_pytest.py -q
   done
 fi
+if [ "${MPISYNC_SKIP_MULTIHOST:-0}" != 1 ]; then
+  echo "== several hosts on one machine (network namespaces, TCP between them)"
+  for layout in "2 1" "2 2" "3 1" "3 2"; do
+    bash ci/multihost.sh $layout
+  done
+fi
 echo "== all test passes green in $((SECONDS - started)) s"

@@ -1,0 +1,38 @@
+"""Jobs that go wrong on purpose: ``python faults.py KIND``, under mpiexec with 3 ranks.
+
+KIND: kill-rank (rank 1 SIGKILLs itself mid-sync), kill-root (root does), stall
+(rank 1 SIGSTOPs itself mid-sync), raise-between (rank 1 raises between two syncs).
+Ranks print "sync N done" as they go; a rank that finishes prints "finished".
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpisync
+
+kind = sys.argv[1]
+comm = MPI.COMM_WORLD
+params = {f"layer{i}.weight": np.full(4 << 20, comm.rank, np.float32) for i in range(8)}  # 128 MiB
+victim = 0 if kind == "kill-root" else 1
+syncer = mpisync.ParamSync(comm, root=0, timeout=float(os.environ.get("FAULT_TIMEOUT", "5")))
+
+
+def strike():
+    time.sleep(float(os.environ.get("FAULT_AFTER", "0.3")))
+    os.kill(os.getpid(), signal.SIGSTOP if kind == "stall" else signal.SIGKILL)
+
+
+if comm.rank == victim and kind != "raise-between":
+    threading.Thread(target=strike, daemon=True).start()
+for n in range(1, 1000):
+    syncer.sync(params)
+    print(f"rank {comm.rank}: sync {n} done", flush=True)
+    if kind == "raise-between" and comm.rank == victim and n == 2:
+        raise RuntimeError("rank 1 failed between two syncs")
+print(f"rank {comm.rank}: finished", flush=True)

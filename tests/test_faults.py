@@ -1,0 +1,60 @@
+"""Faults: a killed, stalled or failing rank ends the job within a bound, never a hang.
+
+Bounds are generous (the machine is shared); each measures the whole mpiexec run.
+"""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.launcher
+JOB = Path(__file__).parent / "jobs" / "faults.py"
+
+
+def _run(env, kind, *python_args, timeout=120):
+    cmd = ["mpiexec", "-n", "3", sys.executable, *python_args, str(JOB), kind]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+@pytest.mark.parametrize("kind", ["kill-rank", "kill-root"])
+def test_killed_rank_ends_the_job(bounded_env, kind):
+    proc, out, seconds = _run(bounded_env, kind)
+    assert proc.returncode != 0, out
+    assert "finished" not in out
+    assert seconds < 60, f"{kind}: the job took {seconds:.1f} s to end"
+
+
+def test_stalled_rank_times_out_with_pending_parameters_then_aborts(bounded_env):
+    env = dict(bounded_env, FAULT_TIMEOUT="3")
+    proc, out, seconds = _run(env, "stall")
+    assert proc.returncode != 0, out
+    assert "SyncTimeoutError: mpisync: rank" in out and "did not complete within 3 s" in out, out
+    assert "pending parameter(s): 'layer" in out
+    assert "aborts the job" in out
+    assert seconds < 3 + 45, f"abort took {seconds:.1f} s"
+
+
+def test_exception_between_syncs_is_caught_by_the_timeout(bounded_env):
+    # Plain python: the failing rank finalizes MPI on exit; the others wait in the next
+    # sync until the timeout reports it and aborts.
+    env = dict(bounded_env, FAULT_TIMEOUT="3")
+    proc, out, seconds = _run(env, "raise-between")
+    assert proc.returncode != 0, out
+    assert "RuntimeError: rank 1 failed between two syncs" in out
+    assert "SyncTimeoutError" in out and "validation exchange did not complete within 3 s" in out, out
+    assert "finished" not in out
+    assert seconds < 3 + 45
+
+
+def test_exception_between_syncs_under_python_m_mpi4py_aborts_at_once(bounded_env):
+    env = dict(bounded_env, FAULT_TIMEOUT="60")
+    proc, out, seconds = _run(env, "raise-between", "-m", "mpi4py")
+    assert proc.returncode != 0, out
+    assert "RuntimeError: rank 1 failed between two syncs" in out
+    assert "SyncTimeoutError" not in out
+    assert seconds < 30, f"took {seconds:.1f} s; the 60 s timeout should not have been needed"
