@@ -105,8 +105,10 @@ def diagnose(docs: list) -> Exception:
             elif name not in expected:
                 problems.append((rank, f"parameter {name!r} is not on root rank {root}"))
             else:
-                _, shape, dtype, count = mine[name]
-                _, rshape, rdtype, rcount = expected[name]
+                _, shape, dtype, count, kind = mine[name]
+                _, rshape, rdtype, rcount, rkind = expected[name]
+                if kind != rkind:
+                    problems.append((rank, f"parameter {name!r} is in {kind} memory, on root in {rkind} memory"))
                 if shape != rshape:
                     problems.append((rank, f"parameter {name!r} has shape {_shape(shape)}, root has {_shape(rshape)}"))
                 if dtype != rdtype:

@@ -14,6 +14,8 @@ import typing as _typing
 
 import numpy as _np
 
+from .devices.simulated import SimulatedDeviceArray
+
 __all__ = ["ArrayView", "UnsupportedArray", "as_array_view", "is_array_like"]
 
 
@@ -27,16 +29,18 @@ class ArrayView(_typing.NamedTuple):
     A NamedTuple because a manifest builds one per replica on every cold sync.
     """
 
-    data: memoryview  # 1-D, format "B", aliases the replica's memory
+    data: object  # host: 1-D "B" memoryview; device: the backend's flat uint8 view; both alias the replica
     shape: tuple
     dtype: str
     writable: bool
-    kind: str = "host"
+    kind: str = "host"  # or "device"
+    backend: object = None  # device arrays: their mpisync.devices.Backend
+    device: int = -1
 
     @property
     def nbytes(self) -> int:
         """Bytes of the replica."""
-        return self.data.nbytes
+        return int(self.data.nbytes)
 
 
 _DTYPE_NAMES: dict = {}
@@ -80,16 +84,15 @@ def _from_torch(tensor) -> ArrayView:
 
     if tensor.layout != torch.strided:
         raise UnsupportedArray(f"torch tensor with layout {tensor.layout} is not a dense array")
-    if tensor.device.type != "cpu":
-        raise UnsupportedArray(
-            f"torch tensor on device {tensor.device}: GPU buffers are not supported by this "
-            "version of mpisync; move it to the CPU first"
-        )
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise UnsupportedArray(f"torch tensor on device {tensor.device}: only CPU and CUDA tensors are supported")
     if not tensor.is_contiguous():
         raise UnsupportedArray(f"torch tensor with stride {tensor.stride()} is not contiguous")
     if tensor.is_quantized or tensor.is_complex() and tensor.is_conj():
         raise UnsupportedArray("quantized or lazily conjugated torch tensors are not supported")
     dtype = str(tensor.dtype).removeprefix("torch.")
+    if tensor.device.type == "cuda":
+        return _device_view(tensor, tuple(tensor.shape), dtype)
     tensor = tensor.detach()
     try:
         data = _byte_view(tensor.numpy())
@@ -99,7 +102,29 @@ def _from_torch(tensor) -> ArrayView:
 
 
 def _is_gpu_object(obj) -> bool:
-    return hasattr(obj, "__cuda_array_interface__")
+    return hasattr(obj, "__cuda_array_interface__") or isinstance(obj, SimulatedDeviceArray)
+
+
+def _device_view(array, shape: tuple, dtype: str) -> ArrayView:
+    from .devices import backend_for
+
+    backend = backend_for(array)
+    return ArrayView(backend.flat_bytes(array), shape, dtype, True, "device", backend, backend.device_of(array))
+
+
+def _from_device(obj) -> ArrayView:
+    from .devices import backend_for
+
+    if backend_for(obj) is None:
+        raise UnsupportedArray(
+            f"{type(obj).__module__}.{type(obj).__qualname__} is a GPU buffer of a library mpisync does "
+            "not support; use a CuPy array or a torch CUDA tensor"
+        )
+    contiguous = obj.is_contiguous() if hasattr(obj, "is_contiguous") else bool(obj.flags.c_contiguous)
+    if not contiguous:
+        raise UnsupportedArray(f"{type(obj).__qualname__} on the device is not C-contiguous")
+    dtype = _np.dtype(obj.dtype)
+    return _device_view(obj, tuple(obj.shape), _DTYPE_NAMES.get(dtype) or _dtype_name(dtype))
 
 
 def is_array_like(obj) -> bool:
@@ -124,10 +149,7 @@ def as_array_view(obj) -> ArrayView:
     if _is_torch_tensor(obj):
         return _from_torch(obj)
     if _is_gpu_object(obj):
-        raise UnsupportedArray(
-            f"{type(obj).__module__}.{type(obj).__qualname__} is a GPU buffer: GPU buffers are "
-            "not supported by this version of mpisync; copy it to host memory first"
-        )
+        return _from_device(obj)
     if hasattr(obj, "__dlpack__"):
         try:
             array = _np.from_dlpack(obj)

@@ -27,8 +27,12 @@ def _version(dist: str) -> str:
 
 def collect_info() -> dict:
     """Everything ``mpisync info`` prints, as a JSON-safe dict."""
+    from .devices.detect import choose_transport, cuda_aware_mpi, gpus_seen
+
     library = MPI.Get_library_version().strip().splitlines()
     settings = _config.resolve()
+    aware, aware_why = cuda_aware_mpi()
+    transport, transport_why = choose_transport(settings.gpu_transport.value)
     return {
         "mpisync": __version__,
         "mpi4py": _version("mpi4py"),
@@ -38,7 +42,10 @@ def collect_info() -> dict:
         "mpi_standard": "%d.%d" % MPI.Get_version(),
         "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "world_size": MPI.COMM_WORLD.size,
-        "gpu": "not supported by this version: host arrays only (numpy, torch CPU, buffer protocol, DLPack on CPU)",
+        "cuda_aware_mpi": "yes" if aware else "no",
+        "cuda_aware_why": aware_why,
+        "device_transport": f"{transport} ({transport_why})",
+        "gpus": gpus_seen(),
         "defaults": {
             name: {"value": s.value, "source": s.source, "env": _config.ENV_NAMES[name]}
             for name, s in zip(_config.ENV_NAMES, (settings.max_concurrent, settings.fusion_bytes,

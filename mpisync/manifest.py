@@ -43,8 +43,8 @@ class Manifest:
     _params_digest: bytes | None = None
 
     def describe(self) -> list:
-        """One row per parameter: ``[name, shape, dtype, replicas]``, JSON-safe."""
-        return [[p.name, list(p.master.shape), p.master.dtype, len(p.replicas)] for p in self.params]
+        """One row per parameter: ``[name, shape, dtype, replicas, "host" or "device"]``, JSON-safe."""
+        return [[p.name, list(p.master.shape), p.master.dtype, len(p.replicas), p.master.kind] for p in self.params]
 
     def encode(self) -> bytes:
         """A JSON encoding of everything other ranks must compare (never pickle)."""
@@ -60,6 +60,7 @@ class Manifest:
             h.update("\x00".join([p.master.dtype for p in params]).encode())
             h.update(repr([p.master.shape for p in params]).encode())
             h.update(repr([len(p.replicas) for p in params]).encode())
+            h.update("".join([p.master.kind[0] for p in params]).encode())  # placement shapes the plan
             self._params_digest = h.digest()
         h = _hashlib.blake2b(self._params_digest, digest_size=16)
         h.update(_json.dumps(self.settings, sort_keys=True).encode())
@@ -69,6 +70,16 @@ class Manifest:
     def nbytes(self) -> int:
         """Bytes of one copy of every parameter."""
         return sum(p.nbytes for p in self.params)
+
+    @_functools.cached_property
+    def host_params(self) -> list:
+        """Parameters whose replicas are in host memory, in sorted order."""
+        return [p for p in self.params if p.master.kind == "host"]
+
+    @_functools.cached_property
+    def device_params(self) -> list:
+        """Parameters whose replicas are on devices, in sorted order."""
+        return [p for p in self.params if p.master.kind == "device"]
 
     @_functools.cached_property
     def nreplicas(self) -> int:
@@ -96,6 +107,9 @@ def _replica_list(replicas, devices) -> list:
 def _check_param(views: list, receiving: bool) -> str | None:
     master = views[0]
     for i, view in enumerate(views[1:], start=1):
+        if view.kind != master.kind:
+            return (f"replica {i} is in {'host memory' if view.kind == 'host' else 'device memory'} and the "
+                    "master is not: the replicas of one name must all be on devices or all in host memory")
         if view.shape != master.shape or view.dtype != master.dtype:
             return (
                 f"replica {i} has shape {view.shape} dtype {view.dtype}, but the master "

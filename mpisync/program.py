@@ -55,12 +55,11 @@ def arena_slots(plan: list, capacity: int) -> int:
     return min(capacity, sum(1 for t in plan if t.fused))
 
 
-def compile_program(manifest, plan: list, *, receiving: bool, arena, fusion_bytes: int) -> list:
-    """The steps that carry out ``plan`` on this rank's replicas.
+def compile_program(params: list, plan: list, *, receiving: bool, arena, fusion_bytes: int) -> list:
+    """The steps that carry out ``plan`` (made for ``params``, host memory) on this rank's replicas.
 
     ``arena`` is a byte ``memoryview`` of at least ``slots * fusion_bytes`` bytes.
     """
-    params = manifest.params
     slots = len(arena) // fusion_bytes if fusion_bytes else 0
     steps, bucket = [], 0
     for transfer in plan:

@@ -21,6 +21,7 @@ from .plan import DEFAULT_CHUNK_BYTES, build_plan
 from .program import arena_slots, compile_program, new_arena
 from .report import SyncReport
 from .ring import Expired, TrackedRing, wait_request
+from .staged import DEFAULT_DEVICE_CHUNK_BYTES, DeviceSlots, compile_device_steps, device_to_host, run_device_steps
 from .verify import verify as _verify
 
 __all__ = ["ParamSync", "sync_params"]
@@ -49,7 +50,8 @@ class _Prepared:
     torch_indices: tuple
     torch_storage: tuple
     manifest: object
-    steps: list
+    steps: list  # host parameters
+    device_steps: list
 
     def matches(self, params, devices) -> bool:
         """Whether ``params`` holds exactly the arrays (and, for torch, the storage) prepared."""
@@ -91,6 +93,8 @@ class ParamSync:
             self._settings_error = str(exc)
             self._settings = _config.resolve(1, 0, "auto", _config.BUILTIN_DEFAULTS["timeout"])
         self._chunk_bytes = DEFAULT_CHUNK_BYTES
+        self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
+        self._device_slots = None
         self._comm = None
         self._plans: dict = {}
         self._arena = memoryview(b"")
@@ -117,6 +121,7 @@ class ParamSync:
         self._plans.clear()
         self._prepared = None
         self._arena = memoryview(b"")
+        self._device_slots = None
         self._closed = True
 
     def sync(self, params, *, devices=None, verify=False) -> SyncReport:
@@ -139,7 +144,7 @@ class ParamSync:
         t_validate = timeline.now() if timeline is not None else 0
         values = self._settings.values()
         agreed = {"fusion_bytes": values["fusion_bytes"], "chunk_bytes": self._chunk_bytes,
-                  "verify": bool(verify), "root": self._root}
+                  "device_chunk_bytes": self._device_chunk_bytes, "verify": bool(verify), "root": self._root}
         devices_key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
         prepared = self._prepared
         if prepared is not None and isinstance(params, _abc.Mapping) and prepared.matches(params, devices_key):
@@ -160,9 +165,11 @@ class ParamSync:
             if timeline is not None:
                 timeline.span("validate", t_validate, tensors=len(manifest.params))
             t_fan_out = timeline.now() if timeline is not None else 0
-            for param in manifest.params:
+            for param in manifest.host_params:
                 for replica in param.replicas[1:]:
                     replica.data[:] = param.master.data
+            if manifest.device_params:  # no peers: the device plan runs its fan-out only
+                self._local_device_fan_out(manifest)
             if timeline is not None:
                 timeline.span("fan-out", t_fan_out, replicas=manifest.nreplicas - len(manifest.params))
             if verify:
@@ -178,9 +185,31 @@ class ParamSync:
             logger.info(report.summary())
         return report
 
+    def _slots(self) -> DeviceSlots:
+        if self._device_slots is None:
+            chunk = max(self._device_chunk_bytes, self._settings.fusion_bytes.value)
+            self._device_slots = DeviceSlots(self._settings.max_concurrent.value, chunk)
+        return self._device_slots
+
+    def _local_device_fan_out(self, manifest) -> None:
+        from .plan import build_plan
+
+        params = manifest.device_params
+        steps = compile_device_steps(params, build_plan([p.nbytes for p in params], 0, 1 << 62))
+        slots = self._slots()
+        touched = set()
+        for step in steps:
+            stream = slots.stream(step.backend, step.device)
+            for dst, src in step.fan_out:
+                step.backend.copy(dst, src, stream)
+            touched.update((step.backend, d) for d in step.devices)
+        for backend, device in touched:
+            backend.synchronize(device)
+
     def _verify(self, comm, manifest, call, timeline) -> None:
         start = timeline.now() if timeline is not None else 0
-        _verify(comm, manifest, self._root if comm is not None else 0, call)
+        to_host = (lambda view: device_to_host(view, self._slots())) if manifest.device_params else None
+        _verify(comm, manifest, self._root if comm is not None else 0, call, to_host)
         if timeline is not None:
             timeline.span("verify", start, tensors=len(manifest.params))
 
@@ -203,13 +232,18 @@ class ParamSync:
             phase = "broadcast"
             ring = TrackedRing(values["max_concurrent"], timeout)
             report.fused_buckets = self._broadcast(prepared.steps, ring, report, timeline)
+            if prepared.device_steps:
+                phase = "device broadcast"
+                report.transport = self._broadcast_devices(prepared.device_steps, values, report, timeline)
             if verify:
                 phase = "verification"
                 self._verify(self._comm, manifest, call, timeline)
                 report.verified = True
-        except Expired:
+        except Expired as expired:
             if phase == "broadcast":
                 pending = [n for label in ring.pending_labels() for n in label]
+            elif phase == "device broadcast":
+                pending = list(dict.fromkeys(getattr(expired, "pending", [])))
             else:
                 pending = [p.name for p in manifest.params]
             self._timed_out(phase, pending, timeout)
@@ -245,33 +279,51 @@ class ParamSync:
         except Expired:
             self._timed_out(phase, pending, timeout)
 
-    def _plan(self, manifest) -> list:
-        sizes = tuple(p.nbytes for p in manifest.params)
-        key = (sizes, manifest.settings["fusion_bytes"], self._chunk_bytes)
+    def _broadcast_devices(self, steps, values, report, timeline) -> str:
+        """Run the device plan with the chosen transport; return ``"staged"`` or ``"cuda-aware"``."""
+        from .devices.detect import choose_transport
+
+        transport, why = choose_transport(values["gpu_transport"])
+        logger.debug("device buffers: transport %s (%s)", transport, why)
+        start = timeline.now() if timeline is not None else 0
+        run_device_steps(self._comm, self._root, steps, self._slots(), staged=transport == "staged",
+                         timeout=values["timeout"])
+        report.collectives += len(steps)
+        report.fused_buckets += sum(1 for s in steps if s.fused)
+        if timeline is not None:
+            timeline.span(transport, start, collectives=len(steps), bytes=sum(s.nbytes for s in steps))
+        return transport
+
+    def _plan(self, params, fusion: int, chunk: int) -> list:
+        sizes = tuple(p.nbytes for p in params)
+        key = (sizes, fusion, chunk)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _PLAN_CACHE_SIZE:
                 self._plans.pop(next(iter(self._plans)))
-            plan = build_plan(list(sizes), key[1], key[2])
+            plan = build_plan(list(sizes), fusion, chunk)
             self._plans[key] = plan
         return plan
 
     def _prepare(self, params, devices_key, manifest, capacity: int) -> _Prepared:
         """Compile the steps for these arrays; keep them for the fast path when eligible."""
-        plan = self._plan(manifest)
         fusion = manifest.settings["fusion_bytes"]
+        plan = self._plan(manifest.host_params, fusion, self._chunk_bytes)
         needed = arena_slots(plan, capacity) * fusion
         if len(self._arena) < needed:
             self._prepared = None  # its steps point into the old arena
             self._arena = new_arena(needed)
-        steps = compile_program(manifest, plan, receiving=self._comm.rank != self._root,
+        steps = compile_program(manifest.host_params, plan, receiving=self._comm.rank != self._root,
                                 arena=self._arena, fusion_bytes=fusion)
+        device_params = manifest.device_params
+        device_plan = self._plan(device_params, fusion, max(self._device_chunk_bytes, fusion)) if device_params else []
+        device_steps = compile_device_steps(device_params, device_plan)
         values = tuple(params.values()) if manifest.leaves_only else ()
         torch_module = _sys.modules.get("torch")
         torch_indices = tuple(i for i, v in enumerate(values)
                               if torch_module is not None and isinstance(v, torch_module.Tensor))
         prepared = _Prepared(values, tuple(params) if values else (), tuple(map(id, values)), devices_key,
-                             torch_indices, _torch_storage(values, torch_indices), manifest, steps)
+                             torch_indices, _torch_storage(values, torch_indices), manifest, steps, device_steps)
         if manifest.leaves_only:
             self._prepared = prepared
         return prepared

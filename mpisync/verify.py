@@ -16,23 +16,29 @@ def _digest(data) -> bytes:
     return _hashlib.blake2b(data, digest_size=16).digest()
 
 
-def param_digests(manifest) -> _np.ndarray:
-    """An ``(n, 3)`` int64 array: each master's 16-byte digest, then 1 if every local replica equals it."""
+def param_digests(manifest, to_host=None) -> _np.ndarray:
+    """An ``(n, 3)`` int64 array: each master's 16-byte digest, then 1 if every local replica equals it.
+
+    ``to_host(view)`` copies a device replica's bytes to host memory.
+    """
+    def digest_of(view):
+        return _digest(view.data if view.kind == "host" else to_host(view))
+
     rows = _np.empty((len(manifest.params), 3), dtype=_np.int64)
     for i, param in enumerate(manifest.params):
-        digest = _digest(param.master.data)
+        digest = digest_of(param.master)
         rows[i, :2] = _np.frombuffer(digest, dtype=_np.int64)
-        rows[i, 2] = all(_digest(r.data) == digest for r in param.replicas[1:])
+        rows[i, 2] = all(digest_of(r) == digest for r in param.replicas[1:])
     return rows
 
 
-def verify(comm, manifest, root: int, call) -> int:
+def verify(comm, manifest, root: int, call, to_host=None) -> int:
     """Raise :class:`VerificationError` on every rank unless all hold root's bytes; return collectives used.
 
     ``comm=None`` checks only this rank's replicas. With peers it costs one
     all-reduce when all agree, and an all-gather of the digests to name differences.
     """
-    rows = param_digests(manifest)
+    rows = param_digests(manifest, to_host)
     collectives = 0
     if comm is None:
         table, root = rows[None], 0

@@ -29,11 +29,14 @@ def test_killed_rank_ends_the_job(bounded_env, kind):
     assert seconds < 60, f"{kind}: the job took {seconds:.1f} s to end"
 
 
-def test_stalled_rank_times_out_with_pending_parameters_then_aborts(bounded_env):
-    env = dict(bounded_env, FAULT_TIMEOUT="3")
+@pytest.mark.parametrize("memory", ["host", "device"])
+def test_stalled_rank_times_out_with_pending_parameters_then_aborts(bounded_env, memory):
+    env = dict(bounded_env, FAULT_TIMEOUT="3", FAULT_DEVICE="1" if memory == "device" else "0")
     proc, out, seconds = _run(env, "stall")
     assert proc.returncode != 0, out
     assert "SyncTimeoutError: mpisync: rank" in out and "did not complete within 3 s" in out, out
+    if memory == "device":
+        assert "the device broadcast did not complete" in out or "the validation exchange did not" in out, out
     assert "pending parameter(s): 'layer" in out
     assert "aborts the job" in out
     assert seconds < 3 + 45, f"abort took {seconds:.1f} s"

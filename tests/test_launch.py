@@ -51,6 +51,8 @@ def test_info_prints_library_thread_level_and_sources(bounded_env):
     assert info["mpi_library"] and info["mpi_standard"][0].isdigit()
     assert info["defaults"]["fusion_bytes"] == {"value": 8192, "source": "environment", "env": "MPISYNC_FUSION_BYTES"}
     assert info["defaults"]["max_concurrent"]["source"] == "built-in"
+    assert info["cuda_aware_mpi"] == "no" and "MPIX_" in info["cuda_aware_why"]  # the PyPI wheels are not CUDA-aware
+    assert info["device_transport"].startswith("staged (")
     table = subprocess.run(["mpisync", "info"], env=env, capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "fusion_bytes    = 8192       (environment" in table.stdout
 

@@ -65,7 +65,7 @@ def _doc(params, errors=(), root=0, **settings):
 
 
 def test_diagnose_prefers_invalid_input_and_lists_every_rank():
-    docs = [_doc([["a", [2], "float32", 1]]), _doc([], [["a", "not C-contiguous"]]), _doc([], [[None, "bad root"]])]
+    docs = [_doc([["a", [2], "float32", 1, "host"]]), _doc([], [["a", "not C-contiguous"]]), _doc([], [[None, "bad root"]])]
     err = diagnose(docs)
     assert isinstance(err, InvalidParamError)
     assert str(err) == ("mpisync: invalid input on rank(s) 1, 2: rank 1: parameter 'a': not C-contiguous; "
@@ -73,8 +73,9 @@ def test_diagnose_prefers_invalid_input_and_lists_every_rank():
 
 
 def test_diagnose_names_mismatches_against_root():
-    row = ["a", [2, 3], "float32", 1]
-    docs = [_doc([row, ["b", [1], "int8", 1]], root=1), _doc([row], root=1), _doc([["a", [3, 2], "float64", 2]], root=1)]
+    row = ["a", [2, 3], "float32", 1, "host"]
+    docs = [_doc([row, ["b", [1], "int8", 1, "host"]], root=1), _doc([row], root=1),
+            _doc([["a", [3, 2], "float64", 2, "device"]], root=1)]
     err = diagnose(docs)
     assert isinstance(err, ManifestMismatchError)
     text = str(err)
@@ -83,10 +84,11 @@ def test_diagnose_names_mismatches_against_root():
     assert "rank 2: parameter 'a' has shape (3, 2), root has (2, 3)" in text
     assert "rank 2: parameter 'a' has dtype float64, root has float32" in text
     assert "rank 2: parameter 'a' has 2 replica(s), root has 1" in text
+    assert "rank 2: parameter 'a' is in device memory, on root in host memory" in text
 
 
 def test_diagnose_long_lists_are_cut():
-    docs = [_doc([[f"p{i}", [1], "int8", 1] for i in range(50)]), _doc([])]
+    docs = [_doc([[f"p{i}", [1], "int8", 1, "host"] for i in range(50)]), _doc([])]
     assert str(diagnose(docs)).endswith("; ... and 30 more")
 
 

@@ -19,6 +19,10 @@ import mpisync
 kind = sys.argv[1]
 comm = MPI.COMM_WORLD
 params = {f"layer{i}.weight": np.full(4 << 20, comm.rank, np.float32) for i in range(8)}  # 128 MiB
+if os.environ.get("FAULT_DEVICE") == "1":  # the same, as (simulated) device buffers: the staged pipeline
+    from mpisync.devices.simulated import SimulatedDeviceArray
+
+    params = {name: SimulatedDeviceArray(array) for name, array in params.items()}
 victim = 0 if kind == "kill-root" else 1
 syncer = mpisync.ParamSync(comm, root=0, timeout=float(os.environ.get("FAULT_TIMEOUT", "5")))
 
