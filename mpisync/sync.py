@@ -158,7 +158,7 @@ class ParamSync:
                 manifest.errors.append((None, self._settings_error))
         report = SyncReport(tensors=len(manifest.params), replicas=manifest.nreplicas,
                             bytes=manifest.nbytes, collectives=0, seconds=0.0, transport="host",
-                            rank=rank, size=size, root=self._root if not manifest.errors else 0)
+                            rank=rank, size=size, root=self._root)
         if size == 1:
             if manifest.errors:
                 raise diagnose([_json.loads(manifest.encode())])
@@ -192,18 +192,17 @@ class ParamSync:
         return self._device_slots
 
     def _local_device_fan_out(self, manifest) -> None:
-        from .plan import build_plan
-
-        params = manifest.device_params
-        steps = compile_device_steps(params, build_plan([p.nbytes for p in params], 0, 1 << 62))
+        """Copy each device master into its other replicas (peer copies across devices)."""
+        touched = {(r.backend, r.device) for p in manifest.device_params for r in p.replicas}
+        for backend, device in touched:  # producers of the masters are done
+            backend.synchronize(device)
         slots = self._slots()
-        touched = set()
-        for step in steps:
-            stream = slots.stream(step.backend, step.device)
-            for dst, src in step.fan_out:
-                step.backend.copy(dst, src, stream)
-            touched.update((step.backend, d) for d in step.devices)
-        for backend, device in touched:
+        for param in manifest.device_params:
+            master = param.master
+            stream = slots.stream(master.backend, master.device)
+            for replica in param.replicas[1:]:
+                master.backend.copy(replica.data, master.data, stream)
+        for backend, device in touched:  # the copies are done before the caller's next kernel
             backend.synchronize(device)
 
     def _verify(self, comm, manifest, call, timeline) -> None:
@@ -224,11 +223,11 @@ class ParamSync:
             self._ensure_comm(call)
             phase = "validation exchange"
             agree(self._comm, manifest, call)
-            if prepared is None:
+            reused = prepared is not None
+            if not reused:
                 prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"])
             if timeline is not None:
-                timeline.span("validate", t_validate, tensors=len(manifest.params),
-                              reused=prepared is self._prepared and manifest is prepared.manifest)
+                timeline.span("validate", t_validate, tensors=len(manifest.params), reused=reused)
             phase = "broadcast"
             ring = TrackedRing(values["max_concurrent"], timeout)
             report.fused_buckets = self._broadcast(prepared.steps, ring, report, timeline)
@@ -316,7 +315,7 @@ class ParamSync:
         steps = compile_program(manifest.host_params, plan, receiving=self._comm.rank != self._root,
                                 arena=self._arena, fusion_bytes=fusion)
         device_params = manifest.device_params
-        device_plan = self._plan(device_params, fusion, max(self._device_chunk_bytes, fusion)) if device_params else []
+        device_plan = self._plan(device_params, fusion, max(self._device_chunk_bytes, fusion))
         device_steps = compile_device_steps(device_params, device_plan)
         values = tuple(params.values()) if manifest.leaves_only else ()
         torch_module = _sys.modules.get("torch")

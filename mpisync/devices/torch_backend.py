@@ -38,13 +38,22 @@ class TorchBackend(Backend):
     def stream(self, device: int):
         return self._torch.cuda.Stream(device=device)
 
+    def _pinned_tensor(self, view):
+        """The slice of a pinned tensor behind numpy ``view``: copies from it stay asynchronous."""
+        address = view.ctypes.data
+        for tensor in self._pinned_keepalive:
+            start = tensor.data_ptr()
+            if start <= address < start + tensor.numel():
+                return tensor[address - start:address - start + view.nbytes]
+        return self._torch.from_numpy(view)  # not one of ours: torch copies it synchronously
+
     def to_host(self, dst, src, stream) -> None:
         with self._torch.cuda.stream(stream):
-            self._torch.from_numpy(dst).copy_(src, non_blocking=True)
+            self._pinned_tensor(dst).copy_(src, non_blocking=True)
 
     def to_device(self, dst, src, stream) -> None:
         with self._torch.cuda.stream(stream):
-            dst.copy_(self._torch.from_numpy(src), non_blocking=True)
+            dst.copy_(self._pinned_tensor(src), non_blocking=True)
 
     def copy(self, dst, src, stream) -> None:
         with self._torch.cuda.stream(stream):
