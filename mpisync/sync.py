@@ -315,8 +315,10 @@ class ParamSync:
         steps = compile_program(manifest.host_params, plan, receiving=self._comm.rank != self._root,
                                 arena=self._arena, fusion_bytes=fusion)
         device_params = manifest.device_params
-        device_plan = self._plan(device_params, fusion, max(self._device_chunk_bytes, fusion))
-        device_steps = compile_device_steps(device_params, device_plan)
+        device_steps = []
+        if device_params:
+            device_plan = self._plan(device_params, fusion, max(self._device_chunk_bytes, fusion))
+            device_steps = compile_device_steps(device_params, device_plan)
         values = tuple(params.values()) if manifest.leaves_only else ()
         torch_module = _sys.modules.get("torch")
         torch_indices = tuple(i for i, v in enumerate(values)
