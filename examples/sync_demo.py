@@ -41,14 +41,18 @@ def main() -> None:
     with mpisync.ParamSync(comm, root=0) as syncer:
         for step in range(args.steps):
             report = syncer.sync(params, verify=(step == 0))
-            print(f"step {step}: {report.summary()}", flush=True)
+            if comm.rank == 0:
+                print(f"step {step}: {report.summary()}", flush=True)
     after = digest(params)
-    digests = np.empty((comm.size, 8), np.uint8)
-    comm.Allgather(np.frombuffer(after, np.uint8), digests)
-    same = bool((digests == digests[0]).all())
-    print(f"rank {comm.rank}: {library} {args.workload}: {report.tensors} tensors, {report.bytes / 1e6:.1f} MB; "
-          f"digest before {before.hex()} after {after.hex()}; identical on every rank: {same}", flush=True)
-
+    # Rank 0 prints every rank's digests, in rank order (fixed-size bytes, gathered: no interleaving).
+    digests = np.empty((comm.size, 16), np.uint8)
+    comm.Gather(np.frombuffer(before + after, np.uint8), digests, root=0)
+    if comm.rank == 0:
+        same = bool((digests[:, 8:] == digests[0, 8:]).all())
+        for rank, row in enumerate(digests):
+            print(f"rank {rank}: {library} {args.workload}: {report.tensors} tensors, {report.bytes / 1e6:.1f} MB; "
+                  f"digest before {row[:8].tobytes().hex()} after {row[8:].tobytes().hex()}")
+        print(f"identical on every rank: {same}", flush=True)
 
 if __name__ == "__main__":
     main()

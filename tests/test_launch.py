@@ -61,7 +61,10 @@ def test_demo_job_at_two_ranks(bounded_env):
     root = Path(__file__).parent.parent
     proc, _ = _mpiexec(2, [str(root / "examples" / "sync_demo.py"), "--steps", "2"], bounded_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("identical on every rank: True") == 2, proc.stdout
+    assert proc.stdout.count("identical on every rank: True") == 1, proc.stdout
+    before = [line.split("before ")[1][:16] for line in proc.stdout.splitlines() if "digest before" in line]
+    after = [line.split("after ")[1][:16] for line in proc.stdout.splitlines() if "digest before" in line]
+    assert len(before) == 2 and before[0] != before[1] and after == [before[0], before[0]]
 
 
 def test_bench_quick_smoke(bounded_env, tmp_path):
