@@ -100,11 +100,12 @@ class DeviceSlots:
 
 
 class _Item:
-    __slots__ = ("step", "slot", "state", "event", "request", "deadline", "buffer")
+    __slots__ = ("step", "slot", "state", "event", "request", "deadline", "buffer", "arrived")
 
     def __init__(self, step, slot):
         self.step, self.slot = step, slot
         self.state = self.event = self.request = self.deadline = self.buffer = None
+        self.arrived = False
 
 
 def _synchronize_devices(steps) -> None:
@@ -139,17 +140,25 @@ def run_device_steps(comm, root: int, steps: list, slots: DeviceSlots, *, staged
             upcoming += 1
             progressed = True
         slots.max_busy = max(slots.max_busy, slots.count - len(free))
-        ready_to_post = True  # root posts its Ibcasts strictly in plan order
+        # Collectives are posted in plan order (they must match across ranks), and arrivals are
+        # acted on in plan order: MPI may complete a later Ibcast first, and a parameter's fan-out,
+        # enqueued with its last chunk, must follow the device copies of all its earlier chunks.
+        in_order = True
         for item in flight:
             if item.state == "preparing":
-                if ready_to_post and item.step.backend.done(item.event):
+                if in_order and item.step.backend.done(item.event):
                     _post(comm, root, item, timeout)
                     progressed = True
                 else:
-                    ready_to_post = False
-            elif item.state == "broadcasting" and item.request.Test():
-                _received(item, slots, staged, is_root)
-                progressed = True
+                    in_order = False
+            elif item.state == "broadcasting":
+                if not item.arrived and item.request.Test():
+                    item.arrived = progressed = True
+                if item.arrived and in_order:
+                    _received(item, slots, staged, is_root)
+                    progressed = True
+                else:
+                    in_order = False
             elif item.state == "finishing" and item.step.backend.done(item.event):
                 item.state = "done"
                 progressed = True
@@ -161,7 +170,8 @@ def run_device_steps(comm, root: int, steps: list, slots: DeviceSlots, *, staged
             spin_start = _time.monotonic()
             continue
         now = _time.monotonic()
-        expired = [i for i in flight if i.state == "broadcasting" and i.deadline is not None and now > i.deadline]
+        expired = [i for i in flight if i.state == "broadcasting" and not i.arrived
+                   and i.deadline is not None and now > i.deadline]
         if expired:
             error = Expired()
             error.pending = [n for i in flight for n in i.step.label]

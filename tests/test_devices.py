@@ -96,3 +96,19 @@ def test_sync_state_with_device_leaves(comm):
     out = mpisync.sync_state(tree, comm, root=root)
     assert out["step"] == root
     assert tree["m"].get().tobytes() == values("m", root, (9,), "float32").tobytes()
+
+
+@pytest.mark.parametrize("transport", ["staged", "cuda-aware"])
+def test_fan_out_waits_for_every_chunk_whatever_order_they_complete(comm, transport):
+    # A big chunk then a tiny one: MPI may complete the tiny Ibcast first. The replicas must
+    # still be copied only after every chunk of their master has landed.
+    need_ranks(comm, 2)
+    n = (8 << 20) + 1
+    with mpisync.ParamSync(comm, root=0, gpu_transport=transport, fusion_bytes=0, max_concurrent=4) as syncer:
+        syncer._device_chunk_bytes = 8 << 20
+        for step in range(30):
+            master = Dev(np.full(n, (comm.rank + step) % 251, np.uint8), 0)
+            replicas = [master, Dev(np.zeros(n, np.uint8), 1), Dev(np.zeros(n, np.uint8), 0)]
+            syncer.sync({"w": replicas, "after": Dev(np.full(3, comm.rank, np.uint8), 0)})
+            for replica in replicas:
+                assert (replica.get() == step % 251).all(), step
