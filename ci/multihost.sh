@@ -17,6 +17,11 @@ if ! command -v ip >/dev/null || ! command -v unshare >/dev/null; then
   (apt-get update -qq && apt-get install -y -qq iproute2 util-linux) >/dev/null 2>&1 || true
 fi
 command -v ip >/dev/null || { echo "multihost: iproute2 is missing and could not be installed"; exit 1; }
+if ! ip netns add "$prefix-probe" 2>/tmp/mpisync-mh-probe.err; then
+  echo "multihost: network namespaces are not permitted here ($(cat /tmp/mpisync-mh-probe.err)); skipped"
+  exit 0
+fi
+ip netns del "$prefix-probe"
 . .venv/bin/activate
 
 cleanup() {
