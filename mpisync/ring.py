@@ -71,7 +71,7 @@ class RequestRing:
     def push(self, request) -> None:
         """Add ``request``, first waiting for the oldest one if ``capacity`` are in flight."""
         self.make_room()
-        self._pending.append(self._entry(request))
+        self._pending.append(request)
 
     def make_room(self) -> None:
         """Wait for the oldest requests until fewer than ``capacity`` are in flight."""
@@ -82,9 +82,6 @@ class RequestRing:
         """Wait for every request in flight, oldest first."""
         while self._pending:
             self._retire_oldest()
-
-    def _entry(self, request):
-        return request
 
     def _retire_oldest(self) -> None:
         self._pending[0].Wait()
