@@ -29,25 +29,16 @@ class Step:
     label: tuple  # parameter names, for timeout diagnostics
     fused: bool
 
-    def finish(self) -> None:
-        """Run after the collective completed: unpack, then the local fan-out."""
-        for dst, src in self.unpack:
-            dst[:] = src
-        for dst, src in self.fan_out:
-            dst[:] = src
-
-    def traced_finish(self, timeline) -> None:
-        """:meth:`finish`, recording its unpack and fan-out spans on ``timeline``."""
-        if self.unpack:
-            start = timeline.now()
-            for dst, src in self.unpack:
+    def finish(self, timeline=None) -> None:
+        """Run after the collective completed: unpack, then the local fan-out (spans on ``timeline``)."""
+        for name, pairs in (("unpack", self.unpack), ("fan-out", self.fan_out)):
+            if not pairs:
+                continue
+            start = timeline.now() if timeline is not None else 0
+            for dst, src in pairs:
                 dst[:] = src
-            timeline.span("unpack", start, tensors=len(self.unpack))
-        if self.fan_out:
-            start = timeline.now()
-            for dst, src in self.fan_out:
-                dst[:] = src
-            timeline.span("fan-out", start, replicas=len(self.fan_out))
+            if timeline is not None:
+                timeline.span(name, start, copies=len(pairs))
 
 
 def arena_slots(plan: list, capacity: int) -> int:

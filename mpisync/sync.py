@@ -336,14 +336,11 @@ class ParamSync:
         start = timeline.now() if timeline is not None else 0
         for k, step in enumerate(steps):
             ring.make_room()  # the slot packed next belongs to a retired bucket
-            if timeline is not None and step.pack:
-                t_pack = timeline.now()
-                for dst, src in step.pack:
-                    dst[:] = src
+            t_pack = timeline.now() if timeline is not None and step.pack else None
+            for dst, src in step.pack:
+                dst[:] = src
+            if t_pack is not None:
                 timeline.span("pack", t_pack, tensors=len(step.pack))
-            else:
-                for dst, src in step.pack:
-                    dst[:] = src
             if debug:
                 names = ", ".join(step.label[:5]) + (f", ... ({len(step.label)} tensors)" if len(step.label) > 5 else "")
                 logger.debug("Ibcast %d/%d: %d bytes from root %d, %s: %s", k + 1, len(steps),
@@ -352,7 +349,7 @@ class ParamSync:
             if not (step.unpack or step.fan_out):
                 done = None
             elif timeline is not None:
-                done = _functools.partial(step.traced_finish, timeline)
+                done = _functools.partial(step.finish, timeline)
             else:
                 done = step.finish
             ring.push(request, done, step.label)
