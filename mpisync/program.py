@@ -12,33 +12,51 @@ from __future__ import annotations
 
 import dataclasses as _dc
 
-import numpy as _np
 from mpi4py import MPI
 
-__all__ = ["Step", "compile_program", "arena_slots", "new_arena"]
+from .arena import Arena, copy_list
+
+__all__ = ["Step", "compile_program", "arena_slots"]
 
 
 @_dc.dataclass
 class Step:
-    """One collective with the copies around it; pairs are ``(destination, source)`` memoryviews."""
+    """One collective with the copies around it.
+
+    ``pack`` and ``unpack`` are :func:`~mpisync.arena.copy_list` groups between
+    ``arena`` and parameter buffers (fused buckets only); ``fan_out`` holds
+    ``(destination, source)`` memoryview pairs for direct transfers.
+    """
 
     buffer: list  # [memoryview, MPI.BYTE], as Ibcast takes it
-    pack: tuple  # root only, before posting
-    unpack: tuple  # receivers only, after completion
-    fan_out: tuple  # every rank, after completion: master -> other local replicas
+    pack: tuple  # root only, before posting: masters into the arena
+    unpack: tuple  # after completion: arena into receivers' masters and every rank's other replicas
+    fan_out: tuple  # every rank, after completion: master -> other local replicas (direct transfers)
     label: tuple  # parameter names, for timeout diagnostics
     fused: bool
+    arena: Arena | None = None
+
+    def start(self, timeline=None) -> None:
+        """Run before the collective is posted: pack root's masters (span on ``timeline``)."""
+        if self.pack:
+            begin = timeline.now() if timeline is not None else 0
+            self.arena.gather(self.pack)
+            if timeline is not None:
+                timeline.span("pack", begin, tensors=len(self.label))
 
     def finish(self, timeline=None) -> None:
         """Run after the collective completed: unpack, then the local fan-out (spans on ``timeline``)."""
-        for name, pairs in (("unpack", self.unpack), ("fan-out", self.fan_out)):
-            if not pairs:
-                continue
-            start = timeline.now() if timeline is not None else 0
-            for dst, src in pairs:
+        if self.unpack:
+            begin = timeline.now() if timeline is not None else 0
+            self.arena.scatter(self.unpack)
+            if timeline is not None:
+                timeline.span("unpack", begin, buffers=sum(len(group) for _, group, _ in self.unpack))
+        if self.fan_out:
+            begin = timeline.now() if timeline is not None else 0
+            for dst, src in self.fan_out:
                 dst[:] = src
             if timeline is not None:
-                timeline.span(name, start, copies=len(pairs))
+                timeline.span("fan-out", begin, copies=len(self.fan_out))
 
 
 def arena_slots(plan: list, capacity: int) -> int:
@@ -46,31 +64,46 @@ def arena_slots(plan: list, capacity: int) -> int:
     return min(capacity, sum(1 for t in plan if t.fused))
 
 
-def compile_program(params: list, plan: list, *, receiving: bool, arena, fusion_bytes: int) -> list:
+def _bucket_unpack(params: list, pieces: tuple, base: int, receiving: bool) -> tuple:
+    """Copy groups filling, from a bucket at arena offset ``base``, the receivers' masters and every
+    rank's other replicas: one run of consecutive pieces per replica index."""
+    groups: list = []
+    depth = max(len(params[i].replicas) for i, _, _, _ in pieces)
+    for r in range(0 if receiving else 1, depth):
+        run_offset, run = None, []
+        for index, _, offset, _ in pieces:
+            replicas = params[index].replicas
+            if r < len(replicas):
+                if not run:
+                    run_offset = base + offset
+                run.append(replicas[r].data)
+            elif run:
+                groups.extend(copy_list(run_offset, run))
+                run = []
+        if run:
+            groups.extend(copy_list(run_offset, run))
+    return tuple(groups)
+
+
+def compile_program(params: list, plan: list, *, receiving: bool, arena: Arena, fusion_bytes: int) -> list:
     """The steps that carry out ``plan`` (made for ``params``, host memory) on this rank's replicas.
 
-    ``arena`` is a byte ``memoryview`` of at least ``slots * fusion_bytes`` bytes.
+    ``arena`` holds at least ``slots * fusion_bytes`` bytes.
     """
     slots = len(arena) // fusion_bytes if fusion_bytes else 0
     steps, bucket = [], 0
     for transfer in plan:
-        fan_out = tuple((r.data, params[i].master.data) for i in transfer.completes
-                        for r in params[i].replicas[1:])
         label = tuple(params[p[0]].name for p in transfer.pieces)
         if transfer.fused:
             base = (bucket % slots) * fusion_bytes
-            view = arena[base:base + transfer.nbytes]
-            pairs = tuple((view[off:off + n], params[i].master.data) for i, _, off, n in transfer.pieces)
-            pack = () if receiving else pairs
-            unpack = tuple((src, dst) for dst, src in pairs) if receiving else ()
+            view = arena.view[base:base + transfer.nbytes]
+            pack = () if receiving else copy_list(base, [params[i].master.data for i, _, _, _ in transfer.pieces])
+            unpack = _bucket_unpack(params, transfer.pieces, base, receiving)
+            steps.append(Step([view, MPI.BYTE], pack, unpack, (), label, True, arena))
             bucket += 1
         else:
             index, start, _, n = transfer.pieces[0]
-            view, pack, unpack = params[index].master.data[start:start + n], (), ()
-        steps.append(Step([view, MPI.BYTE], pack, unpack, fan_out, label, transfer.fused))
+            fan_out = tuple((r.data, params[i].master.data) for i in transfer.completes
+                            for r in params[i].replicas[1:])
+            steps.append(Step([params[index].master.data[start:start + n], MPI.BYTE], (), (), fan_out, label, False))
     return steps
-
-
-def new_arena(nbytes: int) -> memoryview:
-    """A byte buffer for fusion slots (numpy-allocated: page-aligned when large)."""
-    return memoryview(_np.empty(nbytes, dtype=_np.uint8))

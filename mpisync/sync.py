@@ -7,6 +7,7 @@ import dataclasses as _dc
 import functools as _functools
 import json as _json
 import logging as _logging
+import operator as _operator
 import sys as _sys
 import time as _time
 
@@ -18,7 +19,8 @@ from .errors import InvalidParamError, SyncError, SyncTimeoutError
 from .manifest import build_manifest
 from .observe import configure_logging, logger, timeline_for
 from .plan import DEFAULT_CHUNK_BYTES, build_plan
-from .program import arena_slots, compile_program, new_arena
+from .arena import Arena
+from .program import arena_slots, compile_program
 from .report import SyncReport
 from .ring import Expired, TrackedRing, wait_request
 from .staged import DEFAULT_DEVICE_CHUNK_BYTES, DeviceSlots, compile_device_steps, device_to_host, run_device_steps
@@ -43,9 +45,8 @@ def _check_comm(comm):
 class _Prepared:
     """A validated manifest and its compiled steps, reusable while the same arrays come back."""
 
-    values: tuple  # strong references: the ids below stay unique while cached
+    values: tuple  # the arrays prepared, compared by identity (held, so never recycled)
     keys: tuple
-    ids: tuple
     devices: object
     torch_indices: tuple
     torch_storage: tuple
@@ -57,10 +58,9 @@ class _Prepared:
         """Whether ``params`` holds exactly the arrays (and, for torch, the storage) prepared."""
         if devices != self.devices or tuple(params) != self.keys:
             return False
-        values = tuple(params.values())
-        if tuple(map(id, values)) != self.ids:
+        if not all(map(_operator.is_, params.values(), self.values)):
             return False
-        return _torch_storage(values, self.torch_indices) == self.torch_storage
+        return not self.torch_indices or _torch_storage(tuple(params.values()), self.torch_indices) == self.torch_storage
 
 
 def _torch_storage(values: tuple, indices: tuple) -> tuple:
@@ -97,7 +97,7 @@ class ParamSync:
         self._device_slots = None
         self._comm = None
         self._plans: dict = {}
-        self._arena = memoryview(b"")
+        self._arena = Arena(0)
         self._prepared = None
         self._closed = False
         self._broken = None
@@ -120,7 +120,7 @@ class ParamSync:
         self._comm = None
         self._plans.clear()
         self._prepared = None
-        self._arena = memoryview(b"")
+        self._arena = Arena(0)
         self._device_slots = None
         self._closed = True
 
@@ -311,7 +311,7 @@ class ParamSync:
         needed = arena_slots(plan, capacity) * fusion
         if len(self._arena) < needed:
             self._prepared = None  # its steps point into the old arena
-            self._arena = new_arena(needed)
+            self._arena = Arena(needed)
         steps = compile_program(manifest.host_params, plan, receiving=self._comm.rank != self._root,
                                 arena=self._arena, fusion_bytes=fusion)
         device_params = manifest.device_params
@@ -323,7 +323,7 @@ class ParamSync:
         torch_module = _sys.modules.get("torch")
         torch_indices = tuple(i for i, v in enumerate(values)
                               if torch_module is not None and isinstance(v, torch_module.Tensor))
-        prepared = _Prepared(values, tuple(params) if values else (), tuple(map(id, values)), devices_key,
+        prepared = _Prepared(values, tuple(params) if values else (), devices_key,
                              torch_indices, _torch_storage(values, torch_indices), manifest, steps, device_steps)
         if manifest.leaves_only:
             self._prepared = prepared
@@ -336,11 +336,7 @@ class ParamSync:
         start = timeline.now() if timeline is not None else 0
         for k, step in enumerate(steps):
             ring.make_room()  # the slot packed next belongs to a retired bucket
-            t_pack = timeline.now() if timeline is not None and step.pack else None
-            for dst, src in step.pack:
-                dst[:] = src
-            if t_pack is not None:
-                timeline.span("pack", t_pack, tensors=len(step.pack))
+            step.start(timeline)
             if debug:
                 names = ", ".join(step.label[:5]) + (f", ... ({len(step.label)} tensors)" if len(step.label) > 5 else "")
                 logger.debug("Ibcast %d/%d: %d bytes from root %d, %s: %s", k + 1, len(steps),

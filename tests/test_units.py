@@ -104,3 +104,44 @@ def test_array_views_alias_memory_and_name_dtypes_alike():
     torch = pytest.importorskip("torch")
     assert as_array_view(torch.zeros(2, dtype=torch.float32)).dtype == "float32"
     assert as_array_view(torch.zeros((), dtype=torch.bfloat16)).nbytes == 2
+
+
+@pytest.mark.parametrize("vectored", [True, False])
+def test_arena_gather_then_scatter_round_trips_more_buffers_than_one_system_call_takes(vectored):
+    from mpisync.arena import Arena, copy_list
+
+    arena = Arena(1 << 16, vectored=vectored)
+    if vectored:
+        assert arena.vectored == hasattr(__import__("os"), "memfd_create")
+    sources = [np.full(n, i % 251, np.uint8) for i, n in enumerate([3, 0, 1, 17] * 700)]  # 2100 non-empty
+    copies = copy_list(100, [memoryview(a) for a in sources])
+    assert sum(len(group) for _, group, _ in copies) == 2100 and len(copies) >= 3
+    arena.gather(copies)
+    expected = np.concatenate(sources)
+    assert bytes(arena.view[100:100 + expected.size]) == expected.tobytes()
+    targets = [np.zeros_like(a) for a in sources]
+    arena.scatter(copy_list(100, [memoryview(a) for a in targets]))
+    for a, b in zip(sources, targets):
+        assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("vectored", [True, False])
+def test_compiled_bucket_fills_masters_and_every_replica_from_the_arena(vectored):
+    from mpisync.arena import Arena
+    from mpisync.manifest import build_manifest
+    from mpisync.program import compile_program
+
+    counts = [1, 3, 2, 3, 1, 2]  # replica runs break and restart inside one bucket
+    params = {f"p{i}": [np.zeros(5 + i, np.int16) for _ in range(c)] for i, c in enumerate(counts)}
+    manifest = build_manifest(params, rank=1, size=2, root=0)
+    host = manifest.host_params
+    plan = build_plan([p.nbytes for p in host], 1 << 10)
+    assert len(plan) == 1 and plan[0].fused
+    arena = Arena(1 << 10, vectored=vectored)
+    (step,) = compile_program(host, plan, receiving=True, arena=arena, fusion_bytes=1 << 10)
+    assert step.pack == ()
+    arena.view[:plan[0].nbytes] = np.arange(plan[0].nbytes, dtype=np.uint8).tobytes()
+    step.finish()
+    for param, (_, _, offset, n) in zip(host, plan[0].pieces):
+        for replica in param.replicas:
+            assert bytes(replica.data) == bytes(range(offset, offset + n))

@@ -1,0 +1,107 @@
+"""The fusion arena: byte slots that small tensors are packed into before a broadcast.
+
+Packing thousands of small tensors one slice assignment at a time costs about
+0.3 us of Python each. Where the OS offers it, the arena is a memory file
+(``memfd``) mapped into memory, and a whole bucket is packed with one
+``pwritev`` and unpacked with one ``preadv``: the kernel walks the list of
+tensor buffers, and Python touches the list once per bucket, not once per
+tensor. The mapping is what MPI sends from and receives into; both views see
+the same pages. Elsewhere the same copies run as a Python loop.
+"""
+
+from __future__ import annotations
+
+import mmap as _mmap
+import os as _os
+import weakref as _weakref
+
+import numpy as _np
+
+__all__ = ["Arena", "copy_list", "vectored_io_available"]
+
+try:
+    _IOV_MAX = max(16, min(_os.sysconf("SC_IOV_MAX"), 1024))
+except (AttributeError, ValueError, OSError):
+    _IOV_MAX = 16
+
+
+def vectored_io_available() -> bool:
+    """Whether this platform has what the vectored arena needs (memfd, preadv, pwritev)."""
+    return all(hasattr(_os, f) for f in ("memfd_create", "preadv", "pwritev"))
+
+
+def copy_list(offset: int, views) -> tuple:
+    """Byte ``views`` laid end to end in the arena from ``offset``, as ``(offset, views, nbytes)``
+    groups small enough for one ``preadv``/``pwritev`` each."""
+    groups, position = [], offset
+    views = [v for v in views if v.nbytes]
+    for start in range(0, len(views), _IOV_MAX):
+        group = tuple(views[start:start + _IOV_MAX])
+        nbytes = sum(v.nbytes for v in group)
+        groups.append((position, group, nbytes))
+        position += nbytes
+    return tuple(groups)
+
+
+class Arena:
+    """``nbytes`` of fusion buffer; ``view`` is the byte memoryview MPI sends from and receives into.
+
+    ``vectored=False`` forces the portable Python copy loop (tests use it to
+    check both paths give the same bytes).
+    """
+
+    def __init__(self, nbytes: int, *, vectored: bool | None = None):
+        self.nbytes = nbytes
+        self._fd = None
+        mapping = None
+        if nbytes and (vectored_io_available() if vectored is None else vectored):
+            try:
+                fd = _os.memfd_create("mpisync-fusion", getattr(_os, "MFD_CLOEXEC", 0))
+            except OSError:  # sandboxes may forbid memfd: fall back to the loop
+                fd = None
+            if fd is not None:
+                try:
+                    _os.ftruncate(fd, nbytes)
+                    mapping = _mmap.mmap(fd, nbytes)
+                except OSError:
+                    _os.close(fd)
+                else:
+                    self._fd = fd
+                    _weakref.finalize(self, _os.close, fd)
+        self.view = memoryview(mapping if mapping is not None else _np.empty(nbytes, dtype=_np.uint8)).cast("B")
+
+    @property
+    def vectored(self) -> bool:
+        """Whether packing and unpacking use one system call per group of buffers."""
+        return self._fd is not None
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def gather(self, copies: tuple) -> None:
+        """Copy the buffers of ``copies`` (from :func:`copy_list`) into the arena."""
+        fd = self._fd
+        for offset, group, nbytes in copies:
+            if fd is None or _os.pwritev(fd, group, offset) != nbytes:
+                self._loop_gather(offset, group)
+
+    def scatter(self, copies: tuple) -> None:
+        """Fill the buffers of ``copies`` (from :func:`copy_list`) from the arena."""
+        fd = self._fd
+        for offset, group, nbytes in copies:
+            if fd is None or _os.preadv(fd, group, offset) != nbytes:
+                self._loop_scatter(offset, group)
+
+    def _loop_gather(self, offset: int, group: tuple) -> None:
+        view = self.view
+        for buffer in group:
+            end = offset + buffer.nbytes
+            view[offset:end] = buffer
+            offset = end
+
+    def _loop_scatter(self, offset: int, group: tuple) -> None:
+        view = self.view
+        for buffer in group:
+            end = offset + buffer.nbytes
+            buffer[:] = view[offset:end]
+            offset = end
