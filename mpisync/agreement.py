@@ -16,13 +16,13 @@ from mpi4py import MPI
 
 from .errors import InvalidParamError, ManifestMismatchError
 
-__all__ = ["all_equal", "allgather_bytes", "agree", "diagnose"]
+__all__ = ["all_equal", "allgather_bytes", "agree", "diagnose", "max_and_min"]
 
 _MAX_ITEMS = 20
 
 
-def all_equal(comm, words: _np.ndarray, call) -> tuple:
-    """Return ``(max, all ranks equal)`` for an int64 vector, in one nonblocking all-reduce.
+def max_and_min(comm, words: _np.ndarray, call) -> tuple:
+    """Return ``(max, min)`` of an int64 vector over all ranks, in one nonblocking all-reduce.
 
     ``call(request)`` waits for the request (with the caller's deadline).
     """
@@ -31,7 +31,12 @@ def all_equal(comm, words: _np.ndarray, call) -> tuple:
     recv = _np.empty_like(send)
     call(comm.Iallreduce(send, recv, op=MPI.MAX))
     n = words.size
-    high, low = recv[:n], ~recv[n:]
+    return recv[:n], ~recv[n:]
+
+
+def all_equal(comm, words: _np.ndarray, call) -> tuple:
+    """Return ``(max, all ranks equal)`` for an int64 vector, in one nonblocking all-reduce."""
+    high, low = max_and_min(comm, words, call)
     return high, bool(_np.array_equal(high, low))
 
 
@@ -47,16 +52,18 @@ def allgather_bytes(comm, payload: bytes, call) -> list:
     return [recv[d : d + n].tobytes() for d, n in zip(displs.tolist(), lengths.tolist())]
 
 
-def agree(comm, manifest, call) -> None:
-    """Raise the same error on every rank if any rank's manifest is bad or differs; else return.
+def agree(comm, manifest, call, layout: bytes = bytes(8)) -> bool:
+    """Raise the same error on every rank if any rank's manifest is bad or differs; else return
+    whether every rank passed the same 8-byte ``layout`` digest (it rides in the same all-reduce).
 
     ``call(request)`` waits for one request; it enforces the timeout.
     """
     flag = 1 if manifest.errors else 0
-    words = _np.concatenate([[flag], _np.frombuffer(manifest.digest(), dtype=_np.int64)])
-    high, equal = all_equal(comm, words, call)
-    if high[0] == 0 and equal:
-        return
+    words = _np.concatenate([[flag], _np.frombuffer(manifest.digest(), dtype=_np.int64),
+                             _np.frombuffer(layout, dtype=_np.int64)])
+    high, low = max_and_min(comm, words, call)
+    if high[0] == 0 and _np.array_equal(high[:-1], low[:-1]):
+        return bool(high[-1] == low[-1])
     docs = [_json.loads(raw) for raw in allgather_bytes(comm, manifest.encode(), call)]
     raise diagnose(docs)
 

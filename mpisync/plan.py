@@ -4,7 +4,8 @@ Every rank derives the same plan from the agreed manifest, so the collectives
 match one to one. Tensors smaller than ``fusion_bytes`` are packed into shared
 buckets of at most ``fusion_bytes``; larger ones travel straight from their
 own memory, split into chunks of at most ``chunk_bytes`` so no count exceeds
-what a C ``int`` holds.
+what a C ``int`` holds. A run of parameters that sit end to end in memory
+(see :mod:`mpisync.layout`) is one unit: it travels like one large tensor.
 """
 
 from __future__ import annotations
@@ -30,18 +31,28 @@ class Transfer:
     nbytes: int
     pieces: tuple
     completes: tuple
+    run: tuple = ()  # a span transfer: the run's parameters in address order; pieces[0][0] is run[0]
 
 
-def build_plan(sizes: list, fusion_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list:
+def build_plan(sizes: list, fusion_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, runs: tuple = ()) -> list:
     """Transfers for parameters of ``sizes`` bytes, in parameter order.
 
-    Zero-size parameters need no transfer; they are completed by the next one
-    (or by none, when nothing follows: callers fan out every parameter at the end).
+    ``runs`` are tuples of parameter indices adjacent in memory (address
+    order); a run of at least ``fusion_bytes`` travels as spans from its
+    first member's address, ordered by its smallest index. Zero-size
+    parameters need no transfer; they are completed by the next one (or by
+    none, when nothing follows: callers fan out every parameter at the end).
     """
     plan: list = []
     bucket: list = []
     bucket_bytes = 0
     waiting: list = []  # zero-size params to complete with the next transfer
+    run_at: dict = {}  # smallest index -> run
+    in_runs: set = set()
+    for run in runs:
+        if sum(sizes[i] for i in run) >= fusion_bytes:
+            run_at[min(run)] = run
+            in_runs.update(run)
 
     def flush_bucket():
         nonlocal bucket, bucket_bytes, waiting
@@ -50,8 +61,23 @@ def build_plan(sizes: list, fusion_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_
             plan.append(Transfer(True, bucket_bytes, tuple(bucket), done))
             bucket, bucket_bytes, waiting = [], 0, []
 
+    def direct(index, nbytes, members):
+        nonlocal waiting
+        flush_bucket()
+        for start in range(0, nbytes, chunk_bytes):
+            n = min(chunk_bytes, nbytes - start)
+            last = start + n == nbytes
+            done = (tuple(waiting) + members) if last else ()
+            plan.append(Transfer(False, n, ((index, start, 0, n),), done, members if len(members) > 1 else ()))
+            if last:
+                waiting = []
+
     for index, nbytes in enumerate(sizes):
-        if nbytes == 0:
+        if index in in_runs:
+            run = run_at.get(index)
+            if run is not None:
+                direct(run[0], sum(sizes[i] for i in run), run)
+        elif nbytes == 0:
             waiting.append(index)
         elif nbytes < fusion_bytes:
             if bucket_bytes + nbytes > fusion_bytes:
@@ -59,13 +85,6 @@ def build_plan(sizes: list, fusion_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_
             bucket.append((index, 0, bucket_bytes, nbytes))
             bucket_bytes += nbytes
         else:
-            flush_bucket()
-            for start in range(0, nbytes, chunk_bytes):
-                n = min(chunk_bytes, nbytes - start)
-                last = start + n == nbytes
-                done = (tuple(waiting) + (index,)) if last else ()
-                plan.append(Transfer(False, n, ((index, start, 0, n),), done))
-                if last:
-                    waiting = []
+            direct(index, nbytes, (index,))
     flush_bucket()
     return plan

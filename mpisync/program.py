@@ -15,6 +15,7 @@ import dataclasses as _dc
 from mpi4py import MPI
 
 from .arena import Arena, copy_list
+from .layout import span_buffer
 
 __all__ = ["Step", "compile_program", "arena_slots"]
 
@@ -103,7 +104,12 @@ def compile_program(params: list, plan: list, *, receiving: bool, arena: Arena, 
             bucket += 1
         else:
             index, start, _, n = transfer.pieces[0]
+            if transfer.run:  # parameters end to end in memory: one span from the first one's address
+                buffer = span_buffer(params[index].master.data, start, n)
+                label = tuple(params[i].name for i in transfer.run)
+            else:
+                buffer = params[index].master.data[start:start + n]
             fan_out = tuple((r.data, params[i].master.data) for i in transfer.completes
                             for r in params[i].replicas[1:])
-            steps.append(Step([params[index].master.data[start:start + n], MPI.BYTE], (), (), fan_out, label, False))
+            steps.append(Step([buffer, MPI.BYTE], (), (), fan_out, label, False))
     return steps

@@ -16,6 +16,7 @@ from mpi4py import MPI
 from . import config as _config
 from .agreement import agree, diagnose
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
+from .layout import Layout, host_layout
 from .manifest import build_manifest
 from .observe import configure_logging, logger, timeline_for
 from .plan import DEFAULT_CHUNK_BYTES, build_plan
@@ -51,6 +52,8 @@ class _Prepared:
     torch_indices: tuple
     torch_storage: tuple
     manifest: object
+    layout: Layout  # this rank's runs of parameters end to end in memory
+    runs: tuple  # the runs the steps send as spans: layout.runs when every rank's layout agreed, else ()
     steps: list  # host parameters
     device_steps: list
 
@@ -222,10 +225,11 @@ class ParamSync:
         try:
             self._ensure_comm(call)
             phase = "validation exchange"
-            agree(self._comm, manifest, call)
-            reused = prepared is not None
+            layout = prepared.layout if prepared is not None else host_layout(manifest.host_params)
+            runs = layout.runs if agree(self._comm, manifest, call, layout.digest) else ()
+            reused = prepared is not None and prepared.runs == runs
             if not reused:
-                prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"])
+                prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"], layout, runs)
             if timeline is not None:
                 timeline.span("validate", t_validate, tensors=len(manifest.params), reused=reused)
             phase = "broadcast"
@@ -293,21 +297,21 @@ class ParamSync:
             timeline.span(transport, start, collectives=len(steps), bytes=sum(s.nbytes for s in steps))
         return transport
 
-    def _plan(self, params, fusion: int, chunk: int) -> list:
+    def _plan(self, params, fusion: int, chunk: int, runs: tuple = ()) -> list:
         sizes = tuple(p.nbytes for p in params)
-        key = (sizes, fusion, chunk)
+        key = (sizes, fusion, chunk, runs)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _PLAN_CACHE_SIZE:
                 self._plans.pop(next(iter(self._plans)))
-            plan = build_plan(list(sizes), fusion, chunk)
+            plan = build_plan(list(sizes), fusion, chunk, runs)
             self._plans[key] = plan
         return plan
 
-    def _prepare(self, params, devices_key, manifest, capacity: int) -> _Prepared:
+    def _prepare(self, params, devices_key, manifest, capacity: int, layout: Layout, runs: tuple) -> _Prepared:
         """Compile the steps for these arrays; keep them for the fast path when eligible."""
         fusion = manifest.settings["fusion_bytes"]
-        plan = self._plan(manifest.host_params, fusion, self._chunk_bytes)
+        plan = self._plan(manifest.host_params, fusion, self._chunk_bytes, runs)
         needed = arena_slots(plan, capacity) * fusion
         if len(self._arena) < needed:
             self._prepared = None  # its steps point into the old arena
@@ -324,7 +328,8 @@ class ParamSync:
         torch_indices = tuple(i for i, v in enumerate(values)
                               if torch_module is not None and isinstance(v, torch_module.Tensor))
         prepared = _Prepared(values, tuple(params) if values else (), devices_key,
-                             torch_indices, _torch_storage(values, torch_indices), manifest, steps, device_steps)
+                             torch_indices, _torch_storage(values, torch_indices), manifest, layout, runs, steps,
+                             device_steps)
         if manifest.leaves_only:
             self._prepared = prepared
         return prepared

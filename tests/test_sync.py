@@ -164,3 +164,56 @@ def test_settings_from_environment(comm, monkeypatch):
     assert report.fused_buckets == 0
     for i in range(5):
         assert same_bytes(params[f"s{i}"], values(f"s{i}", 0, (3,), "int32"))
+
+
+def _flat_params(rank, shapes, order, slack=0):
+    """Views end to end in one buffer, laid out in ``order``, filled with this rank's values."""
+    sizes = {n: int(np.prod(s)) * np.dtype(d).itemsize for n, (s, d) in shapes.items()}
+    arena = np.zeros(sum(sizes.values()) + slack * len(order), np.uint8)
+    out, offset = {}, 0
+    for name in order:
+        shape, dtype = shapes[name]
+        view = arena[offset:offset + sizes[name]].view(dtype).reshape(shape)
+        view[...] = values(name, rank, shape, dtype)
+        out[name] = view
+        offset += sizes[name] + slack
+    return arena, out
+
+
+FLAT_SHAPES = {f"block{i:02d}.{kind}": ((64 + i, 33), "float32") if kind == "weight" else ((64 + i,), "float64")
+               for i in range(12) for kind in ("weight", "bias")}
+FLAT_SHAPES["block05.step"] = ((), "int64")
+
+
+def test_parameters_end_to_end_in_one_buffer_travel_as_one_span(comm):
+    order = sorted(FLAT_SHAPES, reverse=True)  # memory order is not name order
+    arena, params = _flat_params(comm.rank, FLAT_SHAPES, order)
+    params["separate"] = values("separate", comm.rank, (300, 300), "float32")
+    syncer = mpisync.ParamSync(comm, fusion_bytes=4096)
+    for attempt in range(2):  # cold, then the cached steps
+        for name, view in params.items():
+            view[...] = values(name, comm.rank, view.shape, view.dtype)
+        report = syncer.sync(params, verify=True)
+        for name, view in params.items():
+            assert same_bytes(view, values(name, 0, view.shape, view.dtype)), (attempt, name)
+        if comm.size > 1:  # (Idup on the first sync) + validation + the span + 'separate' + verification
+            assert report.collectives == (5 if attempt == 0 else 4) and report.fused_buckets == 0
+    syncer.close()
+
+
+def test_a_rank_with_another_layout_falls_back_to_per_tensor_transfers(comm):
+    order = sorted(FLAT_SHAPES)
+    if comm.rank == comm.size - 1:
+        order = order[1:] + order[:1]  # one rank puts the first tensor last
+    syncer = mpisync.ParamSync(comm, fusion_bytes=4096)
+    seen = []
+    for attempt, slack in enumerate([0, 0, 8]):  # then a gap between tensors on every rank: no runs
+        arena, params = _flat_params(comm.rank, FLAT_SHAPES, order if attempt else sorted(FLAT_SHAPES), slack)
+        report = syncer.sync(params)
+        for name, view in params.items():
+            assert same_bytes(view, values(name, 0, view.shape, view.dtype)), (attempt, name)
+        seen.append(report.collectives)
+    syncer.close()
+    if comm.size > 1:
+        assert seen[0] == 3  # Idup + validation + one span: every rank had the same layout
+        assert seen[1] > 20 and seen[2] == seen[1]  # layouts differ / no runs: a transfer per tensor
