@@ -16,7 +16,7 @@ import numpy as _np
 
 from .devices.simulated import SimulatedDeviceArray
 
-__all__ = ["ArrayView", "UnsupportedArray", "as_array_view", "is_array_like"]
+__all__ = ["ArrayView", "UnsupportedArray", "as_array_view", "is_array_like", "numpy_view"]
 
 
 class UnsupportedArray(Exception):
@@ -67,11 +67,20 @@ def _byte_view(array: _np.ndarray) -> memoryview:
 
 
 def _from_numpy(array: _np.ndarray) -> ArrayView:
-    if not array.flags.c_contiguous:
-        raise UnsupportedArray(f"numpy array with strides {array.strides} is not C-contiguous")
-    data = _byte_view(array)
+    # Called once per tensor on every cold sync: the cast itself proves C-contiguity
+    # (it refuses strided views), so the slower flags lookup runs only when it fails.
+    try:
+        data = memoryview(array).cast("B")
+    except (TypeError, ValueError):
+        if not array.flags.c_contiguous:
+            raise UnsupportedArray(f"numpy array with strides {array.strides} is not C-contiguous") from None
+        data = memoryview(array.reshape(-1).view(_np.uint8))
     dtype = _DTYPE_NAMES.get(array.dtype) or _dtype_name(array.dtype)
     return ArrayView(data, array.shape, dtype, not data.readonly)
+
+
+#: :func:`as_array_view` for an object known to be exactly a ``numpy.ndarray`` (the common case).
+numpy_view = _from_numpy
 
 
 def _is_torch_tensor(obj) -> bool:

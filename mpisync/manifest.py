@@ -11,7 +11,9 @@ import functools as _functools
 import hashlib as _hashlib
 import json as _json
 
-from .arrays import ArrayView, UnsupportedArray, as_array_view, is_array_like
+import numpy as _np
+
+from .arrays import ArrayView, UnsupportedArray, as_array_view, is_array_like, numpy_view
 
 __all__ = ["Param", "Manifest", "build_manifest"]
 
@@ -146,7 +148,9 @@ def build_manifest(params, *, rank: int, size: int, root, devices=None, settings
     for name in sorted(n for n in params if isinstance(n, str)):
         value = params[name]
         try:
-            if is_array_like(value):
+            if type(value) is _np.ndarray:
+                views = [numpy_view(value)]
+            elif is_array_like(value):
                 views = [as_array_view(value)]
             else:
                 leaves_only = False

