@@ -54,7 +54,8 @@ cat > "$wrapper" <<'WRAP'
 # hydra calls this like ssh: [options] HOST COMMAND...; run COMMAND in HOST's namespace under its name
 while [[ "$1" == -* ]]; do shift; done
 host=$1; shift
-exec ip netns exec "$host" unshare --uts sh -c "hostname $host && exec $*"
+# a private /dev/shm per host, as on real nodes: ranks on one host share it, other hosts do not
+exec ip netns exec "$host" unshare --uts --mount sh -c "mount -t tmpfs -o size=256m tmpfs /dev/shm && hostname $host && exec $*"
 WRAP
 chmod +x "$wrapper"
 

@@ -52,7 +52,7 @@ class Arena:
 
     def __init__(self, nbytes: int, *, vectored: bool | None = None):
         self.nbytes = nbytes
-        self._fd = None
+        self._fd, self._base = None, 0
         mapping = None
         if nbytes and (vectored_io_available() if vectored is None else vectored):
             try:
@@ -66,9 +66,24 @@ class Arena:
                 except OSError:
                     _os.close(fd)
                 else:
-                    self._fd = fd
-                    _weakref.finalize(self, _os.close, fd)
+                    self._adopt(fd)
         self.view = memoryview(mapping if mapping is not None else _np.empty(nbytes, dtype=_np.uint8)).cast("B")
+
+    @classmethod
+    def over(cls, fd: int, mapping, offset: int, nbytes: int) -> Arena:
+        """An arena on ``nbytes`` of an open file mapped as ``mapping``, from byte ``offset``.
+
+        The arena takes ``fd`` over and closes it when it is garbage.
+        """
+        arena = cls.__new__(cls)
+        arena.nbytes, arena._fd, arena._base = nbytes, None, offset
+        arena._adopt(fd)
+        arena.view = memoryview(mapping).cast("B")[offset:offset + nbytes]
+        return arena
+
+    def _adopt(self, fd: int) -> None:
+        self._fd = fd
+        _weakref.finalize(self, _os.close, fd)
 
     @property
     def vectored(self) -> bool:
@@ -80,16 +95,16 @@ class Arena:
 
     def gather(self, copies: tuple) -> None:
         """Copy the buffers of ``copies`` (from :func:`copy_list`) into the arena."""
-        fd = self._fd
+        fd, base = self._fd, self._base
         for offset, group, nbytes in copies:
-            if fd is None or _os.pwritev(fd, group, offset) != nbytes:
+            if fd is None or _os.pwritev(fd, group, base + offset) != nbytes:
                 self._loop_gather(offset, group)
 
     def scatter(self, copies: tuple) -> None:
         """Fill the buffers of ``copies`` (from :func:`copy_list`) from the arena."""
-        fd = self._fd
+        fd, base = self._fd, self._base
         for offset, group, nbytes in copies:
-            if fd is None or _os.preadv(fd, group, offset) != nbytes:
+            if fd is None or _os.preadv(fd, group, base + offset) != nbytes:
                 self._loop_scatter(offset, group)
 
     def _loop_gather(self, offset: int, group: tuple) -> None:

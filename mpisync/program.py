@@ -17,7 +17,7 @@ from mpi4py import MPI
 from .arena import Arena, copy_list
 from .layout import span_buffer
 
-__all__ = ["Step", "compile_program", "arena_slots"]
+__all__ = ["Step", "compile_program", "arena_slots", "bucket_unpack", "transfer_buffer"]
 
 
 @_dc.dataclass
@@ -65,7 +65,7 @@ def arena_slots(plan: list, capacity: int) -> int:
     return min(capacity, sum(1 for t in plan if t.fused))
 
 
-def _bucket_unpack(params: list, pieces: tuple, base: int, receiving: bool) -> tuple:
+def bucket_unpack(params: list, pieces: tuple, base: int, receiving: bool) -> tuple:
     """Copy groups filling, from a bucket at arena offset ``base``, the receivers' masters and every
     rank's other replicas: one run of consecutive pieces per replica index."""
     groups: list = []
@@ -99,17 +99,21 @@ def compile_program(params: list, plan: list, *, receiving: bool, arena: Arena, 
             base = (bucket % slots) * fusion_bytes
             view = arena.view[base:base + transfer.nbytes]
             pack = () if receiving else copy_list(base, [params[i].master.data for i, _, _, _ in transfer.pieces])
-            unpack = _bucket_unpack(params, transfer.pieces, base, receiving)
+            unpack = bucket_unpack(params, transfer.pieces, base, receiving)
             steps.append(Step([view, MPI.BYTE], pack, unpack, (), label, True, arena))
             bucket += 1
         else:
-            index, start, _, n = transfer.pieces[0]
-            if transfer.run:  # parameters end to end in memory: one span from the first one's address
-                buffer = span_buffer(params[index].master.data, start, n)
+            if transfer.run:
                 label = tuple(params[i].name for i in transfer.run)
-            else:
-                buffer = params[index].master.data[start:start + n]
             fan_out = tuple((r.data, params[i].master.data) for i in transfer.completes
                             for r in params[i].replicas[1:])
-            steps.append(Step([buffer, MPI.BYTE], (), (), fan_out, label, False))
+            steps.append(Step([transfer_buffer(params, transfer), MPI.BYTE], (), (), fan_out, label, False))
     return steps
+
+
+def transfer_buffer(params: list, transfer):
+    """The bytes of direct ``transfer`` on this rank: a slice of one master, or a span of a run."""
+    index, start, _, n = transfer.pieces[0]
+    if transfer.run:  # parameters end to end in memory: one span from the first one's address
+        return span_buffer(params[index].master.data, start, n)
+    return params[index].master.data[start:start + n]

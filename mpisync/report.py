@@ -14,7 +14,9 @@ class SyncReport:
     ``bytes`` counts one copy of all parameters; ``collectives`` every MPI
     collective this rank issued (validation and verification included);
     ``transport`` is ``"host"``, ``"staged"``, ``"cuda-aware"`` or ``"local"``
-    (no peers: only the local fan-out ran).
+    (no peers: only the local fan-out ran); ``channel`` says how host bytes
+    moved between ranks: ``"mpi"`` (collectives) or ``"shared memory"`` (every
+    rank on one node: a shared segment, no MPI data movement).
     """
 
     tensors: int
@@ -28,6 +30,8 @@ class SyncReport:
     root: int = 0
     fused_buckets: int = 0
     verified: bool = False
+    channel: str = "mpi"
+    transfers: int = 0  # steps of the broadcast plan: fused buckets and direct transfers (host and device)
 
     @property
     def gbps(self) -> float:
@@ -40,5 +44,6 @@ class SyncReport:
             f"rank {self.rank}/{self.size}: synced {self.tensors} tensors ({self.replicas} replicas, "
             f"{self.bytes / 1e6:.3f} MB) from root {self.root} in {self.seconds * 1e3:.2f} ms "
             f"({self.gbps:.2f} GB/s) with {self.collectives} collectives, {self.fused_buckets} fused "
-            f"buckets, transport={self.transport}" + (", verified" if self.verified else "")
+            f"buckets, transport={self.transport}" + (", over shared memory" if self.channel != "mpi" else "")
+            + (", verified" if self.verified else "")
         )

@@ -18,6 +18,7 @@ from mpi4py import MPI
 from . import config as _config
 from .agreement import agree, diagnose
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
+from .intranode import SLOT_BYTES, NodeSegment, compile_chunks
 from .layout import Layout, host_layout
 from .manifest import build_manifest
 from .observe import configure_logging, logger, timeline_for
@@ -70,7 +71,10 @@ class _Prepared:
     manifest: object
     layout: Layout  # this rank's runs of parameters end to end in memory
     runs: tuple  # the runs the steps send as spans: layout.runs when every rank's layout agreed, else ()
-    steps: list  # host parameters
+    steps: list  # host parameters, through MPI
+    chunks: list  # host parameters, through the node's shared segment (instead of steps)
+    fused_buckets: int
+    transfers: int  # host plan steps; device steps are added when they run
     device_steps: list
 
     def matches(self, params, devices) -> bool:
@@ -118,6 +122,7 @@ class ParamSync:
         self._plans: dict = {}
         self._arena = Arena(0)
         self._prepared = None
+        self._node = None  # the node's shared segment: None until tried, False if unavailable
         self._closed = False
         self._broken = None
 
@@ -140,6 +145,7 @@ class ParamSync:
         self._plans.clear()
         self._prepared = None
         self._arena = Arena(0)
+        self._node = None
         self._device_slots = None
         self._closed = True
 
@@ -247,14 +253,23 @@ class ParamSync:
             phase = "validation exchange"
             layout = prepared.layout if prepared is not None else host_layout(manifest.host_params)
             runs = layout.runs if agree(self._comm, manifest, call, layout.digest) else ()
+            if self._node is None and any(p.nbytes for p in manifest.host_params):
+                phase = "shared-memory set-up"  # once, on the first sync with host bytes (same on every rank)
+                self._node = NodeSegment.open(self._comm, self._root, *self._segment_geometry(values), call) or False
             reused = prepared is not None and prepared.runs == runs
             if not reused:
                 prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"], layout, runs)
             if timeline is not None:
                 timeline.span("validate", t_validate, tensors=len(manifest.params), reused=reused)
             phase = "broadcast"
-            ring = TrackedRing(values["max_concurrent"], timeout)
-            report.fused_buckets = self._broadcast(prepared.steps, ring, report, timeline)
+            report.fused_buckets = prepared.fused_buckets
+            report.transfers = prepared.transfers
+            if prepared.chunks:
+                report.channel = "shared memory"
+                self._broadcast_node(prepared.chunks, timeout, timeline)
+            else:
+                ring = TrackedRing(values["max_concurrent"], timeout)
+                self._broadcast(prepared.steps, ring, report, timeline)
             if prepared.device_steps:
                 phase = "device broadcast"
                 report.transport = self._broadcast_devices(prepared.device_steps, values, report, timeline)
@@ -263,10 +278,10 @@ class ParamSync:
                 self._verify(self._comm, manifest, call, timeline)
                 report.verified = True
         except Expired as expired:
-            if phase == "broadcast":
+            if getattr(expired, "pending", None) is not None:  # the shared segment, the device pipeline
+                pending = list(dict.fromkeys(expired.pending))
+            elif phase == "broadcast":
                 pending = [n for label in ring.pending_labels() for n in label]
-            elif phase == "device broadcast":
-                pending = list(dict.fromkeys(getattr(expired, "pending", [])))
             else:
                 pending = [p.name for p in manifest.params]
             self._timed_out(phase, pending, timeout)
@@ -312,6 +327,7 @@ class ParamSync:
         run_device_steps(self._comm, self._root, steps, self._slots(), staged=transport == "staged",
                          timeout=values["timeout"])
         report.collectives += len(steps)
+        report.transfers += len(steps)
         report.fused_buckets += sum(1 for s in steps if s.fused)
         if timeline is not None:
             timeline.span(transport, start, collectives=len(steps), bytes=sum(s.nbytes for s in steps))
@@ -328,16 +344,28 @@ class ParamSync:
             self._plans[key] = plan
         return plan
 
+    def _segment_geometry(self, values) -> tuple:
+        """Slots and slot bytes of the shared segment: within ``max_concurrent x fusion_bytes``
+        (at least two slots), each slot large enough for a fused bucket."""
+        slot_bytes = max(SLOT_BYTES, values["fusion_bytes"])
+        return max(2, values["max_concurrent"] * values["fusion_bytes"] // slot_bytes), slot_bytes
+
     def _prepare(self, params, devices_key, manifest, capacity: int, layout: Layout, runs: tuple) -> _Prepared:
         """Compile the steps for these arrays; keep them for the fast path when eligible."""
         fusion = manifest.settings["fusion_bytes"]
         plan = self._plan(manifest.host_params, fusion, self._chunk_bytes, runs)
-        needed = arena_slots(plan, capacity) * fusion
-        if len(self._arena) < needed:
-            self._prepared = None  # its steps point into the old arena
-            self._arena = Arena(needed)
-        steps = compile_program(manifest.host_params, plan, receiving=self._comm.rank != self._root,
-                                arena=self._arena, fusion_bytes=fusion)
+        receiving = self._comm.rank != self._root
+        steps, chunks = [], []
+        if self._node:
+            chunks = compile_chunks(plan, manifest.host_params, receiving=receiving, slots=self._node.slots,
+                                    slot_bytes=self._node.slot_bytes)
+        else:
+            needed = arena_slots(plan, capacity) * fusion
+            if len(self._arena) < needed:
+                self._prepared = None  # its steps point into the old arena
+                self._arena = Arena(needed)
+            steps = compile_program(manifest.host_params, plan, receiving=receiving, arena=self._arena,
+                                    fusion_bytes=fusion)
         device_params = manifest.device_params
         device_steps = []
         if device_params:
@@ -349,13 +377,26 @@ class ParamSync:
                               if torch_module is not None and isinstance(v, torch_module.Tensor))
         prepared = _Prepared(values, tuple(params) if values else (), devices_key,
                              torch_indices, _torch_storage(values, torch_indices), manifest, layout, runs, steps,
-                             device_steps)
+                             chunks, sum(1 for t in plan if t.fused), len(plan), device_steps)
         if manifest.leaves_only:
             self._prepared = prepared
         return prepared
 
-    def _broadcast(self, steps, ring, report, timeline) -> int:
-        """Post every step through ``ring``; return the number of fused buckets."""
+    def _broadcast_node(self, chunks, timeout, timeline) -> None:
+        """Move the host chunks through the node's shared segment (no MPI data movement)."""
+        start = timeline.now() if timeline is not None else 0
+        clock, root, log = _time.monotonic, self._root, None
+        if logger.isEnabledFor(_logging.DEBUG):
+            def log(k, chunk):
+                names = ", ".join(chunk.label[:5]) + (f", ... ({len(chunk.label)} tensors)" if len(chunk.label) > 5 else "")
+                logger.debug("slot %d/%d: %d bytes from root %d through shared memory, %s: %s", k + 1, len(chunks),
+                             chunk.nbytes, root, "fused" if chunk.pack or chunk.unpack else "direct", names)
+        self._node.run(chunks, (lambda: None) if timeout is None else (lambda: clock() + timeout), timeline, log)
+        if timeline is not None:
+            timeline.span("broadcast", start, chunks=len(chunks), channel="shared memory")
+
+    def _broadcast(self, steps, ring, report, timeline) -> None:
+        """Post every step through ``ring``."""
         comm, root = self._comm, self._root
         debug = logger.isEnabledFor(_logging.DEBUG)
         start = timeline.now() if timeline is not None else 0
@@ -379,7 +420,6 @@ class ParamSync:
             timeline.span("broadcast", start, collectives=len(steps),
                           bytes=sum(len(s.buffer[0]) for s in steps))
         report.collectives += len(steps)
-        return sum(1 for s in steps if s.fused)
 
     def _timed_out(self, phase: str, pending: list, timeout: float) -> None:
         comm = self._user_comm

@@ -43,5 +43,7 @@ def test_parameter_set_over_256mb(comm):
     params = {n: fill(comm.rank, i, s) for i, (n, s) in enumerate(shapes.items())}
     report = mpisync.sync_params(params, comm, root=root, verify=True)
     assert report.bytes > 256 * 2**20 and report.verified
+    if os.environ.get("MPISYNC_EXPECT_NODES", "1") != "1":  # ranks on several nodes: MPI moves the bytes
+        assert report.channel == "mpi"
     for i, (n, s) in enumerate(shapes.items()):
         assert same_bytes(params[n], fill(root, i, s)), n
