@@ -65,6 +65,7 @@ class NodeSegment:
         self.seq = _np.ndarray((slots,), _np.int64, buffer=mapping, offset=_LINE, strides=(_LINE,))
         self.ack = _np.ndarray((size,), _np.int64, buffer=mapping, offset=_LINE * (1 + slots), strides=(_LINE,))
         self.arena = Arena.over(fd, mapping, header, slots * slot_bytes)
+        self.nbytes = header + slots * slot_bytes
         self._others = _np.array([r for r in range(size) if r != root], dtype=_np.intp)
         self.next_id = 0  # chunks moved so far; every rank counts the same
 

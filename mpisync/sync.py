@@ -18,6 +18,7 @@ from mpi4py import MPI
 from . import config as _config
 from .agreement import agree, diagnose
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
+from .channels import SHARED_CHANNEL, ChannelTrial
 from .intranode import SLOT_BYTES, NodeSegment, compile_chunks
 from .layout import Layout, host_layout
 from .manifest import build_manifest
@@ -71,8 +72,9 @@ class _Prepared:
     manifest: object
     layout: Layout  # this rank's runs of parameters end to end in memory
     runs: tuple  # the runs the steps send as spans: layout.runs when every rank's layout agreed, else ()
-    steps: list  # host parameters, through MPI
-    chunks: list  # host parameters, through the node's shared segment (instead of steps)
+    channel: str  # how host bytes move: steps (MPI) or chunks (the node's shared segment)
+    steps: list
+    chunks: list
     fused_buckets: int
     transfers: int  # host plan steps; device steps are added when they run
     device_steps: list
@@ -122,9 +124,17 @@ class ParamSync:
         self._plans: dict = {}
         self._arena = Arena(0)
         self._prepared = None
-        self._node = None  # the node's shared segment: None until tried, False if unavailable
+        self._node = None  # the node's shared segment: None until tried, False if unavailable or slower
+        self._trial = ChannelTrial()
         self._closed = False
         self._broken = None
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of host buffers this syncer holds between syncs: the fusion arena, or the slots
+        (and their counters) of the node's shared segment; device staging is not counted."""
+        node = self._node.nbytes if self._node else 0
+        return len(self._arena) + node
 
     @property
     def settings(self) -> _config.Settings:
@@ -252,24 +262,39 @@ class ParamSync:
             self._ensure_comm(call)
             phase = "validation exchange"
             layout = prepared.layout if prepared is not None else host_layout(manifest.host_params)
-            runs = layout.runs if agree(self._comm, manifest, call, layout.digest) else ()
-            if self._node is None and any(p.nbytes for p in manifest.host_params):
-                phase = "shared-memory set-up"  # once, on the first sync with host bytes (same on every rank)
+            trial = self._trial
+            same_layout, slowest_us = agree(self._comm, manifest, call, layout.digest, trial.elapsed_us)
+            runs = layout.runs if same_layout else ()
+            trial.record(slowest_us)
+            host_bytes = sum(p.nbytes for p in manifest.host_params)
+            channel = trial.choose(self._node is not False)
+            if channel == SHARED_CHANNEL and self._node is None and host_bytes:
+                phase = "shared-memory set-up"  # once, on the same sync on every rank
                 self._node = NodeSegment.open(self._comm, self._root, *self._segment_geometry(values), call) or False
-            reused = prepared is not None and prepared.runs == runs
+                channel = trial.choose(self._node is not False)
+            if trial.settled:  # keep only the winner's buffers
+                if channel == SHARED_CHANNEL:
+                    self._arena = Arena(0)
+                else:
+                    self._node = False
+            reused = prepared is not None and prepared.runs == runs and prepared.channel == channel
             if not reused:
-                prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"], layout, runs)
+                prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"], layout, runs,
+                                         channel)
             if timeline is not None:
                 timeline.span("validate", t_validate, tensors=len(manifest.params), reused=reused)
             phase = "broadcast"
             report.fused_buckets = prepared.fused_buckets
             report.transfers = prepared.transfers
-            if prepared.chunks:
-                report.channel = "shared memory"
+            report.channel = channel
+            started = _time.perf_counter()
+            if channel == SHARED_CHANNEL:
                 self._broadcast_node(prepared.chunks, timeout, timeline)
             else:
                 ring = TrackedRing(values["max_concurrent"], timeout)
                 self._broadcast(prepared.steps, ring, report, timeline)
+            if host_bytes:
+                trial.moved(channel, host_bytes, _time.perf_counter() - started)
             if prepared.device_steps:
                 phase = "device broadcast"
                 report.transport = self._broadcast_devices(prepared.device_steps, values, report, timeline)
@@ -350,13 +375,14 @@ class ParamSync:
         slot_bytes = max(SLOT_BYTES, values["fusion_bytes"])
         return max(2, values["max_concurrent"] * values["fusion_bytes"] // slot_bytes), slot_bytes
 
-    def _prepare(self, params, devices_key, manifest, capacity: int, layout: Layout, runs: tuple) -> _Prepared:
-        """Compile the steps for these arrays; keep them for the fast path when eligible."""
+    def _prepare(self, params, devices_key, manifest, capacity: int, layout: Layout, runs: tuple,
+                 channel: str) -> _Prepared:
+        """Compile the steps for these arrays and ``channel``; keep them for the fast path when eligible."""
         fusion = manifest.settings["fusion_bytes"]
         plan = self._plan(manifest.host_params, fusion, self._chunk_bytes, runs)
         receiving = self._comm.rank != self._root
         steps, chunks = [], []
-        if self._node:
+        if channel == SHARED_CHANNEL:
             chunks = compile_chunks(plan, manifest.host_params, receiving=receiving, slots=self._node.slots,
                                     slot_bytes=self._node.slot_bytes)
         else:
@@ -375,9 +401,9 @@ class ParamSync:
         torch_module = _sys.modules.get("torch")
         torch_indices = tuple(i for i, v in enumerate(values)
                               if torch_module is not None and isinstance(v, torch_module.Tensor))
-        prepared = _Prepared(values, tuple(params) if values else (), devices_key,
-                             torch_indices, _torch_storage(values, torch_indices), manifest, layout, runs, steps,
-                             chunks, sum(1 for t in plan if t.fused), len(plan), device_steps)
+        prepared = _Prepared(values, tuple(params) if values else (), devices_key, torch_indices,
+                             _torch_storage(values, torch_indices), manifest, layout, runs, channel, steps, chunks,
+                             sum(1 for t in plan if t.fused), len(plan), device_steps)
         if manifest.leaves_only:
             self._prepared = prepared
         return prepared

@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 import mpisync
 from mpisync import intranode
+from mpisync.channels import ChannelTrial
 from mpiutil import same_bytes, values
 
 pytestmark = pytest.mark.mpi
@@ -38,19 +39,33 @@ SHAPES = {
 }
 
 
+def _fill(params, comm, step):
+    for name, replicas in params.items():
+        shape, dtype = SHAPES[name]
+        replicas[0][...] = values(f"{name}.{step}", comm.rank, shape, dtype)
+        for replica in replicas[1:]:
+            replica[...] = 0
+
+
 @pytest.mark.parametrize("fusion_bytes", [256 << 10, 3 << 20])
-def test_one_node_moves_host_bytes_through_shared_memory(comm, fusion_bytes):
+def test_mpi_first_then_the_shared_segment_then_the_faster(comm, fusion_bytes):
     if comm.size == 1:
         pytest.skip("no peers")
-    expected = "shared memory" if _everyone(comm, intranode.enabled()) and _one_node(comm) else "mpi"
+    shared = _everyone(comm, intranode.enabled()) and _one_node(comm)
     before = _segments()
-    params = {n: [values(n, comm.rank, s, d), np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
+    params = {n: [np.zeros(s, d), np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
+    channels = []
     with mpisync.ParamSync(comm, fusion_bytes=fusion_bytes) as syncer:
-        report = syncer.sync(params, verify=True)
-        assert report.channel == expected and report.verified
-        for name, (shape, dtype) in SHAPES.items():
-            for replica in params[name]:
-                assert same_bytes(replica, values(name, 0, shape, dtype)), name
+        for step in range(4):
+            _fill(params, comm, step)
+            report = syncer.sync(params, verify=True)
+            channels.append(report.channel)
+            for name, (shape, dtype) in SHAPES.items():
+                for replica in params[name]:
+                    assert same_bytes(replica, values(f"{name}.{step}", 0, shape, dtype)), (step, name)
+        assert syncer.buffer_bytes <= 16 * fusion_bytes + (64 << 10)  # only the winner's buffers stay
+    assert channels[:2] == ["mpi", "shared memory" if shared else "mpi"]
+    assert channels[2] == channels[3] and channels[2] in channels[:2]
     assert _segments() <= before  # the file is unlinked as soon as every rank mapped it
 
 
@@ -60,6 +75,7 @@ def test_back_to_back_syncs_reuse_slots_in_order(comm):
     shapes = {"w": ((3 * (1 << 20) + 1,), "uint8"), **{f"b{i}": ((1000,), "int32") for i in range(40)}}
     params = {n: values(n, comm.rank, s, d) for n, (s, d) in shapes.items()}
     with mpisync.ParamSync(comm, max_concurrent=4, fusion_bytes=64 << 10, timeout=30) as syncer:
+        syncer._trial.rates["mpi"] = 1.0  # skip the trial: the shared segment from the first sync on
         for step in range(25):  # no barrier between syncs: the slot handshake alone orders them
             for name, (shape, dtype) in shapes.items():
                 params[name][...] = values(f"{name}.{step}", comm.rank, shape, dtype)
@@ -73,8 +89,24 @@ def test_one_rank_without_shared_memory_makes_every_rank_use_mpi(comm, monkeypat
         pytest.skip("no peers")
     if comm.rank == comm.size - 1:
         monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
-    params = {n: values(n, comm.rank, s, d) for n, (s, d) in SHAPES.items()}
-    report = mpisync.sync_params(params, comm, root=0)
-    assert report.channel == "mpi"
-    for name, (shape, dtype) in SHAPES.items():
-        assert same_bytes(params[name], values(name, 0, shape, dtype)), name
+    params = {n: [np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
+    with mpisync.ParamSync(comm) as syncer:
+        for step in range(3):
+            _fill(params, comm, step)
+            assert syncer.sync(params).channel == "mpi"
+            for name, (shape, dtype) in SHAPES.items():
+                assert same_bytes(params[name][0], values(f"{name}.{step}", 0, shape, dtype)), name
+
+
+def test_the_trial_keeps_the_channel_that_moved_bytes_faster():
+    trial = ChannelTrial()
+    assert trial.choose(True) == "mpi"
+    trial.moved("mpi", 1000, 0.002)
+    trial.record(2000)  # slowest rank: 2 ms
+    assert trial.choose(True) == "shared memory" and trial.choose(False) == "mpi" and not trial.settled
+    trial.moved("shared memory", 1000, 0.0005)
+    trial.record(8000)  # another rank was slower: its time decides
+    assert trial.settled and trial.choose(True) == "mpi"
+    trial.moved("mpi", 1000, 0.1)
+    trial.record(100_000)  # later measurements do not reopen the choice
+    assert trial.choose(True) == "mpi" and trial.rates == {"mpi": 0.5, "shared memory": 0.125}

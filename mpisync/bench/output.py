@@ -34,7 +34,7 @@ def table(results: dict) -> str:
             lines.append(f"  {r['strategy']:<26} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
                          f"{r['bandwidth_vs_flat']:8.3f} {r['speedup_vs_per_tensor']:13.2f}x")
         m = w["memory"]
-        lines.append(f"  memory held by mpisync during a sync (traced peak, max over ranks): repeated "
+        lines.append(f"  memory held by mpisync during a sync (traced peak + its buffers, max over ranks): repeated "
                      f"{m['extra_bytes_repeated'] / 1e6:.2f} MB, cold {m['extra_bytes_cold'] / 1e6:.2f} MB "
                      f"(bound max_concurrent x fusion_bytes = {m['bound_bytes'] / 1e6:.2f} MB); "
                      f"peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB")

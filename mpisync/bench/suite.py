@@ -93,11 +93,21 @@ def _strategy_list(comm, defaults) -> list:
 
 
 def _memory_row(comm, params, root) -> dict:
+    # tracemalloc sees Python and numpy allocations; the fusion arena or shared segment is a
+    # mapping it does not see, so its size is added.
     syncer = mpisync.ParamSync(comm, root=root)
-    syncer.sync(params)
-    repeated = _memory.traced_peak(lambda: syncer.sync(params))
+    for _ in range(3):  # past the channel trial (see mpisync.channels): the winner's buffers only
+        syncer.sync(params)
+    repeated = _memory.traced_peak(lambda: syncer.sync(params)) + syncer.buffer_bytes
     syncer.close()
-    cold = _memory.traced_peak(lambda: mpisync.sync_params(params, comm, root=root))
+    buffers = []
+
+    def cold_sync():
+        with mpisync.ParamSync(comm, root=root) as cold_syncer:
+            cold_syncer.sync(params)
+            buffers.append(cold_syncer.buffer_bytes)
+
+    cold = _memory.traced_peak(cold_sync) + buffers[0]
     s = _config.resolve()
     peaks = _np.array([repeated, cold, _memory.peak_rss_bytes()], dtype=_np.int64)
     comm.Allreduce(MPI.IN_PLACE, peaks, op=MPI.MAX)
