@@ -25,6 +25,9 @@ if os.environ.get("FAULT_DEVICE") == "1":  # the same, as (simulated) device buf
     params = {name: SimulatedDeviceArray(array) for name, array in params.items()}
 victim = 0 if kind == "kill-root" else 1
 syncer = mpisync.ParamSync(comm, root=0, timeout=float(os.environ.get("FAULT_TIMEOUT", "5")))
+shared = os.environ.get("FAULT_SHARED") == "1"
+if shared:  # skip the channel trial: the node's shared segment from sync 1
+    syncer._trial.rates.update({"mpi": 1.0, "shared memory": 2.0})
 
 
 def strike():
@@ -32,7 +35,19 @@ def strike():
     os.kill(os.getpid(), signal.SIGSTOP if kind == "stall" else signal.SIGKILL)
 
 
-if comm.rank == victim and kind != "raise-between":
+if comm.rank == victim and kind == "stall" and shared:  # stop inside the broadcast: after 10 slots read
+    from mpisync import intranode
+
+    read, reads = intranode.Chunk.read, []
+
+    def read_then_stop(chunk, arena):
+        read(chunk, arena)
+        reads.append(1)
+        if len(reads) == 10:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    intranode.Chunk.read = read_then_stop
+elif comm.rank == victim and kind != "raise-between":
     threading.Thread(target=strike, daemon=True).start()
 for n in range(1, 1000):
     syncer.sync(params)
