@@ -29,10 +29,11 @@ def table(results: dict) -> str:
                          f"{r.get('overlap_pct', 0):7.1f}%")
     for w in results["workloads"]:
         lines += ["", f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB",
-                  f"  {'strategy':<26} {'ms':>9} {'GB/s':>7} {'vs flat':>8} {'vs per-tensor':>14}"]
+                  f"  {'strategy':<26} {'ms':>9} {'GB/s':>7} {'vs flat':>8} {'vs per-tensor':>14}  channel"]
         for r in w["results"]:
             lines.append(f"  {r['strategy']:<26} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
-                         f"{r['bandwidth_vs_flat']:8.3f} {r['speedup_vs_per_tensor']:13.2f}x")
+                         f"{r['bandwidth_vs_flat']:8.3f} {r['speedup_vs_per_tensor']:13.2f}x  {r.get('channel') or ''}"
+                         .rstrip())
         m = w["memory"]
         lines.append(f"  memory held by mpisync during a sync (traced peak + its buffers, max over ranks): repeated "
                      f"{m['extra_bytes_repeated'] / 1e6:.2f} MB, cold {m['extra_bytes_cold'] / 1e6:.2f} MB "
@@ -40,10 +41,10 @@ def table(results: dict) -> str:
                      f"peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB")
     if results["sweeps"]:
         lines += ["", "Sweeps of repeated ParamSync.sync (other settings at their defaults)",
-                  f"  {'workload':<12} {'setting':<15} {'value':>9} {'ms':>9} {'GB/s':>7} {'vs flat':>8}"]
+                  f"  {'workload':<12} {'setting':<15} {'value':>9} {'ms':>9} {'GB/s':>7} {'vs flat':>8}  channel"]
         for r in results["sweeps"]:
             lines.append(f"  {r['workload']:<12} {r['param']:<15} {r['value']:>9} {r['median_s'] * 1e3:9.3f} "
-                         f"{r['gbps']:7.2f} {r['bandwidth_vs_flat']:8.3f}")
+                         f"{r['gbps']:7.2f} {r['bandwidth_vs_flat']:8.3f}  {r.get('channel') or ''}".rstrip())
     return "\n".join(lines)
 
 

@@ -64,7 +64,7 @@ def paramsync(**settings):
         syncer = mpisync.ParamSync(comm, root=root, **settings)
 
         def run():
-            syncer.sync(params)
+            run.channel = syncer.sync(params).channel  # which channel the syncer settled on
         return run, syncer.close
     return factory
 

@@ -160,11 +160,14 @@ def run(comm, args) -> dict:
                 close()
         flat = next(t.median for k, t in timings.items() if isinstance(k, str) and k.startswith("flat"))
         per = next(t.median for k, t in timings.items() if isinstance(k, str) and k.startswith("per-tensor"))
+        channel = {k: getattr(runs[k], "channel", None) for k in timings}  # mpisync's own strategies
         rows = [{"strategy": k, "median_s": t.median, "gbps": nbytes / t.median / 1e9,
-                 "bandwidth_vs_flat": flat / t.median, "speedup_vs_per_tensor": per / t.median}
+                 "bandwidth_vs_flat": flat / t.median, "speedup_vs_per_tensor": per / t.median,
+                 "channel": channel[k]}
                 for k, t in timings.items() if isinstance(k, str)]
         results["sweeps"] += [{"workload": name, "param": k[1], "value": k[2], "median_s": t.median,
-                               "gbps": nbytes / t.median / 1e9, "bandwidth_vs_flat": flat / t.median}
+                               "gbps": nbytes / t.median / 1e9, "bandwidth_vs_flat": flat / t.median,
+                               "channel": channel[k]}
                               for k, t in timings.items() if not isinstance(k, str)]
         results["workloads"].append({"workload": name, "tensors": len(params), "bytes": nbytes, "results": rows,
                                      "memory": _memory_row(comm, params, args.root)})
