@@ -1,10 +1,10 @@
 """Which channel moves host bytes between ranks, chosen by measurement on every rank alike.
 
-The node's shared segment (:mod:`mpisync.intranode`) beat MPI by up to 1.8x
-here, but on some runs of this (virtual) machine it ran at a quarter of MPI's
-speed. So a :class:`~mpisync.ParamSync` measures instead of guessing: its first
-sync uses MPI, its second the shared segment (where every rank can map it),
-and later ones whichever moved its bytes faster. Each rank's broadcast time
+The node's shared segment (:mod:`mpisync.intranode`, opt-in) beat MPI by up
+to 1.8x here, but on some runs of this (virtual) machine it ran at a quarter
+of MPI's speed. So a :class:`~mpisync.ParamSync` measures instead of guessing:
+its first sync uses MPI, its second the shared segment (where every rank asked
+for it and can map it), and later ones whichever moved its bytes faster. Each rank's broadcast time
 rides to the others in the next validation all-reduce, which yields the
 slowest rank's time on every rank, so every rank makes the same choice.
 """

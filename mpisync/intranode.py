@@ -6,9 +6,13 @@ one, mostly on 4 KiB pages, it ran at half the speed of one flat ``Bcast``
 here. Instead root copies the plan's transfers, in order, into a ring of
 ``slots`` slots of a file in ``/dev/shm`` that every rank has mapped, and the
 other ranks copy them out, each slot released when every receiver has acked
-it: one memory copy on each side, pipelined, at flat-``Bcast`` speed whatever
-the pages. Buckets of small tensors are packed and unpacked with one
-``pwritev``/``preadv`` each.
+it: one memory copy on each side, pipelined. Buckets of small tensors are
+packed and unpacked with one ``pwritev``/``preadv`` each.
+
+It is opt-in (``MPISYNC_SHARED_MEMORY=1``): on the 2-core virtual machine it
+was built on, it ran at 0.9-1.1x a flat ``Bcast`` in most runs and at 0.2-0.3x
+in others (one side's copies slowed 3-4x while both copied at once; the cause
+was not found), while MPI's path held at 0.5-0.85x.
 
 The slot handshake uses plain loads and stores of 64-bit counters in the
 mapping, which is correct where stores are seen in program order by other
@@ -43,12 +47,13 @@ _SPIN_SECONDS = 0.5
 _SLEEP_SECONDS = 0.001
 
 
-def enabled() -> bool:
-    """Whether this rank may use the shared segment (``MPISYNC_SHARED_MEMORY=0`` turns it off)."""
-    if _os.environ.get("MPISYNC_SHARED_MEMORY", "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return (_platform.machine().lower() in ("x86_64", "amd64") and vectored_io_available()
-            and _os.path.isdir("/dev/shm"))
+def enabled(requested: bool | None = None) -> bool:
+    """Whether this rank may use the shared segment: asked for (``requested``, else
+    ``MPISYNC_SHARED_MEMORY=1``; off by default, see the module notes) and possible here."""
+    if requested is None:
+        requested = _os.environ.get("MPISYNC_SHARED_MEMORY", "0").strip().lower() in ("1", "true", "yes", "on")
+    return bool(requested) and (_platform.machine().lower() in ("x86_64", "amd64") and vectored_io_available()
+                                and _os.path.isdir("/dev/shm"))
 
 
 def _header_bytes(slots: int, size: int) -> int:
@@ -70,7 +75,8 @@ class NodeSegment:
         self.next_id = 0  # chunks moved so far; every rank counts the same
 
     @classmethod
-    def open(cls, comm, root: int, slots: int, slot_bytes: int, call) -> NodeSegment | None:
+    def open(cls, comm, root: int, slots: int, slot_bytes: int, call, requested: bool | None = None
+             ) -> NodeSegment | None:
         """Set the segment up on every rank of ``comm``, or return None on every rank.
 
         Collective (two nonblocking collectives, waited with ``call``). Root
@@ -83,7 +89,7 @@ class NodeSegment:
         geometry = _np.zeros(3, dtype=_np.int64)  # name length, slots, slot bytes
         message = _np.zeros(_NAME_BYTES + 16, dtype=_np.uint8)
         try:
-            if rank == root and enabled():
+            if rank == root and enabled(requested):
                 token = _secrets.token_bytes(16)
                 path = f"/dev/shm/mpisync-{_os.getpid()}-{token[:6].hex()}"
                 fd = _os.open(path, _os.O_RDWR | _os.O_CREAT | _os.O_EXCL | getattr(_os, "O_CLOEXEC", 0), 0o600)
@@ -102,7 +108,7 @@ class NodeSegment:
         call(comm.Ibcast(packed, root))
         geometry = packed[:24].view(_np.int64)
         length, slots, slot_bytes = (int(x) for x in geometry)
-        if rank != root and length and enabled():
+        if rank != root and length and enabled(requested):
             try:
                 name = packed[24:24 + length].tobytes().decode()
                 fd = _os.open(name, _os.O_RDWR | getattr(_os, "O_CLOEXEC", 0))

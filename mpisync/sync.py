@@ -126,6 +126,7 @@ class ParamSync:
         self._prepared = None
         self._node = None  # the node's shared segment: None until tried, False if unavailable or slower
         self._trial = ChannelTrial()
+        self._shared_memory = None  # None: MPISYNC_SHARED_MEMORY decides; the bench sets True
         self._closed = False
         self._broken = None
 
@@ -270,7 +271,8 @@ class ParamSync:
             channel = trial.choose(self._node is not False)
             if channel == SHARED_CHANNEL and self._node is None and host_bytes:
                 phase = "shared-memory set-up"  # once, on the same sync on every rank
-                self._node = NodeSegment.open(self._comm, self._root, *self._segment_geometry(values), call) or False
+                self._node = NodeSegment.open(self._comm, self._root, *self._segment_geometry(values), call,
+                                              self._shared_memory) or False
                 channel = trial.choose(self._node is not False)
             if trial.settled:  # keep only the winner's buffers
                 if channel == SHARED_CHANNEL:

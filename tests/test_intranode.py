@@ -47,10 +47,12 @@ def _fill(params, comm, step):
             replica[...] = 0
 
 
+@pytest.mark.parametrize("asked", ["1", "0"])
 @pytest.mark.parametrize("fusion_bytes", [256 << 10, 3 << 20])
-def test_mpi_first_then_the_shared_segment_then_the_faster(comm, fusion_bytes):
+def test_mpi_first_then_the_shared_segment_then_the_faster(comm, fusion_bytes, asked, monkeypatch):
     if comm.size == 1:
         pytest.skip("no peers")
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", asked)  # on every rank
     shared = _everyone(comm, intranode.enabled()) and _one_node(comm)
     before = _segments()
     params = {n: [np.zeros(s, d), np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
@@ -69,7 +71,8 @@ def test_mpi_first_then_the_shared_segment_then_the_faster(comm, fusion_bytes):
     assert _segments() <= before  # the file is unlinked as soon as every rank mapped it
 
 
-def test_back_to_back_syncs_reuse_slots_in_order(comm):
+def test_back_to_back_syncs_reuse_slots_in_order(comm, monkeypatch):
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "1")
     # 3 MiB + 1 B is 4 pieces of a 1 MiB slot, plus buckets: the chunk count per sync is not a multiple
     # of the slot count, so slot k of one sync follows a different chunk of the last one.
     shapes = {"w": ((3 * (1 << 20) + 1,), "uint8"), **{f"b{i}": ((1000,), "int32") for i in range(40)}}
@@ -87,8 +90,7 @@ def test_back_to_back_syncs_reuse_slots_in_order(comm):
 def test_one_rank_without_shared_memory_makes_every_rank_use_mpi(comm, monkeypatch):
     if comm.size == 1:
         pytest.skip("no peers")
-    if comm.rank == comm.size - 1:
-        monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0" if comm.rank == comm.size - 1 else "1")
     params = {n: [np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
     with mpisync.ParamSync(comm) as syncer:
         for step in range(3):

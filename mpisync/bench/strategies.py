@@ -58,10 +58,17 @@ def sync_params_cold(comm, params, root):
     return run, _noop
 
 
-def paramsync(**settings):
-    """Repeated ``ParamSync.sync`` (validation, plan and buffers reused), with ``settings``."""
+def paramsync(shared_memory: bool = False, **settings):
+    """Repeated ``ParamSync.sync`` (validation, plan and buffers reused), with ``settings``.
+
+    ``shared_memory=True``: host bytes through the node's shared segment from
+    the first sync on (as with ``MPISYNC_SHARED_MEMORY=1``, without the trial).
+    """
     def factory(comm, params, root):
         syncer = mpisync.ParamSync(comm, root=root, **settings)
+        if shared_memory:
+            syncer._shared_memory = True
+            syncer._trial.rates.update({"mpi": 0.0, "shared memory": 1.0})
 
         def run():
             run.channel = syncer.sync(params).channel  # which channel the syncer settled on
@@ -151,6 +158,7 @@ STRATEGIES = {
     "sync_params cold": sync_params_cold,
     "ParamSync": paramsync(),
     "ParamSync, one buffer": paramsync_one_buffer,
+    "ParamSync, shared memory": paramsync(shared_memory=True),
     "flat Bcast (ideal)": flat_buffer,
     "torch gloo DDP": torch_gloo_ddp,
 }
