@@ -52,4 +52,15 @@ def collect_info() -> dict:
                                                     settings.gpu_transport, settings.timeout))
         },
         "timeout_aborts": _config.abort_on_timeout(),
+        "shared_memory": _shared_memory_line(),
     }
+
+
+def _shared_memory_line() -> str:
+    from .intranode import enabled
+
+    if enabled():
+        return "on here (MPISYNC_SHARED_MEMORY=1): a ParamSync tries the node's shared segment on its second sync"
+    if enabled(True):
+        return "off (opt-in: MPISYNC_SHARED_MEMORY=1)"
+    return "not available here (needs x86-64, /dev/shm, preadv/pwritev)"

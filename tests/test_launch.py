@@ -53,6 +53,7 @@ def test_info_prints_library_thread_level_and_sources(bounded_env):
     assert info["defaults"]["max_concurrent"]["source"] == "built-in"
     assert info["cuda_aware_mpi"] == "no" and "MPIX_" in info["cuda_aware_why"]  # the PyPI wheels are not CUDA-aware
     assert info["device_transport"].startswith("staged (")
+    assert info["shared_memory"].startswith("on here" if env.get("MPISYNC_SHARED_MEMORY") == "1" else ("off", "not"))
     table = subprocess.run(["mpisync", "info"], env=env, capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "fusion_bytes    = 8192       (environment" in table.stdout
 
