@@ -275,9 +275,9 @@ class ParamSync:
                                               self._shared_memory) or False
                 channel = trial.choose(self._node is not False)
             if trial.settled:  # keep only the winner's buffers
-                if channel == SHARED_CHANNEL:
+                if channel == SHARED_CHANNEL and len(self._arena):
                     self._arena = Arena(0)
-                else:
+                elif channel != SHARED_CHANNEL and self._node:
                     self._node = False
             reused = prepared is not None and prepared.runs == runs and prepared.channel == channel
             if not reused:
@@ -413,13 +413,15 @@ class ParamSync:
     def _broadcast_node(self, chunks, timeout, timeline) -> None:
         """Move the host chunks through the node's shared segment (no MPI data movement)."""
         start = timeline.now() if timeline is not None else 0
-        clock, root, log = _time.monotonic, self._root, None
-        if logger.isEnabledFor(_logging.DEBUG):
-            def log(k, chunk):
-                names = ", ".join(chunk.label[:5]) + (f", ... ({len(chunk.label)} tensors)" if len(chunk.label) > 5 else "")
-                logger.debug("slot %d/%d: %d bytes from root %d through shared memory, %s: %s", k + 1, len(chunks),
-                             chunk.nbytes, root, "fused" if chunk.pack or chunk.unpack else "direct", names)
-        self._node.run(chunks, (lambda: None) if timeout is None else (lambda: clock() + timeout), timeline, log)
+        clock, root = _time.monotonic, self._root
+
+        def log(k, chunk):
+            names = ", ".join(chunk.label[:5]) + (f", ... ({len(chunk.label)} tensors)" if len(chunk.label) > 5 else "")
+            logger.debug("slot %d/%d: %d bytes from root %d through shared memory, %s: %s", k + 1, len(chunks),
+                         chunk.nbytes, root, "fused" if chunk.pack or chunk.unpack else "direct", names)
+
+        self._node.run(chunks, (lambda: None) if timeout is None else (lambda: clock() + timeout), timeline,
+                       log if logger.isEnabledFor(_logging.DEBUG) else None)
         if timeline is not None:
             timeline.span("broadcast", start, chunks=len(chunks), channel="shared memory")
 
