@@ -62,6 +62,8 @@ class Arena:
             if fd is not None:
                 try:
                     _os.ftruncate(fd, nbytes)
+                    if hasattr(_os, "posix_fallocate"):  # out of memory fails here, not as SIGBUS later
+                        _os.posix_fallocate(fd, 0, nbytes)
                     mapping = _mmap.mmap(fd, nbytes)
                 except OSError:
                     _os.close(fd)

@@ -95,6 +95,9 @@ class NodeSegment:
                 fd = _os.open(path, _os.O_RDWR | _os.O_CREAT | _os.O_EXCL | getattr(_os, "O_CLOEXEC", 0), 0o600)
                 nbytes = _header_bytes(slots, size) + slots * slot_bytes
                 _os.ftruncate(fd, nbytes)
+                # Reserve the pages now: a full /dev/shm then fails here (ENOSPC, and every rank
+                # keeps MPI) instead of killing a rank with SIGBUS at its first write.
+                _os.posix_fallocate(fd, 0, nbytes)
                 mapping = _mmap.mmap(fd, nbytes)
                 mapping[:16] = token
                 name = path.encode()
