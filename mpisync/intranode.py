@@ -108,28 +108,27 @@ class NodeSegment:
             fd, mapping = _close(fd, mapping)
             geometry[0] = 0
         packed = _np.concatenate([geometry.view(_np.uint8), message])
-        call(comm.Ibcast(packed, root))
-        geometry = packed[:24].view(_np.int64)
-        length, slots, slot_bytes = (int(x) for x in geometry)
-        if rank != root and length and enabled(requested):
-            try:
-                name = packed[24:24 + length].tobytes().decode()
-                fd = _os.open(name, _os.O_RDWR | getattr(_os, "O_CLOEXEC", 0))
-                nbytes = _header_bytes(slots, size) + slots * slot_bytes
-                if _os.fstat(fd).st_size != nbytes:
-                    raise OSError("size differs")
-                mapping = _mmap.mmap(fd, nbytes)
-                if mapping[:16] != packed[24 + _NAME_BYTES:].tobytes():  # another node's file of that name
-                    raise OSError("token differs")
-            except (OSError, ValueError, UnicodeDecodeError):
-                fd, mapping = _close(fd, mapping)
-        ok = _np.array([1 if mapping is not None else 0], dtype=_np.int64)
-        everyone = _np.empty_like(ok)
+        everyone = _np.zeros(1, dtype=_np.int64)
         try:
+            call(comm.Ibcast(packed, root))
+            length, slots, slot_bytes = (int(x) for x in packed[:24].view(_np.int64))
+            if rank != root and length and enabled(requested):
+                try:
+                    name = packed[24:24 + length].tobytes().decode()
+                    fd = _os.open(name, _os.O_RDWR | getattr(_os, "O_CLOEXEC", 0))
+                    nbytes = _header_bytes(slots, size) + slots * slot_bytes
+                    if _os.fstat(fd).st_size != nbytes:
+                        raise OSError("size differs")
+                    mapping = _mmap.mmap(fd, nbytes)
+                    if mapping[:16] != packed[24 + _NAME_BYTES:].tobytes():  # another node's file of that name
+                        raise OSError("token differs")
+                except (OSError, ValueError, UnicodeDecodeError):
+                    fd, mapping = _close(fd, mapping)
+            ok = _np.array([1 if mapping is not None else 0], dtype=_np.int64)
             call(comm.Iallreduce(ok, everyone, op=MPI.MIN))
-        finally:
+        finally:  # also when a wait times out: the mappings keep the file, /dev/shm keeps nothing
             if path is not None:
-                _os.unlink(path)  # the mappings keep it; nothing is left behind if a rank dies
+                _os.unlink(path)
         if not everyone[0]:
             _close(fd, mapping)
             return None
