@@ -74,7 +74,7 @@ def _from_numpy(array: _np.ndarray) -> ArrayView:
     except (TypeError, ValueError):
         if not array.flags.c_contiguous:
             raise UnsupportedArray(f"numpy array with strides {array.strides} is not C-contiguous") from None
-        data = memoryview(array.reshape(-1).view(_np.uint8))
+        data = _byte_view(array)
     dtype = _DTYPE_NAMES.get(array.dtype) or _dtype_name(array.dtype)
     return ArrayView(data, array.shape, dtype, not data.readonly)
 

@@ -214,7 +214,10 @@ class Chunk:
             arena.view[self.offset:self.offset + self.source.nbytes] = self.source
 
     def after_write(self, arena: Arena) -> None:
-        """Root: fill its own other replicas (from the slot for buckets, from the master otherwise)."""
+        """Root: fill its own other replicas (from the slot for buckets, from the master otherwise).
+
+        Receivers run it too, from :meth:`read`: a bucket's copy lists then include the masters.
+        """
         if self.unpack:
             arena.scatter(self.unpack)
         for dst, src in self.fan_out:
@@ -222,12 +225,9 @@ class Chunk:
 
     def read(self, arena: Arena) -> None:
         """Receivers: copy the slot into the master and every other replica."""
-        if self.unpack:
-            arena.scatter(self.unpack)
-        elif self.target is not None:
+        if self.target is not None:
             self.target[:] = arena.view[self.offset:self.offset + self.target.nbytes]
-        for dst, src in self.fan_out:
-            dst[:] = src
+        self.after_write(arena)
 
 
 def compile_chunks(plan: list, params: list, *, receiving: bool, slots: int, slot_bytes: int = SLOT_BYTES) -> list:

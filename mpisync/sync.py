@@ -18,7 +18,7 @@ from mpi4py import MPI
 from . import config as _config
 from .agreement import agree, diagnose
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
-from .channels import SHARED_CHANNEL, ChannelTrial
+from .channels import MPI_CHANNEL, SHARED_CHANNEL, ChannelTrial
 from .intranode import SLOT_BYTES, NodeSegment, compile_chunks
 from .layout import Layout, host_layout
 from .manifest import build_manifest
@@ -129,6 +129,12 @@ class ParamSync:
         self._shared_memory = None  # None: MPISYNC_SHARED_MEMORY decides; the bench sets True
         self._closed = False
         self._broken = None
+
+    def _prefer_shared_memory(self) -> None:
+        # For the bench and tests: skip the channel trial, the node's shared segment from the
+        # first sync on where every rank can map it (as if MPISYNC_SHARED_MEMORY=1 had won).
+        self._shared_memory = True
+        self._trial.rates.update({MPI_CHANNEL: 0.0, SHARED_CHANNEL: 1.0})
 
     @property
     def buffer_bytes(self) -> int:

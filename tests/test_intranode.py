@@ -71,14 +71,13 @@ def test_mpi_first_then_the_shared_segment_then_the_faster(comm, fusion_bytes, a
     assert _segments() <= before  # the file is unlinked as soon as every rank mapped it
 
 
-def test_back_to_back_syncs_reuse_slots_in_order(comm, monkeypatch):
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "1")
+def test_back_to_back_syncs_reuse_slots_in_order(comm):
     # 3 MiB + 1 B is 4 pieces of a 1 MiB slot, plus buckets: the chunk count per sync is not a multiple
     # of the slot count, so slot k of one sync follows a different chunk of the last one.
     shapes = {"w": ((3 * (1 << 20) + 1,), "uint8"), **{f"b{i}": ((1000,), "int32") for i in range(40)}}
     params = {n: values(n, comm.rank, s, d) for n, (s, d) in shapes.items()}
     with mpisync.ParamSync(comm, max_concurrent=4, fusion_bytes=64 << 10, timeout=30) as syncer:
-        syncer._trial.rates["mpi"] = 1.0  # skip the trial: the shared segment from the first sync on
+        syncer._prefer_shared_memory()  # skip the trial: the shared segment from the first sync on
         for step in range(25):  # no barrier between syncs: the slot handshake alone orders them
             for name, (shape, dtype) in shapes.items():
                 params[name][...] = values(f"{name}.{step}", comm.rank, shape, dtype)

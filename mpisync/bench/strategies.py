@@ -67,8 +67,7 @@ def paramsync(shared_memory: bool = False, **settings):
     def factory(comm, params, root):
         syncer = mpisync.ParamSync(comm, root=root, **settings)
         if shared_memory:
-            syncer._shared_memory = True
-            syncer._trial.rates.update({"mpi": 0.0, "shared memory": 1.0})
+            syncer._prefer_shared_memory()
 
         def run():
             run.channel = syncer.sync(params).channel  # which channel the syncer settled on
