@@ -52,19 +52,20 @@ def allgather_bytes(comm, payload: bytes, call) -> list:
     return [recv[d : d + n].tobytes() for d, n in zip(displs.tolist(), lengths.tolist())]
 
 
-def agree(comm, manifest, call, layout: bytes = bytes(8), timing: int = 0) -> tuple:
+def agree(comm, manifest, call, layout: bytes = bytes(8), timing: int = 0, fresh: bool = False) -> tuple:
     """Raise the same error on every rank if any rank's manifest is bad or differs; else return
-    ``(layouts equal, max timing)``: whether every rank passed the same 8-byte ``layout`` digest,
-    and the largest ``timing`` of any rank. Both ride in the same all-reduce.
+    ``(layouts equal, max timing, any fresh)``: whether every rank passed the same 8-byte ``layout``
+    digest, the largest ``timing`` of any rank, and whether any rank passed ``fresh``. All ride in
+    the same all-reduce.
 
     ``call(request)`` waits for one request; it enforces the timeout.
     """
     flag = 1 if manifest.errors else 0
     words = _np.concatenate([[flag], _np.frombuffer(manifest.digest(), dtype=_np.int64),
-                             _np.frombuffer(layout, dtype=_np.int64), [timing]])
+                             _np.frombuffer(layout, dtype=_np.int64), [timing, int(fresh)]])
     high, low = max_and_min(comm, words, call)
-    if high[0] == 0 and _np.array_equal(high[:-2], low[:-2]):
-        return bool(high[-2] == low[-2]), int(high[-1])
+    if high[0] == 0 and _np.array_equal(high[:-3], low[:-3]):
+        return bool(high[-3] == low[-3]), int(high[-2]), bool(high[-1])
     docs = [_json.loads(raw) for raw in allgather_bytes(comm, manifest.encode(), call)]
     raise diagnose(docs)
 

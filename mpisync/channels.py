@@ -1,19 +1,21 @@
 """Which channel moves host bytes between ranks, chosen by measurement on every rank alike.
 
-The node's shared segment (:mod:`mpisync.intranode`, opt-in) beat MPI by up
-to 1.8x here, but on some runs of this (virtual) machine it ran at a quarter
-of MPI's speed. So a :class:`~mpisync.ParamSync` measures instead of guessing:
-its first sync uses MPI, its second the shared segment (where every rank asked
-for it and can map it), and later ones whichever moved its bytes faster. Each rank's broadcast time
+Cross-memory copies (:mod:`mpisync.crossmemory`) and the node's shared segment
+(:mod:`mpisync.intranode`, opt-in) beat MPI by up to 1.8x here, but the segment
+ran at a quarter of MPI's speed on some runs of this (virtual) machine. So a
+:class:`~mpisync.ParamSync` measures instead of guessing: its first sync uses
+MPI, the next ones each other channel every rank can use, one sync each, and
+later ones whichever moved its bytes fastest. Each rank's broadcast time
 rides to the others in the next validation all-reduce, which yields the
 slowest rank's time on every rank, so every rank makes the same choice.
 """
 
 from __future__ import annotations
 
-__all__ = ["ChannelTrial", "MPI_CHANNEL", "SHARED_CHANNEL"]
+__all__ = ["ChannelTrial", "MPI_CHANNEL", "CROSS_CHANNEL", "SHARED_CHANNEL"]
 
 MPI_CHANNEL = "mpi"
+CROSS_CHANNEL = "cross-memory"
 SHARED_CHANNEL = "shared memory"
 
 
@@ -33,18 +35,17 @@ class ChannelTrial:
             self.rates.setdefault(channel, nbytes / slowest_us)
         self._last, self.elapsed_us = None, 0
 
-    def choose(self, shared_possible: bool) -> str:
-        """The channel for this sync: MPI, then the shared segment, then the faster of the two."""
-        if not shared_possible or MPI_CHANNEL not in self.rates:
-            return MPI_CHANNEL
-        if SHARED_CHANNEL not in self.rates:
-            return SHARED_CHANNEL
-        return max((MPI_CHANNEL, SHARED_CHANNEL), key=self.rates.__getitem__)
+    def choose(self, possible: tuple) -> str:
+        """The channel for this sync among ``possible`` (MPI first): the first one not measured yet,
+        then the fastest."""
+        for channel in possible:
+            if channel not in self.rates:
+                return channel
+        return max(possible, key=self.rates.__getitem__)
 
-    @property
-    def settled(self) -> bool:
-        """Whether both channels were measured (the choice no longer changes)."""
-        return len(self.rates) == 2
+    def settled(self, possible: tuple) -> bool:
+        """Whether every channel in ``possible`` was measured (the choice no longer changes)."""
+        return all(channel in self.rates for channel in possible)
 
     def moved(self, channel: str, nbytes: int, elapsed_s: float) -> None:
         """Note this rank's host broadcast: ``nbytes`` over ``channel`` in ``elapsed_s`` seconds."""

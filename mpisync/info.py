@@ -53,7 +53,19 @@ def collect_info() -> dict:
         },
         "timeout_aborts": _config.abort_on_timeout(),
         "shared_memory": _shared_memory_line(),
+        "cross_memory": _cross_memory_line(),
     }
+
+
+def _cross_memory_line() -> str:
+    from .crossmemory import enabled
+
+    if enabled():
+        return ("on (MPISYNC_CROSS_MEMORY=0 turns it off): a ParamSync tries process-to-process copies of "
+                "large tensors on its second sync, where every rank is on one node")
+    if enabled(True):
+        return "off (MPISYNC_CROSS_MEMORY=0)"
+    return "not available here (needs Linux process_vm_readv/process_vm_writev)"
 
 
 def _shared_memory_line() -> str:

@@ -15,8 +15,10 @@ class SyncReport:
     collective this rank issued (validation and verification included);
     ``transport`` is ``"host"``, ``"staged"``, ``"cuda-aware"`` or ``"local"``
     (no peers: only the local fan-out ran); ``channel`` says how host bytes
-    moved between ranks: ``"mpi"`` (collectives) or ``"shared memory"`` (every
-    rank on one node: a shared segment, no MPI data movement).
+    moved between ranks: ``"mpi"`` (collectives), ``"cross-memory"`` (every rank
+    on one node: large tensors copied process to process, fused buckets by MPI)
+    or ``"shared memory"`` (every rank on one node: a shared segment, no MPI
+    data movement).
     """
 
     tensors: int
@@ -44,6 +46,6 @@ class SyncReport:
             f"rank {self.rank}/{self.size}: synced {self.tensors} tensors ({self.replicas} replicas, "
             f"{self.bytes / 1e6:.3f} MB) from root {self.root} in {self.seconds * 1e3:.2f} ms "
             f"({self.gbps:.2f} GB/s) with {self.collectives} collectives, {self.fused_buckets} fused "
-            f"buckets, transport={self.transport}" + (", over shared memory" if self.channel != "mpi" else "")
+            f"buckets, transport={self.transport}" + (f", over {self.channel}" if self.channel != "mpi" else "")
             + (", verified" if self.verified else "")
         )

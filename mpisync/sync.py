@@ -13,12 +13,14 @@ import operator as _operator
 import sys as _sys
 import time as _time
 
+import numpy as _np
 from mpi4py import MPI
 
 from . import config as _config
 from .agreement import agree, diagnose
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
-from .channels import MPI_CHANNEL, SHARED_CHANNEL, ChannelTrial
+from .channels import CROSS_CHANNEL, MPI_CHANNEL, SHARED_CHANNEL, ChannelTrial
+from .crossmemory import CrossMemory
 from .intranode import SLOT_BYTES, NodeSegment, compile_chunks
 from .layout import Layout, host_layout
 from .manifest import build_manifest
@@ -72,12 +74,15 @@ class _Prepared:
     manifest: object
     layout: Layout  # this rank's runs of parameters end to end in memory
     runs: tuple  # the runs the steps send as spans: layout.runs when every rank's layout agreed, else ()
-    channel: str  # how host bytes move: steps (MPI) or chunks (the node's shared segment)
+    channel: str  # how host bytes move: steps (MPI), steps and copies (cross-memory), chunks (shared segment)
     steps: list
     chunks: list
     fused_buckets: int
     transfers: int  # host plan steps; device steps are added when they run
     device_steps: list
+    host_bytes: int
+    direct_steps: list = _dc.field(default_factory=list)  # cross-memory: the direct transfers as MPI steps
+    copies: list = _dc.field(default_factory=list)  # cross-memory: this rank's copies, bound to every rank's
 
     def matches(self, params, devices) -> bool:
         """Whether ``params`` holds exactly the arrays (and, for torch, the storage) prepared."""
@@ -125,16 +130,19 @@ class ParamSync:
         self._arena = Arena(0)
         self._prepared = None
         self._node = None  # the node's shared segment: None until tried, False if unavailable or slower
+        self._cross = None  # cross-memory copies: None until tried, False if unavailable, slower or failed
+        self._cross_memory = None  # None: MPISYNC_CROSS_MEMORY decides; tests set False
         self._trial = ChannelTrial()
         self._shared_memory = None  # None: MPISYNC_SHARED_MEMORY decides; the bench sets True
         self._closed = False
         self._broken = None
 
-    def _prefer_shared_memory(self) -> None:
-        # For the bench and tests: skip the channel trial, the node's shared segment from the
-        # first sync on where every rank can map it (as if MPISYNC_SHARED_MEMORY=1 had won).
-        self._shared_memory = True
-        self._trial.rates.update({MPI_CHANNEL: 0.0, SHARED_CHANNEL: 1.0})
+    def _prefer(self, channel: str) -> None:
+        # For the bench and tests: skip the channel trial; host bytes take ``channel`` from the first
+        # sync on where every rank can use it, else MPI (as if ``channel`` had won the trial).
+        self._trial.rates.update({c: float(c == channel) for c in (MPI_CHANNEL, CROSS_CHANNEL, SHARED_CHANNEL)})
+        if channel == SHARED_CHANNEL:
+            self._shared_memory = True  # as with MPISYNC_SHARED_MEMORY=1
 
     @property
     def buffer_bytes(self) -> int:
@@ -163,6 +171,7 @@ class ParamSync:
         self._prepared = None
         self._arena = Arena(0)
         self._node = None
+        self._cross = None
         self._device_slots = None
         self._closed = True
 
@@ -270,25 +279,39 @@ class ParamSync:
             phase = "validation exchange"
             layout = prepared.layout if prepared is not None else host_layout(manifest.host_params)
             trial = self._trial
-            same_layout, slowest_us = agree(self._comm, manifest, call, layout.digest, trial.elapsed_us)
+            same_layout, slowest_us, anyone_fresh = agree(self._comm, manifest, call, layout.digest,
+                                                          trial.elapsed_us, prepared is None)
             runs = layout.runs if same_layout else ()
             trial.record(slowest_us)
-            host_bytes = sum(p.nbytes for p in manifest.host_params)
-            channel = trial.choose(self._node is not False)
-            if channel == SHARED_CHANNEL and self._node is None and host_bytes:
-                phase = "shared-memory set-up"  # once, on the same sync on every rank
-                self._node = NodeSegment.open(self._comm, self._root, *self._segment_geometry(values), call,
-                                              self._shared_memory) or False
-                channel = trial.choose(self._node is not False)
-            if trial.settled:  # keep only the winner's buffers
+            host_bytes = prepared.host_bytes if prepared is not None else sum(p.nbytes for p in manifest.host_params)
+            channel, possible = MPI_CHANNEL, (MPI_CHANNEL,)
+            while host_bytes:  # every rank takes the same turns: the trial's inputs are agreed
+                possible = self._channels()
+                channel = trial.choose(possible)
+                if channel == SHARED_CHANNEL and self._node is None:
+                    phase = "shared-memory set-up"  # once, on the same sync on every rank
+                    self._node = NodeSegment.open(self._comm, self._root, *self._segment_geometry(values), call,
+                                                  self._shared_memory) or False
+                elif channel == CROSS_CHANNEL and self._cross is None:
+                    phase = "cross-memory set-up"
+                    self._cross = CrossMemory.open(self._comm, self._root, call, self._cross_memory) or False
+                else:
+                    break
+            if trial.settled(possible):  # keep only the winner's buffers
                 if channel == SHARED_CHANNEL and len(self._arena):
                     self._arena = Arena(0)
-                elif channel != SHARED_CHANNEL and self._node:
+                if channel != SHARED_CHANNEL and self._node:
                     self._node = False
+                if channel != CROSS_CHANNEL and self._cross:
+                    self._cross = False
             reused = prepared is not None and prepared.runs == runs and prepared.channel == channel
             if not reused:
                 prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"], layout, runs,
                                          channel)
+            if channel == CROSS_CHANNEL and (anyone_fresh or not reused):
+                # Every rank binds again when any rank's arrays may have moved: peers copy to and from them.
+                phase = "cross-memory address exchange"
+                prepared.copies = self._cross.bind(self._comm, [s.buffer[0] for s in prepared.direct_steps], call)
             if timeline is not None:
                 timeline.span("validate", t_validate, tensors=len(manifest.params), reused=reused)
             phase = "broadcast"
@@ -298,6 +321,13 @@ class ParamSync:
             started = _time.perf_counter()
             if channel == SHARED_CHANNEL:
                 self._broadcast_node(prepared.chunks, timeout, timeline)
+            elif channel == CROSS_CHANNEL:
+                ring = TrackedRing(values["max_concurrent"], timeout)
+                copied = self._broadcast(prepared.steps, ring, report, timeline,
+                                         between=lambda: self._copy_cross(prepared, timeline))
+                if prepared.direct_steps:
+                    phase = "cross-memory completion"
+                    self._finish_cross(prepared, copied, call, values, report, timeline)
             else:
                 ring = TrackedRing(values["max_concurrent"], timeout)
                 self._broadcast(prepared.steps, ring, report, timeline)
@@ -318,6 +348,42 @@ class ParamSync:
             else:
                 pending = [p.name for p in manifest.params]
             self._timed_out(phase, pending, timeout)
+
+    @staticmethod
+    def _copy_cross(prepared, timeline) -> bool:
+        """This rank's cross-memory copies (while the fused buckets' collectives are in flight)."""
+        begin = timeline.now() if timeline is not None else 0
+        copied = CrossMemory.run(prepared.copies)
+        if timeline is not None:
+            timeline.span("cross-memory", begin, transfers=len(prepared.direct_steps))
+        return copied
+
+    def _finish_cross(self, prepared, copied: bool, call, values, report, timeline) -> None:
+        """Agree that every rank's copies succeeded, then fan out; else redo them through MPI."""
+        everyone = _np.zeros(1, dtype=_np.int64)
+        # Root's masters must not change before every receiver has read them: nobody returns
+        # from the sync before this all-reduce, which every rank enters after its copies.
+        call(self._comm.Iallreduce(_np.array([int(bool(copied))], dtype=_np.int64), everyone, op=MPI.MIN))
+        if everyone[0]:
+            begin = timeline.now() if timeline is not None else 0
+            for step in prepared.direct_steps:
+                for dst, src in step.fan_out:
+                    dst[:] = src
+            if timeline is not None:
+                timeline.span("fan-out", begin, transfers=len(prepared.direct_steps))
+            logger.debug("cross-memory: %d direct transfers (%d bytes) copied process to process",
+                         len(prepared.direct_steps), sum(len(s.buffer[0]) for s in prepared.direct_steps))
+            return
+        logger.warning("rank %d: cross-memory copies failed on some rank; these transfers go through MPI "
+                       "now and later", self._comm.rank)
+        self._cross = False
+        self._broadcast(prepared.direct_steps, TrackedRing(values["max_concurrent"], values["timeout"]),
+                        report, timeline)
+
+    def _channels(self) -> tuple:
+        """The channels host bytes may take on the next sync, MPI first (the same on every rank)."""
+        return ((MPI_CHANNEL,) + ((CROSS_CHANNEL,) if self._cross is not False else ())
+                + ((SHARED_CHANNEL,) if self._node is not False else ()))
 
     @staticmethod
     def _caller(report, timeout):
@@ -390,6 +456,7 @@ class ParamSync:
         plan = self._plan(manifest.host_params, fusion, self._chunk_bytes, runs)
         receiving = self._comm.rank != self._root
         steps, chunks = [], []
+        direct_steps = []
         if channel == SHARED_CHANNEL:
             chunks = compile_chunks(plan, manifest.host_params, receiving=receiving, slots=self._node.slots,
                                     slot_bytes=self._node.slot_bytes)
@@ -398,7 +465,12 @@ class ParamSync:
             if len(self._arena) < needed:
                 self._prepared = None  # its steps point into the old arena
                 self._arena = Arena(needed)
-            steps = compile_program(manifest.host_params, plan, receiving=receiving, arena=self._arena,
+            by_mpi = plan
+            if channel == CROSS_CHANNEL:  # fused buckets by MPI, direct transfers by copies (MPI if they fail)
+                by_mpi = [t for t in plan if t.fused]
+                direct_steps = compile_program(manifest.host_params, [t for t in plan if not t.fused],
+                                               receiving=receiving, arena=self._arena, fusion_bytes=fusion)
+            steps = compile_program(manifest.host_params, by_mpi, receiving=receiving, arena=self._arena,
                                     fusion_bytes=fusion)
         device_params = manifest.device_params
         device_steps = []
@@ -411,7 +483,8 @@ class ParamSync:
                               if torch_module is not None and isinstance(v, torch_module.Tensor))
         prepared = _Prepared(values, tuple(params) if values else (), devices_key, torch_indices,
                              _torch_storage(values, torch_indices), manifest, layout, runs, channel, steps, chunks,
-                             sum(1 for t in plan if t.fused), len(plan), device_steps)
+                             sum(1 for t in plan if t.fused), len(plan), device_steps,
+                             sum(p.nbytes for p in manifest.host_params), direct_steps)
         if manifest.leaves_only:
             self._prepared = prepared
         return prepared
@@ -431,8 +504,9 @@ class ParamSync:
         if timeline is not None:
             timeline.span("broadcast", start, chunks=len(chunks), channel="shared memory")
 
-    def _broadcast(self, steps, ring, report, timeline) -> None:
-        """Post every step through ``ring``."""
+    def _broadcast(self, steps, ring, report, timeline, between=None):
+        """Post every step through ``ring``; call ``between()`` (if given) before waiting for the last
+        ones and return what it returned."""
         comm, root = self._comm, self._root
         debug = logger.isEnabledFor(_logging.DEBUG)
         start = timeline.now() if timeline is not None else 0
@@ -451,11 +525,13 @@ class ParamSync:
             else:
                 done = step.finish
             ring.push(request, done, step.label)
+        result = between() if between is not None else None
         ring.drain()
         if timeline is not None:
             timeline.span("broadcast", start, collectives=len(steps),
                           bytes=sum(len(s.buffer[0]) for s in steps))
         report.collectives += len(steps)
+        return result
 
     def _timed_out(self, phase: str, pending: list, timeout: float) -> None:
         comm = self._user_comm

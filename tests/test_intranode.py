@@ -53,6 +53,7 @@ def test_mpi_first_then_the_shared_segment_then_the_faster(comm, fusion_bytes, a
     if comm.size == 1:
         pytest.skip("no peers")
     monkeypatch.setenv("MPISYNC_SHARED_MEMORY", asked)  # on every rank
+    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")  # its turn in the trial: tests/test_crossmemory.py
     shared = _everyone(comm, intranode.enabled()) and _one_node(comm)
     before = _segments()
     params = {n: [np.zeros(s, d), np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
@@ -77,7 +78,7 @@ def test_back_to_back_syncs_reuse_slots_in_order(comm):
     shapes = {"w": ((3 * (1 << 20) + 1,), "uint8"), **{f"b{i}": ((1000,), "int32") for i in range(40)}}
     params = {n: values(n, comm.rank, s, d) for n, (s, d) in shapes.items()}
     with mpisync.ParamSync(comm, max_concurrent=4, fusion_bytes=64 << 10, timeout=30) as syncer:
-        syncer._prefer_shared_memory()  # skip the trial: the shared segment from the first sync on
+        syncer._prefer("shared memory")  # skip the trial: the shared segment from the first sync on
         for step in range(25):  # no barrier between syncs: the slot handshake alone orders them
             for name, (shape, dtype) in shapes.items():
                 params[name][...] = values(f"{name}.{step}", comm.rank, shape, dtype)
@@ -90,6 +91,7 @@ def test_one_rank_without_shared_memory_makes_every_rank_use_mpi(comm, monkeypat
     if comm.size == 1:
         pytest.skip("no peers")
     monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0" if comm.rank == comm.size - 1 else "1")
+    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
     params = {n: [np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
     with mpisync.ParamSync(comm) as syncer:
         for step in range(3):
@@ -101,13 +103,20 @@ def test_one_rank_without_shared_memory_makes_every_rank_use_mpi(comm, monkeypat
 
 def test_the_trial_keeps_the_channel_that_moved_bytes_faster():
     trial = ChannelTrial()
-    assert trial.choose(True) == "mpi"
+    every = ("mpi", "cross-memory", "shared memory")
+    assert trial.choose(every) == "mpi"
     trial.moved("mpi", 1000, 0.002)
     trial.record(2000)  # slowest rank: 2 ms
-    assert trial.choose(True) == "shared memory" and trial.choose(False) == "mpi" and not trial.settled
+    assert trial.choose(every) == "cross-memory" and trial.choose(("mpi",)) == "mpi"
+    assert trial.choose(("mpi", "shared memory")) == "shared memory" and not trial.settled(every)
+    trial.moved("cross-memory", 1000, 0.0005)
+    trial.record(4000)  # another rank was slower: its time decides
+    assert trial.choose(every) == "shared memory" and trial.settled(("mpi", "cross-memory"))
     trial.moved("shared memory", 1000, 0.0005)
-    trial.record(8000)  # another rank was slower: its time decides
-    assert trial.settled and trial.choose(True) == "mpi"
+    trial.record(1000)
+    assert trial.settled(every) and trial.choose(every) == "shared memory"
+    assert trial.choose(("mpi", "cross-memory")) == "mpi"  # the segment became unavailable
     trial.moved("mpi", 1000, 0.1)
     trial.record(100_000)  # later measurements do not reopen the choice
-    assert trial.choose(True) == "mpi" and trial.rates == {"mpi": 0.5, "shared memory": 0.125}
+    assert trial.choose(every) == "shared memory"
+    assert trial.rates == {"mpi": 0.5, "cross-memory": 0.25, "shared memory": 1.0}

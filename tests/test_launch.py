@@ -54,6 +54,7 @@ def test_info_prints_library_thread_level_and_sources(bounded_env):
     assert info["cuda_aware_mpi"] == "no" and "MPIX_" in info["cuda_aware_why"]  # the PyPI wheels are not CUDA-aware
     assert info["device_transport"].startswith("staged (")
     assert info["shared_memory"].startswith("on here" if env.get("MPISYNC_SHARED_MEMORY") == "1" else ("off", "not"))
+    assert info["cross_memory"].startswith("off" if env.get("MPISYNC_CROSS_MEMORY") == "0" else "on")
     table = subprocess.run(["mpisync", "info"], env=env, capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "fusion_bytes    = 8192       (environment" in table.stdout
 
@@ -112,7 +113,7 @@ def test_a_full_dev_shm_keeps_mpi_instead_of_crashing(bounded_env):
     probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("needs unshare --mount (root)")
-    env = dict(bounded_env, MPISYNC_SHARED_MEMORY="1")
+    env = dict(bounded_env, MPISYNC_SHARED_MEMORY="1", MPISYNC_CROSS_MEMORY="0")  # the segment's turn only
     script = (f"mount -t tmpfs -o size=5m tmpfs /dev/shm && mpiexec -n 2 {sys.executable} "
               f"{JOBS / 'small_shm.py'}")
     proc = subprocess.run(["unshare", "--mount", "sh", "-c", script], env=env, capture_output=True, text=True,

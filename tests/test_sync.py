@@ -193,6 +193,7 @@ def test_parameters_end_to_end_in_one_buffer_travel_as_one_span(comm):
     arena, params = _flat_params(comm.rank, FLAT_SHAPES, order)
     params["separate"] = values("separate", comm.rank, (300, 300), "float32")
     syncer = mpisync.ParamSync(comm, fusion_bytes=4096)
+    syncer._prefer("mpi")  # collectives carry the bytes, so each transfer is one collective
     for attempt in range(2):  # cold, then the cached steps
         for name, view in params.items():
             view[...] = values(name, comm.rank, view.shape, view.dtype)
@@ -200,11 +201,9 @@ def test_parameters_end_to_end_in_one_buffer_travel_as_one_span(comm):
         for name, view in params.items():
             assert same_bytes(view, values(name, 0, view.shape, view.dtype)), (attempt, name)
         if comm.size > 1:  # the plan: the span, then 'separate'
-            assert report.transfers == 2 and report.fused_buckets == 0
-            if attempt == 0:  # Idup + validation + the span + 'separate' + verification
-                assert report.channel == "mpi" and report.collectives == 5
-            else:  # validation + the shared-segment set-up (2) + verification (+ the plan, if MPI)
-                assert report.collectives == 4 + (2 if report.channel == "mpi" else 0)
+            assert report.transfers == 2 and report.fused_buckets == 0 and report.channel == "mpi"
+            # (Idup, first time) + validation + the span + 'separate' + verification
+            assert report.collectives == (5 if attempt == 0 else 4)
     syncer.close()
 
 

@@ -145,3 +145,16 @@ def test_compiled_bucket_fills_masters_and_every_replica_from_the_arena(vectored
     for param, (_, _, offset, n) in zip(host, plan[0].pieces):
         for replica in param.replicas:
             assert bytes(replica.data) == bytes(range(offset, offset + n))
+
+
+def test_cross_memory_byte_ranges_cut_pieces_at_the_share():
+    from mpisync.crossmemory import _byte_range
+
+    local = np.array([(100, 10), (200, 5), (300, 20)], dtype=np.int64)
+    remote = np.array([(1000, 10), (2000, 5), (3000, 20)], dtype=np.int64)
+    assert _byte_range(local, remote, 8, 17) == [(108, 1008, 2), (200, 2000, 5), (300, 3000, 2)]
+    whole = _byte_range(local, remote, 0, 35)
+    assert whole == [(100, 1000, 10), (200, 2000, 5), (300, 3000, 20)]
+    assert _byte_range(local, remote, 0, 0) == [] and _byte_range(local, remote, 35, 35) == []
+    split = _byte_range(local, remote, 0, 12) + _byte_range(local, remote, 12, 35)
+    assert sum(n for _, _, n in split) == 35  # root's share and the receiver's rest cover every byte once

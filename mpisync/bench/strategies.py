@@ -58,16 +58,19 @@ def sync_params_cold(comm, params, root):
     return run, _noop
 
 
-def paramsync(shared_memory: bool = False, **settings):
+def paramsync(channel: str | None = None, **settings):
     """Repeated ``ParamSync.sync`` (validation, plan and buffers reused), with ``settings``.
 
-    ``shared_memory=True``: host bytes through the node's shared segment from
-    the first sync on (as with ``MPISYNC_SHARED_MEMORY=1``, without the trial).
+    ``channel=None``: the syncer's own choice, timed after its channel trial
+    (see :mod:`mpisync.channels`); else host bytes take ``channel`` ("mpi",
+    "cross-memory", "shared memory") from the first sync on, where every rank can.
     """
     def factory(comm, params, root):
         syncer = mpisync.ParamSync(comm, root=root, **settings)
-        if shared_memory:
-            syncer._prefer_shared_memory()
+        if channel is not None:
+            syncer._prefer(channel)
+        for _ in range(3 if channel is None else 0):  # untimed: MPI, cross-memory, then the winner
+            syncer.sync(params)
 
         def run():
             run.channel = syncer.sync(params).channel  # which channel the syncer settled on
@@ -156,8 +159,9 @@ STRATEGIES = {
     "Ibcast ring": None,  # filled with the default capacity at run time
     "sync_params cold": sync_params_cold,
     "ParamSync": paramsync(),
+    "ParamSync, MPI only": paramsync("mpi"),
     "ParamSync, one buffer": paramsync_one_buffer,
-    "ParamSync, shared memory": paramsync(shared_memory=True),
+    "ParamSync, shared memory": paramsync("shared memory"),
     "flat Bcast (ideal)": flat_buffer,
     "torch gloo DDP": torch_gloo_ddp,
 }

@@ -27,7 +27,7 @@ victim = 0 if kind == "kill-root" else 1
 syncer = mpisync.ParamSync(comm, root=0, timeout=float(os.environ.get("FAULT_TIMEOUT", "5")))
 shared = os.environ.get("FAULT_SHARED") == "1"
 if shared:  # the node's shared segment from sync 1 (as the bench's "ParamSync, shared memory" does)
-    syncer._prefer_shared_memory()
+    syncer._prefer("shared memory")
 
 
 def strike():
