@@ -131,7 +131,7 @@ class ParamSync:
         self._prepared = None
         self._node = None  # the node's shared segment: None until tried, False if unavailable or slower
         self._cross = None  # cross-memory copies: None until tried, False if unavailable, slower or failed
-        self._cross_memory = None  # None: MPISYNC_CROSS_MEMORY decides; tests set False
+        self._cross_memory = None  # None: MPISYNC_CROSS_MEMORY decides
         self._trial = ChannelTrial()
         self._shared_memory = None  # None: MPISYNC_SHARED_MEMORY decides; the bench sets True
         self._closed = False
@@ -297,7 +297,7 @@ class ParamSync:
                     self._cross = CrossMemory.open(self._comm, self._root, call, self._cross_memory) or False
                 else:
                     break
-            if trial.settled(possible):  # keep only the winner's buffers
+            if host_bytes and trial.settled(possible):  # keep only the winner's buffers
                 if channel == SHARED_CHANNEL and len(self._arena):
                     self._arena = Arena(0)
                 if channel != SHARED_CHANNEL and self._node:
@@ -326,7 +326,7 @@ class ParamSync:
                 copied = self._broadcast(prepared.steps, ring, report, timeline,
                                          between=lambda: self._copy_cross(prepared, timeline))
                 if prepared.direct_steps:
-                    phase = "cross-memory completion"
+                    phase = "cross-memory copies"
                     self._finish_cross(prepared, copied, call, values, report, timeline)
             else:
                 ring = TrackedRing(values["max_concurrent"], timeout)

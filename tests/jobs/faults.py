@@ -26,8 +26,11 @@ if os.environ.get("FAULT_DEVICE") == "1":  # the same, as (simulated) device buf
 victim = 0 if kind == "kill-root" else 1
 syncer = mpisync.ParamSync(comm, root=0, timeout=float(os.environ.get("FAULT_TIMEOUT", "5")))
 shared = os.environ.get("FAULT_SHARED") == "1"
+cross = os.environ.get("FAULT_CROSS") == "1"
 if shared:  # the node's shared segment from sync 1 (as the bench's "ParamSync, shared memory" does)
     syncer._prefer("shared memory")
+elif cross:  # cross-memory copies from sync 1
+    syncer._prefer("cross-memory")
 
 
 def strike():
@@ -47,6 +50,19 @@ if comm.rank == victim and kind == "stall" and shared:  # stop inside the broadc
             os.kill(os.getpid(), signal.SIGSTOP)
 
     intranode.Chunk.read = read_then_stop
+elif comm.rank == victim and kind == "stall" and cross:  # stop right after this rank's copies of sync 3
+    from mpisync import crossmemory
+
+    run, runs = crossmemory.CrossMemory.run, []
+
+    def run_then_stop(copies):
+        done = run(copies)
+        runs.append(1)
+        if len(runs) == 3:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return done
+
+    crossmemory.CrossMemory.run = staticmethod(run_then_stop)
 elif comm.rank == victim and kind != "raise-between":
     threading.Thread(target=strike, daemon=True).start()
 for n in range(1, 1000):
