@@ -1,22 +1,23 @@
-"""Large host tensors between the ranks of one node by cross-memory attach, both sides copying.
+"""Host tensors between the ranks of one node by cross-memory attach, both sides copying.
 
 MPI's single-copy path between processes (CMA, ``process_vm_readv``) is run by
 the receiver alone; on memory in 4 KiB pages (tensors allocated one by one) it
 pins and copies page by page at about half the speed it reaches on the huge
 pages of one large allocation. Here root writes the first share of every
-receiver's bytes (``process_vm_writev``) while each receiver reads the rest
-(``process_vm_readv``), straight from tensor to tensor: two cores share the
-work. At 2 ranks here a repeated sync of ResNet-50's parameters ran at
-0.8-1.0 of one flat ``Bcast`` of the same bytes this way, against 0.5-0.6
-through MPI. Fused buckets of small tensors still travel by MPI.
+receiver's large tensors (``process_vm_writev``) while each receiver reads the
+rest (``process_vm_readv``), straight from tensor to tensor: two cores share
+the work. Small tensors (the plan's fused ones) are read by the receivers
+alone, a run of them at a time: root's gaps between them (allocator headers,
+under a page) land in a scratch page, so one remote range covers many tensors.
+No packing, no MPI data movement; one all-reduce ends the sync.
 
 Writing into another process needs care, so: a rank copies to or from a peer
 only after reading back, at the address that peer published, the random token
 it published (a pid from another PID namespace or node is never written to);
 addresses are exchanged again whenever any rank rebuilt its steps, and the
 compiled steps hold the arrays, so their memory does not move in between; a
-failed or short copy on any rank makes every rank redo those transfers through
-MPI in the same sync (see :mod:`mpisync.sync`) and keep MPI afterwards.
+failed or short copy on any rank makes every rank redo the sync's transfers
+through MPI (see :mod:`mpisync.sync`) and keep MPI afterwards.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from mpi4py import MPI
 __all__ = ["CrossMemory", "enabled"]
 
 _BATCH = 1024  # IOV_MAX on Linux: the most iovecs one call takes on either side
+_PAGE = 4096
 
 
 class _Iovec(_ctypes.Structure):
@@ -66,14 +68,42 @@ def enabled(requested: bool | None = None) -> bool:
 
 
 def _batches(call, pid: int, pairs: list) -> list:
-    """``(call, pid, local iovecs, remote iovecs, count, bytes)`` for ``(local, remote, nbytes)`` pairs."""
+    """``(call, pid, local iovecs, local count, remote iovecs, remote count, bytes)`` for
+    ``(local, remote, nbytes)`` pairs, at most ``_BATCH`` on each side per call; pairs whose
+    remote bytes follow each other share one remote iovec (a region read in one piece)."""
     out = []
     for start in range(0, len(pairs), _BATCH):
         group = pairs[start:start + _BATCH]
-        local = (_Iovec * len(group))(*[(a, n) for a, _, n in group])
-        remote = (_Iovec * len(group))(*[(b, n) for _, b, n in group])
-        out.append((call, pid, local, remote, len(group), sum(n for _, _, n in group)))
+        remote = []
+        for _, there, n in group:
+            if remote and remote[-1][0] + remote[-1][1] == there:
+                remote[-1][1] += n
+            else:
+                remote.append([there, n])
+        local = (_Iovec * len(group))(*[(here, n) for here, _, n in group])
+        out.append((call, pid, local, len(group), (_Iovec * len(remote))(*map(tuple, remote)), len(remote),
+                    sum(n for _, _, n in group)))
     return out
+
+
+def _regions(local: _np.ndarray, remote: _np.ndarray, scratch: int) -> list:
+    """``(local, remote, nbytes)`` pairs reading every piece, in remote address order, with the gaps
+    under a page between remote pieces read into ``scratch`` (a page): the remote side of a run
+    of small tensors then becomes one region, pinned page by page once instead of tensor by tensor.
+
+    A gap shorter than a page lies in pages that hold bytes of the pieces around it, so it is
+    mapped; it is only read, and only into ``scratch``.
+    """
+    pairs, end = [], None
+    for i in sorted(range(len(remote)), key=lambda i: remote[i, 0]):
+        there, nbytes = int(remote[i, 0]), int(remote[i, 1])
+        if not nbytes:
+            continue
+        if end is not None and 0 < there - end < _PAGE:
+            pairs.append((scratch, end, there - end))
+        pairs.append((int(local[i, 0]), there, nbytes))
+        end = there + nbytes
+    return pairs
 
 
 def _byte_range(local: _np.ndarray, remote: _np.ndarray, start: int, stop: int) -> list:
@@ -93,6 +123,7 @@ class CrossMemory:
 
     def __init__(self, pids: list, rank: int, root: int):
         self.pids, self.rank, self.root = pids, rank, root
+        self._scratch = _np.empty(_PAGE, dtype=_np.uint8)  # where the gaps between root's small tensors land
 
     @classmethod
     def open(cls, comm, root: int, call, requested: bool | None = None) -> CrossMemory | None:
@@ -114,9 +145,8 @@ class CrossMemory:
         for peer in peers if ok else ():
             probe[:] = 0
             pairs = [(probe.ctypes.data, int(table[peer, 1]), 16)]
-            for read, pid, local, remote, count, nbytes in _batches(_CALLS[0], int(table[peer, 0]), pairs):
-                if read(pid, _ctypes.addressof(local), count, _ctypes.addressof(remote), count, 0) != nbytes:
-                    ok = False
+            if not cls.run(_batches(_CALLS[0], int(table[peer, 0]), pairs)):
+                ok = False
             if not ok or not _np.array_equal(probe, table[peer, 2:4]):  # another process under that pid
                 ok = False
                 break
@@ -125,15 +155,20 @@ class CrossMemory:
         call(comm.Iallreduce(_np.array([int(ok)], dtype=_np.int64), everyone, op=MPI.MIN))
         return cls(table[:, 0].tolist(), rank, root) if everyone[0] else None
 
-    def bind(self, comm, buffers: list, call) -> list:
-        """This rank's copies for the direct transfers ``buffers`` (plan order, same count on every rank).
+    def bind(self, comm, direct: list, small: list, call) -> list:
+        """This rank's copies for the plan's direct transfers ``direct`` and the masters of its fused
+        tensors ``small`` (byte buffers, plan order, the same counts on every rank).
 
         Collective (one all-gather of addresses, skipped when there is nothing
-        to move). Root writes bytes ``[0, share)`` of each receiver's transfers
-        (``share`` = 0.8 x total / size), each receiver reads the rest. Returns ``[]`` for nothing to
-        copy and ``None`` when the ranks' sizes differ (then nothing is copied).
+        to move). Root writes bytes ``[0, share)`` of each receiver's direct
+        transfers; each receiver reads the rest of them, and every small tensor
+        from root's runs of small tensors (see :func:`_regions`): writing into
+        a peer needs one iovec per tensor, pinned on its own, which is slow for
+        small ones. Returns ``None`` when the ranks' sizes differ (then nothing
+        is copied).
         """
         size, rank, root = len(self.pids), self.rank, self.root
+        buffers = list(direct) + list(small)
         if not buffers:
             return []
         mine = _np.array([(MPI.Get_address(b), len(b)) for b in buffers], dtype=_np.int64)
@@ -141,22 +176,25 @@ class CrossMemory:
         call(comm.Iallgather(mine, table))
         if not (table[:, :, 1] == mine[:, 1]).all():
             return None
-        total = int(mine[:, 1].sum())
-        # An even split (total / size) leaves root, which also packs the buckets, last to finish;
-        # 0.8 of it balanced the two sides best at 2 ranks here (0.3-0.6 x total tried).
-        share = 4 * total // (5 * size)
+        d = len(direct)
+        total = int(mine[:d, 1].sum())
+        # An even split leaves root last to finish; 0.8 of it balanced the two sides best at
+        # 2 ranks here (root shares of 0.3-0.6 tried on ResNet-50 and GPT-2 shapes).
+        share = min(total, 4 * int(mine[:, 1].sum()) // (5 * size))
         read, write = _CALLS
         if rank == root:
             return [batch for peer in range(size) if peer != root
-                    for batch in _batches(write, self.pids[peer], _byte_range(mine, table[peer], 0, share))]
-        return _batches(read, self.pids[root], _byte_range(mine, table[root], share, total))
+                    for batch in _batches(write, self.pids[peer], _byte_range(mine[:d], table[peer, :d], 0, share))]
+        pairs = _byte_range(mine[:d], table[root, :d], share, total)
+        pairs += _regions(mine[d:], table[root, d:], self._scratch.ctypes.data)
+        return _batches(read, self.pids[root], pairs)
 
     @staticmethod
     def run(copies: list) -> bool:
         """Carry out ``copies`` (from :meth:`bind`); False when any copy failed or fell short."""
         if copies is None:
             return False
-        for call, pid, local, remote, count, nbytes in copies:
-            if call(pid, _ctypes.addressof(local), count, _ctypes.addressof(remote), count, 0) != nbytes:
+        for call, pid, local, nlocal, remote, nremote, nbytes in copies:
+            if call(pid, _ctypes.addressof(local), nlocal, _ctypes.addressof(remote), nremote, 0) != nbytes:
                 return False
         return True

@@ -61,8 +61,8 @@ def _cross_memory_line() -> str:
     from .crossmemory import enabled
 
     if enabled():
-        return ("on (MPISYNC_CROSS_MEMORY=0 turns it off): a ParamSync tries process-to-process copies of "
-                "large tensors on its second sync, where every rank is on one node")
+        return ("on (MPISYNC_CROSS_MEMORY=0 turns it off): a ParamSync tries process-to-process copies "
+                "on its third and fourth syncs, where every rank is on one node")
     if enabled(True):
         return "off (MPISYNC_CROSS_MEMORY=0)"
     return "not available here (needs Linux process_vm_readv/process_vm_writev)"
@@ -72,7 +72,8 @@ def _shared_memory_line() -> str:
     from .intranode import enabled
 
     if enabled():
-        return "on here (MPISYNC_SHARED_MEMORY=1): a ParamSync tries the node's shared segment on its second sync"
+        return ("on here (MPISYNC_SHARED_MEMORY=1): a ParamSync tries the node's shared segment after MPI "
+                "and cross-memory copies, two syncs each")
     if enabled(True):
         return "off (opt-in: MPISYNC_SHARED_MEMORY=1)"
     return "not available here (needs x86-64, /dev/shm, preadv/pwritev)"

@@ -27,7 +27,7 @@ from .manifest import build_manifest
 from .observe import configure_logging, logger, timeline_for
 from .plan import DEFAULT_CHUNK_BYTES, build_plan
 from .arena import Arena
-from .program import arena_slots, compile_program
+from .program import arena_slots, compile_program, transfer_buffer
 from .report import SyncReport
 from .ring import Expired, TrackedRing, wait_request
 from .staged import DEFAULT_DEVICE_CHUNK_BYTES, DeviceSlots, compile_device_steps, device_to_host, run_device_steps
@@ -81,7 +81,7 @@ class _Prepared:
     transfers: int  # host plan steps; device steps are added when they run
     device_steps: list
     host_bytes: int
-    direct_steps: list = _dc.field(default_factory=list)  # cross-memory: the direct transfers as MPI steps
+    cross: tuple = ()  # cross-memory: (direct transfer buffers, fused tensors' masters, fan-out pairs)
     copies: list = _dc.field(default_factory=list)  # cross-memory: this rank's copies, bound to every rank's
 
     def matches(self, params, devices) -> bool:
@@ -311,7 +311,7 @@ class ParamSync:
             if channel == CROSS_CHANNEL and (anyone_fresh or not reused):
                 # Every rank binds again when any rank's arrays may have moved: peers copy to and from them.
                 phase = "cross-memory address exchange"
-                prepared.copies = self._cross.bind(self._comm, [s.buffer[0] for s in prepared.direct_steps], call)
+                prepared.copies = self._cross.bind(self._comm, *prepared.cross[:2], call)
             if timeline is not None:
                 timeline.span("validate", t_validate, tensors=len(manifest.params), reused=reused)
             phase = "broadcast"
@@ -322,12 +322,8 @@ class ParamSync:
             if channel == SHARED_CHANNEL:
                 self._broadcast_node(prepared.chunks, timeout, timeline)
             elif channel == CROSS_CHANNEL:
-                ring = TrackedRing(values["max_concurrent"], timeout)
-                copied = self._broadcast(prepared.steps, ring, report, timeline,
-                                         between=lambda: self._copy_cross(prepared, timeline))
-                if prepared.direct_steps:
-                    phase = "cross-memory copies"
-                    self._finish_cross(prepared, copied, call, values, report, timeline)
+                phase = "cross-memory copies"
+                self._broadcast_cross(prepared, call, values, report, timeline)
             else:
                 ring = TrackedRing(values["max_concurrent"], timeout)
                 self._broadcast(prepared.steps, ring, report, timeline)
@@ -349,36 +345,30 @@ class ParamSync:
                 pending = [p.name for p in manifest.params]
             self._timed_out(phase, pending, timeout)
 
-    @staticmethod
-    def _copy_cross(prepared, timeline) -> bool:
-        """This rank's cross-memory copies (while the fused buckets' collectives are in flight)."""
+    def _broadcast_cross(self, prepared, call, values, report, timeline) -> None:
+        """Run this rank's cross-memory copies, agree that every rank's succeeded, then fan out;
+        else every rank redoes the whole host plan through MPI."""
         begin = timeline.now() if timeline is not None else 0
         copied = CrossMemory.run(prepared.copies)
         if timeline is not None:
-            timeline.span("cross-memory", begin, transfers=len(prepared.direct_steps))
-        return copied
-
-    def _finish_cross(self, prepared, copied: bool, call, values, report, timeline) -> None:
-        """Agree that every rank's copies succeeded, then fan out; else redo them through MPI."""
+            timeline.span("cross-memory", begin, tensors=len(prepared.cross[0]) + len(prepared.cross[1]))
         everyone = _np.zeros(1, dtype=_np.int64)
-        # Root's masters must not change before every receiver has read them: nobody returns
-        # from the sync before this all-reduce, which every rank enters after its copies.
+        # Root's masters must not change before every receiver has read them, nor a receiver's
+        # before root has written them: nobody leaves the sync before this all-reduce.
         call(self._comm.Iallreduce(_np.array([int(bool(copied))], dtype=_np.int64), everyone, op=MPI.MIN))
         if everyone[0]:
             begin = timeline.now() if timeline is not None else 0
-            for step in prepared.direct_steps:
-                for dst, src in step.fan_out:
-                    dst[:] = src
+            for dst, src in prepared.cross[2]:
+                dst[:] = src
             if timeline is not None:
-                timeline.span("fan-out", begin, transfers=len(prepared.direct_steps))
-            logger.debug("cross-memory: %d direct transfers (%d bytes) copied process to process",
-                         len(prepared.direct_steps), sum(len(s.buffer[0]) for s in prepared.direct_steps))
+                timeline.span("fan-out", begin, copies=len(prepared.cross[2]))
+            logger.debug("cross-memory: %d direct transfers and %d small tensors copied process to process",
+                         len(prepared.cross[0]), len(prepared.cross[1]))
             return
-        logger.warning("rank %d: cross-memory copies failed on some rank; these transfers go through MPI "
-                       "now and later", self._comm.rank)
+        logger.warning("rank %d: cross-memory copies failed on some rank; every rank redoes them through MPI "
+                       "now and keeps MPI", self._comm.rank)
         self._cross = False
-        self._broadcast(prepared.direct_steps, TrackedRing(values["max_concurrent"], values["timeout"]),
-                        report, timeline)
+        self._broadcast(prepared.steps, TrackedRing(values["max_concurrent"], values["timeout"]), report, timeline)
 
     def _channels(self) -> tuple:
         """The channels host bytes may take on the next sync, MPI first (the same on every rank)."""
@@ -456,7 +446,7 @@ class ParamSync:
         plan = self._plan(manifest.host_params, fusion, self._chunk_bytes, runs)
         receiving = self._comm.rank != self._root
         steps, chunks = [], []
-        direct_steps = []
+        cross = ()
         if channel == SHARED_CHANNEL:
             chunks = compile_chunks(plan, manifest.host_params, receiving=receiving, slots=self._node.slots,
                                     slot_bytes=self._node.slot_bytes)
@@ -465,13 +455,13 @@ class ParamSync:
             if len(self._arena) < needed:
                 self._prepared = None  # its steps point into the old arena
                 self._arena = Arena(needed)
-            by_mpi = plan
-            if channel == CROSS_CHANNEL:  # fused buckets by MPI, direct transfers by copies (MPI if they fail)
-                by_mpi = [t for t in plan if t.fused]
-                direct_steps = compile_program(manifest.host_params, [t for t in plan if not t.fused],
-                                               receiving=receiving, arena=self._arena, fusion_bytes=fusion)
-            steps = compile_program(manifest.host_params, by_mpi, receiving=receiving, arena=self._arena,
-                                    fusion_bytes=fusion)
+            steps = compile_program(manifest.host_params, plan, receiving=receiving, arena=self._arena,
+                                    fusion_bytes=fusion)  # with cross-memory copies: run only if they fail
+            if channel == CROSS_CHANNEL:
+                host = manifest.host_params
+                cross = ([transfer_buffer(host, t) for t in plan if not t.fused],
+                         [host[i].master.data for t in plan if t.fused for i, _, _, _ in t.pieces],
+                         [(r.data, p.master.data) for p in host for r in p.replicas[1:]])
         device_params = manifest.device_params
         device_steps = []
         if device_params:
@@ -484,7 +474,7 @@ class ParamSync:
         prepared = _Prepared(values, tuple(params) if values else (), devices_key, torch_indices,
                              _torch_storage(values, torch_indices), manifest, layout, runs, channel, steps, chunks,
                              sum(1 for t in plan if t.fused), len(plan), device_steps,
-                             sum(p.nbytes for p in manifest.host_params), direct_steps)
+                             sum(p.nbytes for p in manifest.host_params), cross)
         if manifest.leaves_only:
             self._prepared = prepared
         return prepared
@@ -504,9 +494,8 @@ class ParamSync:
         if timeline is not None:
             timeline.span("broadcast", start, chunks=len(chunks), channel="shared memory")
 
-    def _broadcast(self, steps, ring, report, timeline, between=None):
-        """Post every step through ``ring``; call ``between()`` (if given) before waiting for the last
-        ones and return what it returned."""
+    def _broadcast(self, steps, ring, report, timeline) -> None:
+        """Post every step through ``ring``."""
         comm, root = self._comm, self._root
         debug = logger.isEnabledFor(_logging.DEBUG)
         start = timeline.now() if timeline is not None else 0
@@ -525,13 +514,11 @@ class ParamSync:
             else:
                 done = step.finish
             ring.push(request, done, step.label)
-        result = between() if between is not None else None
         ring.drain()
         if timeline is not None:
             timeline.span("broadcast", start, collectives=len(steps),
                           bytes=sum(len(s.buffer[0]) for s in steps))
         report.collectives += len(steps)
-        return result
 
     def _timed_out(self, phase: str, pending: list, timeout: float) -> None:
         comm = self._user_comm

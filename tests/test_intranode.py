@@ -59,7 +59,7 @@ def test_mpi_first_then_the_shared_segment_then_the_faster(comm, fusion_bytes, a
     params = {n: [np.zeros(s, d), np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
     channels = []
     with mpisync.ParamSync(comm, fusion_bytes=fusion_bytes) as syncer:
-        for step in range(4):
+        for step in range(6):
             _fill(params, comm, step)
             report = syncer.sync(params, verify=True)
             channels.append(report.channel)
@@ -67,8 +67,9 @@ def test_mpi_first_then_the_shared_segment_then_the_faster(comm, fusion_bytes, a
                 for replica in params[name]:
                     assert same_bytes(replica, values(f"{name}.{step}", 0, shape, dtype)), (step, name)
         assert syncer.buffer_bytes <= 16 * fusion_bytes + (64 << 10)  # only the winner's buffers stay
-    assert channels[:2] == ["mpi", "shared memory" if shared else "mpi"]
-    assert channels[2] == channels[3] and channels[2] in channels[:2]
+    second = "shared memory" if shared else "mpi"
+    assert channels[:4] == ["mpi", "mpi", second, second]  # two syncs each: set-up, then timed
+    assert channels[4] == channels[5] and channels[4] in channels[:4]
     assert _segments() <= before  # the file is unlinked as soon as every rank mapped it
 
 
@@ -104,19 +105,24 @@ def test_one_rank_without_shared_memory_makes_every_rank_use_mpi(comm, monkeypat
 def test_the_trial_keeps_the_channel_that_moved_bytes_faster():
     trial = ChannelTrial()
     every = ("mpi", "cross-memory", "shared memory")
-    assert trial.choose(every) == "mpi"
-    trial.moved("mpi", 1000, 0.002)
-    trial.record(2000)  # slowest rank: 2 ms
-    assert trial.choose(every) == "cross-memory" and trial.choose(("mpi",)) == "mpi"
-    assert trial.choose(("mpi", "shared memory")) == "shared memory" and not trial.settled(every)
-    trial.moved("cross-memory", 1000, 0.0005)
-    trial.record(4000)  # another rank was slower: its time decides
-    assert trial.choose(every) == "shared memory" and trial.settled(("mpi", "cross-memory"))
-    trial.moved("shared memory", 1000, 0.0005)
-    trial.record(1000)
+
+    def sync(channel, nbytes, seconds, slowest_us):  # one sync on ``channel``, then the next validation
+        assert trial.choose(every) == channel
+        trial.moved(channel, nbytes, seconds)
+        trial.record(slowest_us)
+
+    sync("mpi", 1000, 0.030, 30_000)  # a channel's first sync is not timed: set-up skews it
+    assert trial.rates == {}
+    sync("mpi", 1000, 0.002, 2000)  # slowest rank: 2 ms
+    assert trial.choose(("mpi",)) == "mpi" and trial.choose(("mpi", "shared memory")) == "shared memory"
+    assert not trial.settled(every)
+    sync("cross-memory", 1000, 0.050, 50_000)
+    sync("cross-memory", 1000, 0.0005, 4000)  # another rank was slower: its time decides
+    assert trial.settled(("mpi", "cross-memory")) and not trial.settled(every)
+    sync("shared memory", 1000, 0.0005, 500)
+    sync("shared memory", 1000, 0.0005, 1000)
     assert trial.settled(every) and trial.choose(every) == "shared memory"
     assert trial.choose(("mpi", "cross-memory")) == "mpi"  # the segment became unavailable
-    trial.moved("mpi", 1000, 0.1)
-    trial.record(100_000)  # later measurements do not reopen the choice
+    sync("shared memory", 1000, 0.1, 100_000)  # later measurements do not reopen the choice
     assert trial.choose(every) == "shared memory"
     assert trial.rates == {"mpi": 0.5, "cross-memory": 0.25, "shared memory": 1.0}
