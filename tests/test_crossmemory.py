@@ -135,3 +135,22 @@ def test_failed_copies_on_one_rank_are_redone_through_mpi_on_every_rank(comm, mo
         _fill(params, comm, 2)
         assert syncer.sync(params).channel == "mpi"  # and every later sync keeps MPI
         _check(params, 0, 2)
+
+
+def test_thousands_of_small_tensors_in_runs_of_root_memory(comm):
+    # More small tensors than one system call takes (1024 iovecs a side), with allocator gaps
+    # between them on root, read a run at a time; a second replica each for the fan-out.
+    if comm.size == 1:
+        pytest.skip("no peers")
+    shapes = {f"t{i:04d}": ((i % 13 + 1,), "int16") for i in range(3000)}
+    params = {n: [np.zeros(s, d), np.zeros(s, d)] for n, (s, d) in shapes.items()}
+    with mpisync.ParamSync(comm) as syncer:
+        syncer._prefer("cross-memory")
+        for step in range(2):
+            for name, (shape, dtype) in shapes.items():
+                params[name][0][...] = values(f"{name}.{step}", comm.rank, shape, dtype)
+            report = syncer.sync(params)
+            for name, (shape, dtype) in shapes.items():
+                for replica in params[name]:
+                    assert same_bytes(replica, values(f"{name}.{step}", 0, shape, dtype)), (step, name)
+            assert report.channel == comm.bcast(report.channel, 0)
