@@ -52,20 +52,22 @@ def allgather_bytes(comm, payload: bytes, call) -> list:
     return [recv[d : d + n].tobytes() for d, n in zip(displs.tolist(), lengths.tolist())]
 
 
-def agree(comm, manifest, call, layout: bytes = bytes(8), timing: int = 0, fresh: bool = False) -> tuple:
+def agree(comm, manifest, call, layout: bytes = bytes(8), timings: tuple = (0,), fresh: bool = False) -> tuple:
     """Raise the same error on every rank if any rank's manifest is bad or differs; else return
-    ``(layouts equal, max timing, any fresh)``: whether every rank passed the same 8-byte ``layout``
-    digest, the largest ``timing`` of any rank, and whether any rank passed ``fresh``. All ride in
-    the same all-reduce.
+    ``(layouts equal, max timings, any fresh)``: whether every rank passed the same 8-byte ``layout``
+    digest, the largest of each of ``timings`` over the ranks (a tuple), and whether any rank passed
+    ``fresh``. All ride in the same all-reduce.
 
     ``call(request)`` waits for one request; it enforces the timeout.
     """
     flag = 1 if manifest.errors else 0
+    n = len(timings)
     words = _np.concatenate([[flag], _np.frombuffer(manifest.digest(), dtype=_np.int64),
-                             _np.frombuffer(layout, dtype=_np.int64), [timing, int(fresh)]])
+                             _np.frombuffer(layout, dtype=_np.int64), list(timings), [int(fresh)]])
     high, low = max_and_min(comm, words, call)
-    if high[0] == 0 and _np.array_equal(high[:-3], low[:-3]):
-        return bool(high[-3] == low[-3]), int(high[-2]), bool(high[-1])
+    checked = -(n + 2)  # the flag and the manifest digest must match; the rest are reported
+    if high[0] == 0 and _np.array_equal(high[:checked], low[:checked]):
+        return bool(high[checked] == low[checked]), tuple(int(t) for t in high[-(n + 1):-1]), bool(high[-1])
     docs = [_json.loads(raw) for raw in allgather_bytes(comm, manifest.encode(), call)]
     raise diagnose(docs)
 

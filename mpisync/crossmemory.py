@@ -31,10 +31,10 @@ import sys as _sys
 import numpy as _np
 from mpi4py import MPI
 
-__all__ = ["CrossMemory", "enabled"]
+__all__ = ["Copies", "CrossMemory", "enabled"]
 
 _BATCH = 1024  # IOV_MAX on Linux: the most iovecs one call takes on either side
-_PAGE = 4096
+_PAGE = 4096  # the smallest page size: a shorter gap never spans an unmapped page
 
 
 class _Iovec(_ctypes.Structure):
@@ -124,6 +124,8 @@ class CrossMemory:
     def __init__(self, pids: list, rank: int, root: int):
         self.pids, self.rank, self.root = pids, rank, root
         self._scratch = _np.empty(_PAGE, dtype=_np.uint8)  # where the gaps between root's small tensors land
+        self.fraction = None  # the part of each receiver's large-tensor bytes root writes; None: not chosen yet
+        self.last = (0, 0)  # (direct bytes, all bytes) of the last sync's copies: the same on every rank
 
     @classmethod
     def open(cls, comm, root: int, call, requested: bool | None = None) -> CrossMemory | None:
@@ -145,7 +147,7 @@ class CrossMemory:
         for peer in peers if ok else ():
             probe[:] = 0
             pairs = [(probe.ctypes.data, int(table[peer, 1]), 16)]
-            if not cls.run(_batches(_CALLS[0], int(table[peer, 0]), pairs)):
+            if not Copies.run_batches(_batches(_CALLS[0], int(table[peer, 0]), pairs)):
                 ok = False
             if not ok or not _np.array_equal(probe, table[peer, 2:4]):  # another process under that pid
                 ok = False
@@ -155,46 +157,96 @@ class CrossMemory:
         call(comm.Iallreduce(_np.array([int(ok)], dtype=_np.int64), everyone, op=MPI.MIN))
         return cls(table[:, 0].tolist(), rank, root) if everyone[0] else None
 
-    def bind(self, comm, direct: list, small: list, call) -> list:
+    def bind(self, comm, direct: list, small: list, call) -> Copies:
         """This rank's copies for the plan's direct transfers ``direct`` and the masters of its fused
         tensors ``small`` (byte buffers, plan order, the same counts on every rank).
 
         Collective (one all-gather of addresses, skipped when there is nothing
-        to move). Root writes bytes ``[0, share)`` of each receiver's direct
-        transfers; each receiver reads the rest of them, and every small tensor
-        from root's runs of small tensors (see :func:`_regions`): writing into
-        a peer needs one iovec per tensor, pinned on its own, which is slow for
-        small ones. Returns ``None`` when the ranks' sizes differ (then nothing
-        is copied).
+        to move). Root writes the first :attr:`fraction` of each receiver's
+        direct transfers; each receiver reads the rest of them, and every small
+        tensor, from root's runs of small tensors (see :func:`_regions`):
+        writing into a peer takes one iovec per tensor, pinned on its own,
+        which is slow for small ones.
         """
-        size, rank, root = len(self.pids), self.rank, self.root
         buffers = list(direct) + list(small)
         if not buffers:
-            return []
+            return Copies(self, None, None, 0, [])  # nothing to move
+        size = len(self.pids)
         mine = _np.array([(MPI.Get_address(b), len(b)) for b in buffers], dtype=_np.int64)
         table = _np.empty((size,) + mine.shape, dtype=_np.int64)
         call(comm.Iallgather(mine, table))
         if not (table[:, :, 1] == mine[:, 1]).all():
-            return None
+            return Copies(self, None, None, 0, None)  # fails when run
         d = len(direct)
-        total = int(mine[:d, 1].sum())
-        # An even split leaves root last to finish; 0.8 of it balanced the two sides best at
-        # 2 ranks here (root shares of 0.3-0.6 tried on ResNet-50 and GPT-2 shapes).
-        share = min(total, 4 * int(mine[:, 1].sum()) // (5 * size))
+        if self.fraction is None:
+            # An even split leaves root last to finish at first; 0.8 of it was the best fixed share on
+            # ResNet-50 at 2 ranks here. :meth:`rebalance` then follows the measured copy times.
+            total = int(mine[:d, 1].sum())
+            self.fraction = min(1.0, 0.8 * int(mine[:, 1].sum()) / (size * total)) if total else 0.0
+        regions = [] if self.rank == self.root else _regions(mine[d:], table[self.root, d:], self._scratch.ctypes.data)
+        return Copies(self, mine[:d], table[:, :d], int(mine[d:, 1].sum()), regions)
+
+    def rebalance(self, root_us: int, receiver_us: int) -> bool:
+        """Move :attr:`fraction` towards equal copy times from the last sync's ``root_us`` (root's copies)
+        and ``receiver_us`` (the slowest receiver's), agreed by every rank; True when it changed.
+
+        Every rank computes the same value from the same agreed numbers, so the split stays the same
+        on every rank; half the way each time, so one noisy sync does not swing it.
+        """
+        size, x = len(self.pids), self.fraction
+        direct, everything = self.last
+        if x is None or not direct or root_us <= 0 or receiver_us <= 0:
+            return False
+        rest = everything - x * direct  # bytes each receiver copied itself
+        pushed = (size - 1) * x * direct  # bytes root copied
+        if pushed <= 0 or rest <= 0:
+            return False
+        push_us, pull_us = root_us / pushed, receiver_us / rest  # per byte
+        balanced = (everything * pull_us) / (direct * ((size - 1) * push_us + pull_us))
+        target = min(0.95, max(0.05, x + (balanced - x) / 2))
+        if abs(target - x) < 0.02:
+            return False
+        self.fraction = target
+        return True
+
+
+class Copies:
+    """One rank's copies for one set of arrays, bound to every rank's addresses; :meth:`split` redoes
+    the direct part for the current :attr:`CrossMemory.fraction` without talking to the others."""
+
+    def __init__(self, cross: CrossMemory, mine, table, small_bytes: int, regions):
+        # mine, table: (address, nbytes) of this rank's and every rank's direct transfers
+        self._cross, self._mine, self._table, self._regions = cross, mine, table, regions
+        self.direct_bytes = int(mine[:, 1].sum()) if mine is not None and len(mine) else 0
+        self.total_bytes = self.direct_bytes + small_bytes
+        self.batches = None  # None: the ranks' sizes differed, so every run fails
+        if regions is not None:
+            self.split()
+
+    def split(self) -> None:
+        """(Re)build the system calls for the current split of the large-tensor bytes."""
+        cross, mine, table, total = self._cross, self._mine, self._table, self.direct_bytes
+        share = int(round(cross.fraction * self.direct_bytes)) if total else 0
         read, write = _CALLS
-        if rank == root:
-            return [batch for peer in range(size) if peer != root
-                    for batch in _batches(write, self.pids[peer], _byte_range(mine[:d], table[peer, :d], 0, share))]
-        pairs = _byte_range(mine[:d], table[root, :d], share, total)
-        pairs += _regions(mine[d:], table[root, d:], self._scratch.ctypes.data)
-        return _batches(read, self.pids[root], pairs)
+        if cross.rank == cross.root:
+            self.batches = [batch for peer in range(len(cross.pids)) if peer != cross.root
+                            for batch in _batches(write, cross.pids[peer], _byte_range(mine, table[peer], 0, share))
+                            ] if total else []
+        else:
+            pairs = _byte_range(mine, table[cross.root], share, total) if total else []
+            self.batches = _batches(read, cross.pids[cross.root], pairs + self._regions)
+
+    def run(self) -> bool:
+        """Carry out this rank's copies; False when any failed or fell short (or addresses did not match)."""
+        self._cross.last = (self.direct_bytes, self.total_bytes)
+        return self.run_batches(self.batches)
 
     @staticmethod
-    def run(copies: list) -> bool:
-        """Carry out ``copies`` (from :meth:`bind`); False when any copy failed or fell short."""
-        if copies is None:
+    def run_batches(batches) -> bool:
+        """Carry out ``batches`` (from :func:`_batches`); False when any copy failed or fell short."""
+        if batches is None:
             return False
-        for call, pid, local, nlocal, remote, nremote, nbytes in copies:
+        for call, pid, local, nlocal, remote, nremote, nbytes in batches:
             if call(pid, _ctypes.addressof(local), nlocal, _ctypes.addressof(remote), nremote, 0) != nbytes:
                 return False
         return True

@@ -82,7 +82,7 @@ class _Prepared:
     device_steps: list
     host_bytes: int
     cross: tuple = ()  # cross-memory: (direct transfer buffers, fused tensors' masters, fan-out pairs)
-    copies: list = _dc.field(default_factory=list)  # cross-memory: this rank's copies, bound to every rank's
+    copies: object = None  # cross-memory: this rank's copies (crossmemory.Copies), bound to every rank's
 
     def matches(self, params, devices) -> bool:
         """Whether ``params`` holds exactly the arrays (and, for torch, the storage) prepared."""
@@ -132,6 +132,7 @@ class ParamSync:
         self._node = None  # the node's shared segment: None until tried, False if unavailable or slower
         self._cross = None  # cross-memory copies: None until tried, False if unavailable, slower or failed
         self._cross_memory = None  # None: MPISYNC_CROSS_MEMORY decides
+        self._copy_us = 0  # this rank's cross-memory copies in the last sync, sent with the next validation
         self._trial = ChannelTrial()
         self._shared_memory = None  # None: MPISYNC_SHARED_MEMORY decides; the bench sets True
         self._closed = False
@@ -279,8 +280,11 @@ class ParamSync:
             phase = "validation exchange"
             layout = prepared.layout if prepared is not None else host_layout(manifest.host_params)
             trial = self._trial
-            same_layout, slowest_us, anyone_fresh = agree(self._comm, manifest, call, layout.digest,
-                                                          trial.elapsed_us, prepared is None)
+            is_root = self._comm.rank == self._root
+            copy_us = (self._copy_us, 0) if is_root else (0, self._copy_us)  # root's, then the receivers'
+            self._copy_us = 0
+            same_layout, (slowest_us, root_us, receiver_us), anyone_fresh = agree(
+                self._comm, manifest, call, layout.digest, (trial.elapsed_us,) + copy_us, prepared is None)
             runs = layout.runs if same_layout else ()
             trial.record(slowest_us)
             host_bytes = prepared.host_bytes if prepared is not None else sum(p.nbytes for p in manifest.host_params)
@@ -308,10 +312,15 @@ class ParamSync:
             if not reused:
                 prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"], layout, runs,
                                          channel)
-            if channel == CROSS_CHANNEL and (anyone_fresh or not reused):
-                # Every rank binds again when any rank's arrays may have moved: peers copy to and from them.
-                phase = "cross-memory address exchange"
-                prepared.copies = self._cross.bind(self._comm, *prepared.cross[:2], call)
+            if channel == CROSS_CHANNEL:
+                # Every rank moves the split the same way: the copy times it follows were agreed.
+                rebalanced = self._cross.rebalance(root_us, receiver_us)
+                if anyone_fresh or not reused:
+                    # Every rank binds again when any rank's arrays may have moved: peers copy to and from them.
+                    phase = "cross-memory address exchange"
+                    prepared.copies = self._cross.bind(self._comm, *prepared.cross[:2], call)
+                elif rebalanced:
+                    prepared.copies.split()
             if timeline is not None:
                 timeline.span("validate", t_validate, tensors=len(manifest.params), reused=reused)
             phase = "broadcast"
@@ -349,7 +358,9 @@ class ParamSync:
         """Run this rank's cross-memory copies, agree that every rank's succeeded, then fan out;
         else every rank redoes the whole host plan through MPI."""
         begin = timeline.now() if timeline is not None else 0
-        copied = CrossMemory.run(prepared.copies)
+        start = _time.perf_counter()
+        copied = prepared.copies.run()
+        self._copy_us = max(1, int((_time.perf_counter() - start) * 1e6))  # steers the split (rebalance)
         if timeline is not None:
             timeline.span("cross-memory", begin, tensors=len(prepared.cross[0]) + len(prepared.cross[1]))
         everyone = _np.zeros(1, dtype=_np.int64)

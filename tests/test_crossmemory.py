@@ -125,7 +125,7 @@ def test_failed_copies_on_one_rank_are_redone_through_mpi_on_every_rank(comm, mo
         assert syncer.sync(params).channel == ("cross-memory" if cross else "mpi")
         _check(params, 0, 0)
         if comm.rank == last_rank(comm):  # this rank's copies fail from now on (root has written its share)
-            monkeypatch.setattr(crossmemory.CrossMemory, "run", staticmethod(lambda copies: False))
+            monkeypatch.setattr(crossmemory.Copies, "run", lambda copies: False)
         _fill(params, comm, 1)
         with caplog.at_level(logging.WARNING, logger="mpisync"):
             first = syncer.sync(params)

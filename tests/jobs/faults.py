@@ -53,7 +53,7 @@ if comm.rank == victim and kind == "stall" and shared:  # stop inside the broadc
 elif comm.rank == victim and kind == "stall" and cross:  # stop right after this rank's copies of sync 3
     from mpisync import crossmemory
 
-    run, runs = crossmemory.CrossMemory.run, []
+    run, runs = crossmemory.Copies.run, []
 
     def run_then_stop(copies):
         done = run(copies)
@@ -62,7 +62,7 @@ elif comm.rank == victim and kind == "stall" and cross:  # stop right after this
             os.kill(os.getpid(), signal.SIGSTOP)
         return done
 
-    crossmemory.CrossMemory.run = staticmethod(run_then_stop)
+    crossmemory.Copies.run = run_then_stop
 elif comm.rank == victim and kind != "raise-between":
     threading.Thread(target=strike, daemon=True).start()
 for n in range(1, 1000):
