@@ -178,11 +178,11 @@ class CrossMemory:
         if not (table[:, :, 1] == mine[:, 1]).all():
             return Copies(self, None, None, 0, None)  # fails when run
         d = len(direct)
-        if self.fraction is None:
+        total = int(mine[:d, 1].sum())
+        if self.fraction is None and total:
             # An even split leaves root last to finish at first; 0.8 of it was the best fixed share on
             # ResNet-50 at 2 ranks here. :meth:`rebalance` then follows the measured copy times.
-            total = int(mine[:d, 1].sum())
-            self.fraction = min(1.0, 0.8 * int(mine[:, 1].sum()) / (size * total)) if total else 0.0
+            self.fraction = min(1.0, 0.8 * int(mine[:, 1].sum()) / (size * total))
         regions = [] if self.rank == self.root else _regions(mine[d:], table[self.root, d:], self._scratch.ctypes.data)
         return Copies(self, mine[:d], table[:, :d], int(mine[d:, 1].sum()), regions)
 
@@ -226,7 +226,7 @@ class Copies:
     def split(self) -> None:
         """(Re)build the system calls for the current split of the large-tensor bytes."""
         cross, mine, table, total = self._cross, self._mine, self._table, self.direct_bytes
-        share = int(round(cross.fraction * self.direct_bytes)) if total else 0
+        share = int(round(cross.fraction * total)) if total else 0
         read, write = _CALLS
         if cross.rank == cross.root:
             self.batches = [batch for peer in range(len(cross.pids)) if peer != cross.root

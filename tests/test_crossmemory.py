@@ -13,7 +13,7 @@ from mpiutil import last_rank, same_bytes, values
 pytestmark = pytest.mark.mpi
 
 # Direct transfers (above the 64 KiB fusion size) with a second replica each, a run of views end to
-# end in one buffer (a span), small tensors for fused buckets, and an empty one.
+# end in one buffer (a span), small tensors (read in runs of root's memory), and an empty one.
 SHAPES = {
     "big": ((3 * (1 << 20) + 12345,), "uint8"),
     "mid": ((70_000,), "float32"),
@@ -99,6 +99,8 @@ def test_an_array_replaced_on_one_rank_is_reached_by_every_rank(comm):
             channel = syncer.sync(params).channel
             check(step)
             assert channel == comm.bcast(channel, 0)
+        if syncer._cross:  # root's share moved with the copy times, the same way on every rank
+            assert len(set(comm.allgather(syncer._cross.fraction))) == 1
 
 
 def test_one_rank_without_cross_memory_makes_every_rank_use_mpi(comm, monkeypatch):
