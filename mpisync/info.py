@@ -62,7 +62,7 @@ def _cross_memory_line() -> str:
 
     if enabled():
         return ("on (MPISYNC_CROSS_MEMORY=0 turns it off): a ParamSync tries process-to-process copies "
-                "on its third and fourth syncs, where every rank is on one node")
+                "on its 4th to 6th syncs, where every rank is on one node")
     if enabled(True):
         return "off (MPISYNC_CROSS_MEMORY=0)"
     return "not available here (needs Linux process_vm_readv/process_vm_writev)"
@@ -73,7 +73,7 @@ def _shared_memory_line() -> str:
 
     if enabled():
         return ("on here (MPISYNC_SHARED_MEMORY=1): a ParamSync tries the node's shared segment after MPI "
-                "and cross-memory copies, two syncs each")
+                "and cross-memory copies, three syncs each")
     if enabled(True):
         return "off (opt-in: MPISYNC_SHARED_MEMORY=1)"
     return "not available here (needs x86-64, /dev/shm, preadv/pwritev)"

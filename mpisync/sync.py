@@ -141,7 +141,7 @@ class ParamSync:
     def _prefer(self, channel: str) -> None:
         # For the bench and tests: skip the channel trial; host bytes take ``channel`` from the first
         # sync on where every rank can use it, else MPI (as if ``channel`` had won the trial).
-        self._trial.rates.update({c: float(c == channel) for c in (MPI_CHANNEL, CROSS_CHANNEL, SHARED_CHANNEL)})
+        self._trial.prefer(channel, (MPI_CHANNEL, CROSS_CHANNEL, SHARED_CHANNEL))
         if channel == SHARED_CHANNEL:
             self._shared_memory = True  # as with MPISYNC_SHARED_MEMORY=1
 

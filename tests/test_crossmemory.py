@@ -66,14 +66,14 @@ def test_mpi_first_then_cross_memory_then_the_faster(comm, where, monkeypatch):
     params = _make(comm)
     channels = []
     with mpisync.ParamSync(comm, root=root, fusion_bytes=64 << 10) as syncer:
-        for step in range(6):
+        for step in range(8):
             _fill(params, comm, step)
             report = syncer.sync(params, verify=True)
             channels.append(report.channel)
             _check(params, root, step)
     second = "cross-memory" if cross else "mpi"
-    assert channels[:4] == ["mpi", "mpi", second, second]  # two syncs each: set-up, then timed
-    assert channels[4] == channels[5] and channels[4] in channels[:4]
+    assert channels[:6] == ["mpi"] * 3 + [second] * 3  # three syncs each: set-up, then two timed
+    assert channels[6] == channels[7] and channels[6] in channels[:6]
 
 
 def test_an_array_replaced_on_one_rank_is_reached_by_every_rank(comm):

@@ -69,7 +69,7 @@ def paramsync(channel: str | None = None, **settings):
         syncer = mpisync.ParamSync(comm, root=root, **settings)
         if channel is not None:
             syncer._prefer(channel)
-        for _ in range(5 if channel is None else 0):  # untimed: the channel trial (MPI x2, cross-memory x2)
+        for _ in range(7 if channel is None else 0):  # untimed: the channel trial (MPI x3, cross-memory x3)
             syncer.sync(params)
 
         def run():

@@ -96,7 +96,7 @@ def _memory_row(comm, params, root) -> dict:
     # tracemalloc sees Python and numpy allocations; the fusion arena or shared segment is a
     # mapping it does not see, so its size is added.
     syncer = mpisync.ParamSync(comm, root=root)
-    for _ in range(5):  # past the channel trial (see mpisync.channels): the winner's buffers only
+    for _ in range(7):  # past the channel trial (see mpisync.channels): the winner's buffers only
         syncer.sync(params)
     repeated = _memory.traced_peak(lambda: syncer.sync(params)) + syncer.buffer_bytes
     syncer.close()
