@@ -16,8 +16,9 @@ class SyncReport:
     ``transport`` is ``"host"``, ``"staged"``, ``"cuda-aware"`` or ``"local"``
     (no peers: only the local fan-out ran); ``channel`` says how host bytes
     moved between ranks: ``"mpi"`` (collectives), ``"cross-memory"`` (every rank
-    on one node: tensors copied process to process, no MPI data movement) or ``"shared memory"`` (every rank on one node: a shared segment, no MPI
-    data movement).
+    on one node: tensors copied process to process) or ``"shared memory"``
+    (every rank on one node: a shared segment); neither of the last two moves
+    data through MPI.
     """
 
     tensors: int
