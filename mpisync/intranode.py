@@ -31,8 +31,9 @@ import time as _time
 import numpy as _np
 from mpi4py import MPI
 
-from .arena import Arena, copy_list, vectored_io_available
-from .program import bucket_unpack, transfer_buffer
+from .arena import Arena, vectored_io_available
+from .manifest import replica_copies
+from .program import bucket_pack, bucket_unpack, transfer_buffer
 from .ring import Expired
 
 __all__ = ["NodeSegment", "Chunk", "compile_chunks", "enabled", "SLOT_BYTES"]
@@ -237,14 +238,14 @@ def compile_chunks(plan: list, params: list, *, receiving: bool, slots: int, slo
         if transfer.fused:
             offset = (len(chunks) % slots) * slot_bytes
             pieces = transfer.pieces
-            pack = () if receiving else copy_list(offset, [params[i].master.data for i, _, _, _ in pieces])
+            pack = () if receiving else bucket_pack(params, pieces, offset)
             chunks.append(Chunk(offset, transfer.nbytes, pack=pack,
                                 unpack=bucket_unpack(params, pieces, offset, receiving),
                                 label=tuple(params[p[0]].name for p in pieces)))
             continue
         view = memoryview(transfer_buffer(params, transfer)).cast("B")
         names = tuple(params[i].name for i in (transfer.run or (transfer.pieces[0][0],)))
-        fan_out = tuple((r.data, params[i].master.data) for i in transfer.completes for r in params[i].replicas[1:])
+        fan_out = tuple(replica_copies(params, transfer.completes))
         for start in range(0, transfer.nbytes, slot_bytes):
             piece = view[start:start + slot_bytes]
             last = start + slot_bytes >= transfer.nbytes

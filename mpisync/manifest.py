@@ -15,7 +15,7 @@ import numpy as _np
 
 from .arrays import ArrayView, UnsupportedArray, as_array_view, is_array_like, numpy_view
 
-__all__ = ["Param", "Manifest", "build_manifest"]
+__all__ = ["Param", "Manifest", "build_manifest", "replica_copies"]
 
 
 class Param:
@@ -28,6 +28,12 @@ class Param:
         self.replicas = replicas  # list[ArrayView]
         self.master = replicas[0]  # whose bytes travel (on the root) or arrive first (elsewhere)
         self.nbytes = replicas[0].data.nbytes
+
+
+def replica_copies(params: list, indices) -> list:
+    """``(destination, source)`` pairs copying the masters of ``params[i]`` (``i`` in ``indices``)
+    into their other local replicas."""
+    return [(r.data, params[i].master.data) for i in indices for r in params[i].replicas[1:]]
 
 
 @_dc.dataclass

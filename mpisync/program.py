@@ -16,8 +16,9 @@ from mpi4py import MPI
 
 from .arena import Arena, copy_list
 from .layout import span_buffer
+from .manifest import replica_copies
 
-__all__ = ["Step", "compile_program", "arena_slots", "bucket_unpack", "transfer_buffer"]
+__all__ = ["Step", "compile_program", "arena_slots", "bucket_pack", "bucket_unpack", "transfer_buffer"]
 
 
 @_dc.dataclass
@@ -65,6 +66,11 @@ def arena_slots(plan: list, capacity: int) -> int:
     return min(capacity, sum(1 for t in plan if t.fused))
 
 
+def bucket_pack(params: list, pieces: tuple, base: int) -> tuple:
+    """Copy groups putting root's masters of a bucket's ``pieces`` into the arena from offset ``base``."""
+    return copy_list(base, [params[i].master.data for i, _, _, _ in pieces])
+
+
 def bucket_unpack(params: list, pieces: tuple, base: int, receiving: bool) -> tuple:
     """Copy groups filling, from a bucket at arena offset ``base``, the receivers' masters and every
     rank's other replicas: one run of consecutive pieces per replica index."""
@@ -98,15 +104,14 @@ def compile_program(params: list, plan: list, *, receiving: bool, arena: Arena, 
         if transfer.fused:
             base = (bucket % slots) * fusion_bytes
             view = arena.view[base:base + transfer.nbytes]
-            pack = () if receiving else copy_list(base, [params[i].master.data for i, _, _, _ in transfer.pieces])
+            pack = () if receiving else bucket_pack(params, transfer.pieces, base)
             unpack = bucket_unpack(params, transfer.pieces, base, receiving)
             steps.append(Step([view, MPI.BYTE], pack, unpack, (), label, True, arena))
             bucket += 1
         else:
             if transfer.run:
                 label = tuple(params[i].name for i in transfer.run)
-            fan_out = tuple((r.data, params[i].master.data) for i in transfer.completes
-                            for r in params[i].replicas[1:])
+            fan_out = tuple(replica_copies(params, transfer.completes))
             steps.append(Step([transfer_buffer(params, transfer), MPI.BYTE], (), (), fan_out, label, False))
     return steps
 

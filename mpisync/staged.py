@@ -22,6 +22,7 @@ import time as _time
 
 from mpi4py import MPI
 
+from .manifest import replica_copies
 from .ring import Expired
 
 __all__ = ["DeviceStep", "compile_device_steps", "DeviceSlots", "run_device_steps", "device_to_host",
@@ -52,7 +53,7 @@ def compile_device_steps(params: list, plan: list) -> list:
         views = [params[i].master.backend.slice(params[i].master.data, start, start + n)
                  for i, start, _, n in transfer.pieces]
         first = params[transfer.pieces[0][0]].master
-        fan_out = [(r.data, params[i].master.data) for i in transfer.completes for r in params[i].replicas[1:]]
+        fan_out = replica_copies(params, transfer.completes)
         label = tuple(params[p[0]].name for p in transfer.pieces)
         devices = tuple(sorted({r.device for i in {p[0] for p in transfer.pieces} | set(transfer.completes)
                                 for r in params[i].replicas}))

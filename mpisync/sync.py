@@ -23,7 +23,7 @@ from .channels import CROSS_CHANNEL, MPI_CHANNEL, SHARED_CHANNEL, ChannelTrial
 from .crossmemory import CrossMemory
 from .intranode import SLOT_BYTES, NodeSegment, compile_chunks
 from .layout import Layout, host_layout
-from .manifest import build_manifest
+from .manifest import build_manifest, replica_copies
 from .observe import configure_logging, logger, timeline_for
 from .plan import DEFAULT_CHUNK_BYTES, build_plan
 from .arena import Arena
@@ -472,7 +472,7 @@ class ParamSync:
                 host = manifest.host_params
                 cross = ([transfer_buffer(host, t) for t in plan if not t.fused],
                          [host[i].master.data for t in plan if t.fused for i, _, _, _ in t.pieces],
-                         [(r.data, p.master.data) for p in host for r in p.replicas[1:]])
+                         replica_copies(host, range(len(host))))
         device_params = manifest.device_params
         device_steps = []
         if device_params:
