@@ -311,7 +311,7 @@ class ParamSync:
             reused = prepared is not None and prepared.runs == runs and prepared.channel == channel
             if not reused:
                 prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"], layout, runs,
-                                         channel)
+                                         channel, host_bytes)
             if channel == CROSS_CHANNEL:
                 # Every rank moves the split the same way: the copy times it follows were agreed.
                 rebalanced = self._cross.rebalance(root_us, receiver_us)
@@ -451,25 +451,25 @@ class ParamSync:
         return max(2, values["max_concurrent"] * values["fusion_bytes"] // slot_bytes), slot_bytes
 
     def _prepare(self, params, devices_key, manifest, capacity: int, layout: Layout, runs: tuple,
-                 channel: str) -> _Prepared:
+                 channel: str, host_bytes: int) -> _Prepared:
         """Compile the steps for these arrays and ``channel``; keep them for the fast path when eligible."""
         fusion = manifest.settings["fusion_bytes"]
-        plan = self._plan(manifest.host_params, fusion, self._chunk_bytes, runs)
+        host = manifest.host_params
+        plan = self._plan(host, fusion, self._chunk_bytes, runs)
         receiving = self._comm.rank != self._root
         steps, chunks = [], []
         cross = ()
         if channel == SHARED_CHANNEL:
-            chunks = compile_chunks(plan, manifest.host_params, receiving=receiving, slots=self._node.slots,
+            chunks = compile_chunks(plan, host, receiving=receiving, slots=self._node.slots,
                                     slot_bytes=self._node.slot_bytes)
         else:
             needed = arena_slots(plan, capacity) * fusion
             if len(self._arena) < needed:
                 self._prepared = None  # its steps point into the old arena
                 self._arena = Arena(needed)
-            steps = compile_program(manifest.host_params, plan, receiving=receiving, arena=self._arena,
+            steps = compile_program(host, plan, receiving=receiving, arena=self._arena,
                                     fusion_bytes=fusion)  # with cross-memory copies: run only if they fail
             if channel == CROSS_CHANNEL:
-                host = manifest.host_params
                 cross = ([transfer_buffer(host, t) for t in plan if not t.fused],
                          [host[i].master.data for t in plan if t.fused for i, _, _, _ in t.pieces],
                          replica_copies(host, range(len(host))))
@@ -485,7 +485,7 @@ class ParamSync:
         prepared = _Prepared(values, tuple(params) if values else (), devices_key, torch_indices,
                              _torch_storage(values, torch_indices), manifest, layout, runs, channel, steps, chunks,
                              sum(1 for t in plan if t.fused), len(plan), device_steps,
-                             sum(p.nbytes for p in manifest.host_params), cross)
+                             host_bytes, cross)
         if manifest.leaves_only:
             self._prepared = prepared
         return prepared
