@@ -57,23 +57,26 @@ def collect_info() -> dict:
     }
 
 
+def _switch_line(enabled, on: str, off: str, unavailable: str) -> str:
+    """One channel's line: ``enabled()`` (as set here), ``enabled(True)`` (if asked for) decide which."""
+    return on if enabled() else off if enabled(True) else unavailable
+
+
 def _cross_memory_line() -> str:
     from .crossmemory import enabled
 
-    if enabled():
-        return ("on (MPISYNC_CROSS_MEMORY=0 turns it off): a ParamSync tries process-to-process copies "
-                "on its 4th to 6th syncs, where every rank is on one node")
-    if enabled(True):
-        return "off (MPISYNC_CROSS_MEMORY=0)"
-    return "not available here (needs Linux process_vm_readv/process_vm_writev)"
+    return _switch_line(enabled,
+                        "on (MPISYNC_CROSS_MEMORY=0 turns it off): a ParamSync tries process-to-process copies "
+                        "on its 4th to 6th syncs, where every rank is on one node",
+                        "off (MPISYNC_CROSS_MEMORY=0)",
+                        "not available here (needs Linux process_vm_readv/process_vm_writev)")
 
 
 def _shared_memory_line() -> str:
     from .intranode import enabled
 
-    if enabled():
-        return ("on here (MPISYNC_SHARED_MEMORY=1): a ParamSync tries the node's shared segment after MPI "
-                "and cross-memory copies, three syncs each")
-    if enabled(True):
-        return "off (opt-in: MPISYNC_SHARED_MEMORY=1)"
-    return "not available here (needs x86-64, /dev/shm, preadv/pwritev)"
+    return _switch_line(enabled,
+                        "on here (MPISYNC_SHARED_MEMORY=1): a ParamSync tries the node's shared segment after MPI "
+                        "and cross-memory copies, three syncs each",
+                        "off (opt-in: MPISYNC_SHARED_MEMORY=1)",
+                        "not available here (needs x86-64, /dev/shm, preadv/pwritev)")
