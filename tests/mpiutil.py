@@ -24,6 +24,11 @@ def same_bytes(a, b) -> bool:
     return np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
+def everyone(comm, flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank (a fact all ranks then share)."""
+    return bool(comm.allreduce(int(flag), op=MPI.MIN))
+
+
 def need_ranks(comm, n: int):
     """Skip unless ``comm`` has at least ``n`` ranks (a fact every rank shares)."""
     if comm.size < n:

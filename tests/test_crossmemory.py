@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 import mpisync
 from mpisync import crossmemory
-from mpiutil import last_rank, same_bytes, values
+from mpiutil import everyone, last_rank, same_bytes, values
 
 pytestmark = pytest.mark.mpi
 
@@ -22,10 +22,6 @@ SHAPES = {
     "empty": ((0,), "float64"),
 }
 SPAN = {f"flat.{i}": ((40_000,), "float32") for i in range(3)}
-
-
-def _everyone(comm, flag: bool) -> bool:
-    return bool(comm.allreduce(int(flag), op=MPI.MIN))
 
 
 def _one_node(comm) -> bool:
@@ -62,7 +58,7 @@ def test_mpi_first_then_cross_memory_then_the_faster(comm, where, monkeypatch):
     monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "1")
     monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
     root = 0 if where == "first" else last_rank(comm)
-    cross = _everyone(comm, crossmemory.enabled()) and _one_node(comm)
+    cross = everyone(comm, crossmemory.enabled()) and _one_node(comm)
     params = _make(comm)
     channels = []
     with mpisync.ParamSync(comm, root=root, fusion_bytes=64 << 10) as syncer:
@@ -119,7 +115,7 @@ def test_one_rank_without_cross_memory_makes_every_rank_use_mpi(comm, monkeypatc
 def test_failed_copies_on_one_rank_are_redone_through_mpi_on_every_rank(comm, monkeypatch, caplog):
     if comm.size == 1:
         pytest.skip("no peers")
-    cross = _everyone(comm, crossmemory.enabled()) and _one_node(comm)
+    cross = everyone(comm, crossmemory.enabled()) and _one_node(comm)
     params = _make(comm)
     with mpisync.ParamSync(comm, fusion_bytes=64 << 10) as syncer:
         syncer._prefer("cross-memory")

@@ -9,19 +9,15 @@ from mpi4py import MPI
 import mpisync
 from mpisync import intranode
 from mpisync.channels import ChannelTrial
-from mpiutil import same_bytes, values
+from mpiutil import everyone, same_bytes, values
 
 pytestmark = pytest.mark.mpi
-
-
-def _everyone(comm, flag: bool) -> bool:
-    return bool(comm.allreduce(int(flag), op=MPI.MIN))
 
 
 def _one_node(comm) -> bool:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return _everyone(comm, node.size == comm.size)
+        return everyone(comm, node.size == comm.size)
     finally:
         node.Free()
 
@@ -54,7 +50,7 @@ def test_mpi_first_then_the_shared_segment_then_the_faster(comm, fusion_bytes, a
         pytest.skip("no peers")
     monkeypatch.setenv("MPISYNC_SHARED_MEMORY", asked)  # on every rank
     monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")  # its turn in the trial: tests/test_crossmemory.py
-    shared = _everyone(comm, intranode.enabled()) and _one_node(comm)
+    shared = everyone(comm, intranode.enabled()) and _one_node(comm)
     before = _segments()
     params = {n: [np.zeros(s, d), np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
     channels = []
