@@ -6,7 +6,9 @@ Packing thousands of small tensors one slice assignment at a time costs about
 ``pwritev`` and unpacked with one ``preadv``: the kernel walks the list of
 tensor buffers, and Python touches the list once per bucket, not once per
 tensor. The mapping is what MPI sends from and receives into; both views see
-the same pages. Elsewhere the same copies run as a Python loop.
+the same pages. Elsewhere the same copies run as a Python loop. Both give way
+to the C loops of :mod:`mpisync.speedups` where they are built (one memcpy per
+tensor: 10-20 ns against 90-140 ns through the kernel).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os as _os
 import weakref as _weakref
 
 import numpy as _np
+
+from .speedups import speedups as _speedups
 
 __all__ = ["Arena", "copy_list", "vectored_io_available"]
 
@@ -31,14 +35,15 @@ def vectored_io_available() -> bool:
 
 
 def copy_list(offset: int, views) -> tuple:
-    """Byte ``views`` laid end to end in the arena from ``offset``, as ``(offset, views, nbytes)``
-    groups small enough for one ``preadv``/``pwritev`` each."""
+    """Byte ``views`` laid end to end in the arena from ``offset``, as ``(offset, views, nbytes,
+    held)`` groups small enough for one ``preadv``/``pwritev`` each; ``held`` is the group as a
+    C ``BufferList`` where :mod:`mpisync.speedups` is built, else ``None``."""
     groups, position = [], offset
     views = [v for v in views if v.nbytes]
     for start in range(0, len(views), _IOV_MAX):
         group = tuple(views[start:start + _IOV_MAX])
         nbytes = sum(v.nbytes for v in group)
-        groups.append((position, group, nbytes))
+        groups.append((position, group, nbytes, _speedups.BufferList(group) if _speedups is not None else None))
         position += nbytes
     return tuple(groups)
 
@@ -46,13 +51,15 @@ def copy_list(offset: int, views) -> tuple:
 class Arena:
     """``nbytes`` of fusion buffer; ``view`` is the byte memoryview MPI sends from and receives into.
 
-    ``vectored=False`` forces the portable Python copy loop (tests use it to
-    check both paths give the same bytes).
+    ``vectored=False`` forces the portable Python copy loop and
+    ``compiled=False`` leaves the C loops out (tests use them to check every
+    path gives the same bytes).
     """
 
-    def __init__(self, nbytes: int, *, vectored: bool | None = None):
+    def __init__(self, nbytes: int, *, vectored: bool | None = None, compiled: bool | None = None):
         self.nbytes = nbytes
         self._fd, self._base = None, 0
+        self._compiled = compiled is not False
         mapping = None
         if nbytes and (vectored_io_available() if vectored is None else vectored):
             try:
@@ -78,7 +85,7 @@ class Arena:
         The arena takes ``fd`` over and closes it when it is garbage.
         """
         arena = cls.__new__(cls)
-        arena.nbytes, arena._fd, arena._base = nbytes, None, offset
+        arena.nbytes, arena._fd, arena._base, arena._compiled = nbytes, None, offset, True
         arena._adopt(fd)
         arena.view = memoryview(mapping).cast("B")[offset:offset + nbytes]
         return arena
@@ -86,6 +93,16 @@ class Arena:
     def _adopt(self, fd: int) -> None:
         self._fd = fd
         _weakref.finalize(self, _os.close, fd)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether copy groups that carry a C ``BufferList`` are copied by it (see :func:`copy_list`)."""
+        return self._compiled and _speedups is not None
+
+    @property
+    def mapped(self) -> bool:
+        """Whether the arena is a memory mapping (a memory file) rather than plain process memory."""
+        return self._fd is not None
 
     @property
     def vectored(self) -> bool:
@@ -97,16 +114,20 @@ class Arena:
 
     def gather(self, copies: tuple) -> None:
         """Copy the buffers of ``copies`` (from :func:`copy_list`) into the arena."""
-        fd, base = self._fd, self._base
-        for offset, group, nbytes in copies:
-            if fd is None or _os.pwritev(fd, group, base + offset) != nbytes:
+        fd, base, compiled = self._fd, self._base, self._compiled
+        for offset, group, nbytes, held in copies:
+            if compiled and held is not None:
+                held.gather(self.view, offset)
+            elif fd is None or _os.pwritev(fd, group, base + offset) != nbytes:
                 self._loop_gather(offset, group)
 
     def scatter(self, copies: tuple) -> None:
         """Fill the buffers of ``copies`` (from :func:`copy_list`) from the arena."""
-        fd, base = self._fd, self._base
-        for offset, group, nbytes in copies:
-            if fd is None or _os.preadv(fd, group, base + offset) != nbytes:
+        fd, base, compiled = self._fd, self._base, self._compiled
+        for offset, group, nbytes, held in copies:
+            if compiled and held is not None:
+                held.scatter(self.view, offset)
+            elif fd is None or _os.preadv(fd, group, base + offset) != nbytes:
                 self._loop_scatter(offset, group)
 
     def _loop_gather(self, offset: int, group: tuple) -> None:

@@ -54,6 +54,7 @@ def collect_info() -> dict:
         "timeout_aborts": _config.abort_on_timeout(),
         "shared_memory": _shared_memory_line(),
         "cross_memory": _cross_memory_line(),
+        "speedups": _speedups_line(),
     }
 
 
@@ -70,6 +71,16 @@ def _cross_memory_line() -> str:
                         "on its 4th to 6th syncs, where every rank is on one node",
                         "off (MPISYNC_CROSS_MEMORY=0)",
                         "not available here (needs Linux process_vm_readv/process_vm_writev)")
+
+
+def _speedups_line() -> str:
+    from .speedups import enabled
+
+    return _switch_line(enabled,
+                        "on (MPISYNC_SPEEDUPS=0 turns them off): C loops pack and unpack fusion buckets, check "
+                        "a reused parameter set, and take first syncs of plain numpy sets whole",
+                        "off (MPISYNC_SPEEDUPS=0)",
+                        "not built (no C compiler when mpisync was installed): Python and kernel copies")
 
 
 def _shared_memory_line() -> str:

@@ -9,13 +9,15 @@ import collections.abc as _abc
 import dataclasses as _dc
 import functools as _functools
 import hashlib as _hashlib
+import itertools as _itertools
 import json as _json
 
 import numpy as _np
 
 from .arrays import ArrayView, UnsupportedArray, as_array_view, is_array_like, numpy_view
 
-__all__ = ["Param", "Manifest", "build_manifest", "replica_copies"]
+__all__ = ["Param", "Manifest", "build_manifest", "dtype_runs", "params_digest", "replica_copies", "settings_digest",
+           "shape_words"]
 
 
 class Param:
@@ -63,16 +65,22 @@ class Manifest:
         """16 bytes that differ, with overwhelming probability, when the comparable parts differ."""
         if self._params_digest is None:
             params = self.params
-            h = _hashlib.blake2b(digest_size=16)
-            h.update("\x00".join([p.name for p in params]).encode())
-            h.update("\x00".join([p.master.dtype for p in params]).encode())
-            h.update(repr([p.master.shape for p in params]).encode())
-            h.update(repr([len(p.replicas) for p in params]).encode())
-            h.update("".join([p.master.kind[0] for p in params]).encode())  # placement shapes the plan
-            self._params_digest = h.digest()
-        h = _hashlib.blake2b(self._params_digest, digest_size=16)
-        h.update(_json.dumps(self.settings, sort_keys=True).encode())
-        return h.digest()
+            self._params_digest = params_digest(
+                "\x00".join([p.name for p in params]), dtype_runs(p.master.dtype for p in params),
+                shape_words(p.master.shape for p in params),
+                _np.array([len(p.replicas) for p in params], dtype=_np.int64).tobytes(),
+                "".join([p.master.kind[0] for p in params]))
+        return settings_digest(self._params_digest, self.settings)
+
+    @property
+    def tensors(self) -> int:
+        """Parameters in the set."""
+        return len(self.params)
+
+    @property
+    def names(self) -> list:
+        """Parameter names, sorted."""
+        return [p.name for p in self.params]
 
     @_functools.cached_property
     def nbytes(self) -> int:
@@ -93,6 +101,38 @@ class Manifest:
     def nreplicas(self) -> int:
         """Replicas on this rank, all parameters together."""
         return sum(len(p.replicas) for p in self.params)
+
+
+def params_digest(names: str, dtype_runs: list, shapes: bytes, counts: bytes, kinds: str) -> bytes:
+    """16 bytes over what every rank's parameters must share, in sorted order: ``names`` (joined
+    by ``"\\x00"``), dtype names as ``(name, how many in a row)`` runs, ``shapes`` (int64 words:
+    ndim, then the extents, per parameter), replica ``counts`` (int64) and placements (``"h"`` or
+    ``"d"`` each). Computed alike from a manifest's parameters and from :mod:`mpisync.bulk`'s scan,
+    so ranks on either path compare equal."""
+    h = _hashlib.blake2b(digest_size=16)
+    for part in (names, _json.dumps(dtype_runs), kinds):
+        h.update(part.encode())
+        h.update(b"\xff")  # no part's end can pass for the next one's start
+    h.update(shapes)
+    h.update(counts)
+    return h.digest()
+
+
+def dtype_runs(dtypes) -> list:
+    """``[[name, count], ...]`` for consecutive equal dtype names (JSON-safe, for the digest)."""
+    return [[name, sum(1 for _ in group)] for name, group in _itertools.groupby(dtypes)]
+
+
+def shape_words(shapes) -> bytes:
+    """Shapes as int64 words, ndim then extents, one after another (as the digest takes them)."""
+    return _np.fromiter(_itertools.chain.from_iterable((len(s), *s) for s in shapes), dtype=_np.int64).tobytes()
+
+
+def settings_digest(params_digest_: bytes, settings: dict) -> bytes:
+    """The digest ranks compare: a parameters digest with the settings that must agree."""
+    h = _hashlib.blake2b(params_digest_, digest_size=16)
+    h.update(_json.dumps(settings, sort_keys=True).encode())
+    return h.digest()
 
 
 def _replica_list(replicas, devices) -> list:

@@ -52,7 +52,8 @@ class Step:
             begin = timeline.now() if timeline is not None else 0
             self.arena.scatter(self.unpack)
             if timeline is not None:
-                timeline.span("unpack", begin, buffers=sum(len(group) for _, group, _ in self.unpack))
+                timeline.span("unpack", begin, buffers=sum(len(group if held is None else held)
+                                                          for _, group, _, held in self.unpack))
         if self.fan_out:
             begin = timeline.now() if timeline is not None else 0
             for dst, src in self.fan_out:

@@ -18,17 +18,19 @@ from mpi4py import MPI
 
 from . import config as _config
 from .agreement import agree, diagnose
+from .bulk import BulkManifest, bulk_plan, compile_bulk, scan
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
 from .channels import CROSS_CHANNEL, MPI_CHANNEL, SHARED_CHANNEL, ChannelTrial
 from .crossmemory import CrossMemory
 from .intranode import SLOT_BYTES, NodeSegment, compile_chunks
-from .layout import Layout, host_layout
+from .layout import NO_RUNS, Layout, host_layout
 from .manifest import build_manifest, replica_copies
 from .observe import configure_logging, logger, timeline_for
 from .plan import DEFAULT_CHUNK_BYTES, build_plan
 from .arena import Arena
 from .program import arena_slots, compile_program, transfer_buffer
 from .report import SyncReport
+from .speedups import speedups as _speedups
 from .ring import Expired, TrackedRing, wait_request
 from .staged import DEFAULT_DEVICE_CHUNK_BYTES, DeviceSlots, compile_device_steps, device_to_host, run_device_steps
 from .verify import verify as _verify
@@ -86,9 +88,12 @@ class _Prepared:
 
     def matches(self, params, devices) -> bool:
         """Whether ``params`` holds exactly the arrays (and, for torch, the storage) prepared."""
-        if devices != self.devices or tuple(params) != self.keys:
+        if devices != self.devices:
             return False
-        if not all(map(_operator.is_, params.values(), self.values)):
+        if _speedups is not None and type(params) is dict:
+            if not _speedups.same_items(params, self.keys, self.values):
+                return False
+        elif tuple(params) != self.keys or not all(map(_operator.is_, params.values(), self.values)):
             return False
         return not self.torch_indices or _torch_storage(tuple(params.values()), self.torch_indices) == self.torch_storage
 
@@ -153,6 +158,13 @@ class ParamSync:
         return len(self._arena) + node
 
     @property
+    def _mapped_bytes(self) -> int:
+        # For the bench's memory row: the buffers tracemalloc does not see (memory mappings: the node's
+        # segment, an arena on a memory file); a plain-memory arena is traced like any numpy array.
+        node = self._node.nbytes if self._node else 0
+        return node + (len(self._arena) if self._arena.mapped else 0)
+
+    @property
     def settings(self) -> _config.Settings:
         """The effective settings and where each came from."""
         return self._settings
@@ -208,18 +220,21 @@ class ParamSync:
             manifest.settings = agreed
         else:
             prepared = None
-            manifest = build_manifest(params, rank=rank, size=size, root=self._root, devices=devices,
-                                      settings=agreed)
-            if self._settings_error:
-                manifest.errors.append((None, self._settings_error))
-        report = SyncReport(tensors=len(manifest.params), replicas=manifest.nreplicas,
+            manifest = None if self._settings_error else scan(params, rank=rank, size=size, root=self._root,
+                                                               devices=devices, settings=agreed)
+            if manifest is None:
+                manifest = build_manifest(params, rank=rank, size=size, root=self._root, devices=devices,
+                                          settings=agreed)
+                if self._settings_error:
+                    manifest.errors.append((None, self._settings_error))
+        report = SyncReport(tensors=manifest.tensors, replicas=manifest.nreplicas,
                             bytes=manifest.nbytes, collectives=0, seconds=0.0, transport="host",
                             rank=rank, size=size, root=self._root)
         if size == 1:
             if manifest.errors:
                 raise diagnose([_json.loads(manifest.encode())])
             if timeline is not None:
-                timeline.span("validate", t_validate, tensors=len(manifest.params))
+                timeline.span("validate", t_validate, tensors=manifest.tensors)
             t_fan_out = timeline.now() if timeline is not None else 0
             for param in manifest.host_params:
                 for replica in param.replicas[1:]:
@@ -227,7 +242,7 @@ class ParamSync:
             if manifest.device_params:  # no peers: the device plan runs its fan-out only
                 self._local_device_fan_out(manifest)
             if timeline is not None:
-                timeline.span("fan-out", t_fan_out, replicas=manifest.nreplicas - len(manifest.params))
+                timeline.span("fan-out", t_fan_out, replicas=manifest.nreplicas - manifest.tensors)
             if verify:
                 self._verify(None, manifest, None, timeline)
             report.transport, report.verified = "local", bool(verify)
@@ -266,7 +281,7 @@ class ParamSync:
         to_host = (lambda view: device_to_host(view, self._slots())) if manifest.device_params else None
         _verify(comm, manifest, self._root if comm is not None else 0, call, to_host)
         if timeline is not None:
-            timeline.span("verify", start, tensors=len(manifest.params))
+            timeline.span("verify", start, tensors=manifest.tensors)
 
     # -- the collective part ------------------------------------------------
 
@@ -278,7 +293,8 @@ class ParamSync:
         try:
             self._ensure_comm(call)
             phase = "validation exchange"
-            layout = prepared.layout if prepared is not None else host_layout(manifest.host_params)
+            bulk = isinstance(manifest, BulkManifest)  # plain numpy arrays, end to end with none of the others
+            layout = prepared.layout if prepared is not None else NO_RUNS if bulk else host_layout(manifest.host_params)
             trial = self._trial
             is_root = self._comm.rank == self._root
             copy_us = (self._copy_us, 0) if is_root else (0, self._copy_us)  # root's, then the receivers'
@@ -287,7 +303,8 @@ class ParamSync:
                 self._comm, manifest, call, layout.digest, (trial.elapsed_us,) + copy_us, prepared is None)
             runs = layout.runs if same_layout else ()
             trial.record(slowest_us)
-            host_bytes = prepared.host_bytes if prepared is not None else sum(p.nbytes for p in manifest.host_params)
+            host_bytes = (prepared.host_bytes if prepared is not None else manifest.nbytes if bulk
+                          else sum(p.nbytes for p in manifest.host_params))
             channel, possible = MPI_CHANNEL, (MPI_CHANNEL,)
             while host_bytes:  # every rank takes the same turns: the trial's inputs are agreed
                 possible = self._channels()
@@ -322,7 +339,7 @@ class ParamSync:
                 elif rebalanced:
                     prepared.copies.split()
             if timeline is not None:
-                timeline.span("validate", t_validate, tensors=len(manifest.params), reused=reused)
+                timeline.span("validate", t_validate, tensors=manifest.tensors, reused=reused)
             phase = "broadcast"
             report.fused_buckets = prepared.fused_buckets
             report.transfers = prepared.transfers
@@ -351,7 +368,7 @@ class ParamSync:
             elif phase == "broadcast":
                 pending = [n for label in ring.pending_labels() for n in label]
             else:
-                pending = [p.name for p in manifest.params]
+                pending = manifest.names
             self._timed_out(phase, pending, timeout)
 
     def _broadcast_cross(self, prepared, call, values, report, timeline) -> None:
@@ -454,19 +471,24 @@ class ParamSync:
                  channel: str, host_bytes: int) -> _Prepared:
         """Compile the steps for these arrays and ``channel``; keep them for the fast path when eligible."""
         fusion = manifest.settings["fusion_bytes"]
+        receiving = self._comm.rank != self._root
+        if isinstance(manifest, BulkManifest) and channel == MPI_CHANNEL:
+            plan = bulk_plan(manifest.sizes, fusion, self._chunk_bytes)
+            fused = sum(1 for t in plan if t[0])
+            self._ensure_arena(min(capacity, fused) * fusion)
+            steps = compile_bulk(manifest, plan, receiving=receiving, arena=self._arena, fusion_bytes=fusion)
+            self._prepared = _Prepared(tuple(params.values()), tuple(params), devices_key, (), (), manifest, layout,
+                                       runs, channel, steps, [], fused, len(plan), [], host_bytes)
+            return self._prepared
         host = manifest.host_params
         plan = self._plan(host, fusion, self._chunk_bytes, runs)
-        receiving = self._comm.rank != self._root
         steps, chunks = [], []
         cross = ()
         if channel == SHARED_CHANNEL:
             chunks = compile_chunks(plan, host, receiving=receiving, slots=self._node.slots,
                                     slot_bytes=self._node.slot_bytes)
         else:
-            needed = arena_slots(plan, capacity) * fusion
-            if len(self._arena) < needed:
-                self._prepared = None  # its steps point into the old arena
-                self._arena = Arena(needed)
+            self._ensure_arena(arena_slots(plan, capacity) * fusion)
             steps = compile_program(host, plan, receiving=receiving, arena=self._arena,
                                     fusion_bytes=fusion)  # with cross-memory copies: run only if they fail
             if channel == CROSS_CHANNEL:
@@ -489,6 +511,13 @@ class ParamSync:
         if manifest.leaves_only:
             self._prepared = prepared
         return prepared
+
+    def _ensure_arena(self, needed: int) -> None:
+        """A fusion arena of at least ``needed`` bytes. Where the C loops are built it is plain memory;
+        elsewhere a memory file, so a bucket packs with one ``pwritev`` (see :mod:`mpisync.arena`)."""
+        if len(self._arena) < needed:
+            self._prepared = None  # its steps point into the old arena
+            self._arena = Arena(needed, vectored=False if _speedups is not None else None)
 
     def _broadcast_node(self, chunks, timeout, timeline) -> None:
         """Move the host chunks through the node's shared segment (no MPI data movement)."""

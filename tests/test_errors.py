@@ -178,3 +178,34 @@ def test_intercommunicator_is_refused(comm):
     finally:
         inter.Free()
         local.Free()
+
+
+def _plain(rank, n=40):
+    return {f"p{i:02d}": values(f"p{i:02d}", rank, (i % 4 + 1,), "float32") for i in range(n)}
+
+
+@pytest.mark.parametrize("kind", ["shape", "dtype", "missing", "extra", "read-only"])
+def test_plain_numpy_sets_differing_on_one_rank(comm, kind):
+    # Sets of bare numpy arrays take mpisync.bulk's path; its errors must read as the general path's.
+    need_ranks(comm, 2)
+    bad = last_rank(comm)
+    params = _plain(comm.rank)
+    if comm.rank == bad:
+        if kind == "shape":
+            params["p07"] = np.zeros((4, 1), np.float32)
+        elif kind == "dtype":
+            params["p07"] = np.zeros(4, np.float64)
+        elif kind == "missing":
+            del params["p07"]
+        elif kind == "extra":
+            params["zz"] = np.zeros(3, np.float32)
+        else:
+            params["p07"].flags.writeable = False
+    before = _snapshot(params)
+    expected = {"shape": "parameter 'p07' has shape (4, 1), root has (4,)",
+                "dtype": "parameter 'p07' has dtype float64, root has float32",
+                "missing": "parameter 'p07' is missing", "extra": "parameter 'zz' is not on root rank 0",
+                "read-only": "parameter 'p07': replica 0 is read-only"}[kind]
+    error = mpisync.InvalidParamError if kind == "read-only" else mpisync.ManifestMismatchError
+    raises_everywhere(comm, error, lambda: mpisync.sync_params(params, comm, root=0), f"rank {bad}", expected)
+    _untouched(params, before)

@@ -223,3 +223,26 @@ def test_a_rank_with_another_layout_falls_back_to_per_tensor_transfers(comm):
     if comm.size > 1:
         assert seen[0] == 1  # one span: every rank had the same layout
         assert seen[1] > 20 and seen[2] == seen[1]  # layouts differ / no runs: a transfer per tensor
+
+
+def test_ranks_on_the_bulk_and_the_general_path_match(comm):
+    # A dict of bare numpy arrays takes mpisync.bulk's path; the same set held as one-replica
+    # lists takes the general one. Mixed across ranks, digests and collectives must still match.
+    from mpisync.bulk import scan
+
+    shapes = {f"s{i:03d}": ((i % 7 + 1,), "float32") for i in range(300)}
+    shapes.update({"big": ((5000,), "float64"), "empty": ((0,), "int8"), "scalar": ((), "complex64")})
+    params = _params(comm.rank, shapes)
+    general = comm.rank % 2 == 1
+    if general:
+        params = {name: [array] for name, array in params.items()}
+    took_bulk = scan(params, rank=comm.rank, size=comm.size, root=0, devices=None, settings={}) is not None
+    from mpisync.speedups import enabled
+
+    assert took_bulk == (enabled() and comm.size > 1 and not general)
+    report = mpisync.sync_params(params, comm, root=0, fusion_bytes=1024, verify=True)
+    for name, (shape, dtype) in shapes.items():
+        got = params[name][0] if general else params[name]
+        assert same_bytes(got, values(name, 0, shape, dtype)), name
+    if comm.size > 1:  # 300 tensors of 4-28 B in 1 KiB buckets, 'big' (40 kB) on its own
+        assert report.fused_buckets == 5 and report.transfers == 6 and report.verified

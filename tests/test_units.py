@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mpisync import InvalidParamError, ManifestMismatchError
 from mpisync.agreement import diagnose
@@ -106,27 +108,40 @@ def test_array_views_alias_memory_and_name_dtypes_alike():
     assert as_array_view(torch.zeros((), dtype=torch.bfloat16)).nbytes == 2
 
 
-@pytest.mark.parametrize("vectored", [True, False])
-def test_arena_gather_then_scatter_round_trips_more_buffers_than_one_system_call_takes(vectored):
+_ARENA_PATHS = {"compiled": {}, "vectored": {"compiled": False}, "loop": {"compiled": False, "vectored": False}}
+
+
+def _arena_path(path):
+    from mpisync.speedups import enabled
+
+    if path == "compiled" and not enabled():
+        pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
+    return _ARENA_PATHS[path]
+
+
+@pytest.mark.parametrize("path", list(_ARENA_PATHS))
+def test_arena_gather_then_scatter_round_trips_more_buffers_than_one_system_call_takes(path):
     from mpisync.arena import Arena, copy_list
 
-    arena = Arena(1 << 16, vectored=vectored)
-    if vectored:
+    arena = Arena(1 << 16, **_arena_path(path))
+    if path == "vectored":
         assert arena.vectored == hasattr(__import__("os"), "memfd_create")
     sources = [np.full(n, i % 251, np.uint8) for i, n in enumerate([3, 0, 1, 17] * 700)]  # 2100 non-empty
     copies = copy_list(100, [memoryview(a) for a in sources])
-    assert sum(len(group) for _, group, _ in copies) == 2100 and len(copies) >= 3
+    assert sum(len(group) for _, group, _, _ in copies) == 2100 and len(copies) >= 3
+    arena.view[:100] = b"\xab" * 100
     arena.gather(copies)
     expected = np.concatenate(sources)
     assert bytes(arena.view[100:100 + expected.size]) == expected.tobytes()
+    assert bytes(arena.view[:100]) == b"\xab" * 100  # nothing written before the offset
     targets = [np.zeros_like(a) for a in sources]
     arena.scatter(copy_list(100, [memoryview(a) for a in targets]))
     for a, b in zip(sources, targets):
         assert a.tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize("vectored", [True, False])
-def test_compiled_bucket_fills_masters_and_every_replica_from_the_arena(vectored):
+@pytest.mark.parametrize("path", list(_ARENA_PATHS))
+def test_compiled_bucket_fills_masters_and_every_replica_from_the_arena(path):
     from mpisync.arena import Arena
     from mpisync.manifest import build_manifest
     from mpisync.program import compile_program
@@ -137,7 +152,7 @@ def test_compiled_bucket_fills_masters_and_every_replica_from_the_arena(vectored
     host = manifest.host_params
     plan = build_plan([p.nbytes for p in host], 1 << 10)
     assert len(plan) == 1 and plan[0].fused
-    arena = Arena(1 << 10, vectored=vectored)
+    arena = Arena(1 << 10, **_arena_path(path))
     (step,) = compile_program(host, plan, receiving=True, arena=arena, fusion_bytes=1 << 10)
     assert step.pack == ()
     arena.view[:plan[0].nbytes] = np.arange(plan[0].nbytes, dtype=np.uint8).tobytes()
@@ -145,6 +160,47 @@ def test_compiled_bucket_fills_masters_and_every_replica_from_the_arena(vectored
     for param, (_, _, offset, n) in zip(host, plan[0].pieces):
         for replica in param.replicas:
             assert bytes(replica.data) == bytes(range(offset, offset + n))
+
+
+def test_buffer_list_copies_within_the_arena_and_refuses_what_would_not_fit():
+    from mpisync.speedups import speedups
+
+    if speedups is None:
+        pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
+    sources = [np.arange(n, dtype=np.uint8) + n for n in (5, 0, 3)]
+    held = speedups.BufferList([memoryview(a) for a in sources])
+    assert len(held) == 3 and held.nbytes == 8
+    arena = bytearray(12)
+    assert held.gather(arena, 2) == 8
+    assert bytes(arena) == bytes([0, 0, 5, 6, 7, 8, 9, 3, 4, 5, 0, 0])
+    with pytest.raises(ValueError, match="do not fit"):
+        held.gather(arena, 5)  # 8 bytes from offset 5 of 12
+    with pytest.raises(ValueError, match="do not fit"):
+        held.gather(arena, -1)
+    frozen = np.zeros(4, np.uint8)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        speedups.BufferList([frozen]).scatter(bytes(4))
+    assert not frozen.any()
+    with pytest.raises((ValueError, BufferError)):
+        speedups.BufferList([np.zeros((3, 3))[:, 0]])  # not contiguous
+    targets = [np.zeros(n, np.uint8) for n in (5, 0, 3)]
+    speedups.BufferList(targets).scatter(bytes(arena), 2)
+    assert [t.tolist() for t in targets] == [s.tolist() for s in sources]
+
+
+def test_same_items_is_identity_of_keys_and_values_in_order():
+    from mpisync.speedups import speedups
+
+    if speedups is None:
+        pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
+    a, b = np.zeros(1), np.zeros(1)
+    params = {"a": a, "b": b}
+    assert speedups.same_items(params, ("a", "b"), (a, b))
+    assert not speedups.same_items(params, ("b", "a"), (b, a))  # insertion order differs
+    assert not speedups.same_items(params, ("a", "b"), (a, np.zeros(1)))  # equal values, another array
+    assert not speedups.same_items(params, ("a",), (a,))
+    assert not speedups.same_items({"a": a, "b": b, "c": a}, ("a", "b"), (a, b))
 
 
 def test_cross_memory_byte_ranges_cut_pieces_at_the_share():
@@ -186,3 +242,121 @@ def test_cross_memory_split_moves_half_way_to_equal_copy_times():
     assert not cross.rebalance(0, 70)  # no measurement (the last sync took another channel)
     cross.fraction = 0.9
     assert cross.rebalance(1, 10_000) and cross.fraction == 0.95  # clamped: both sides keep a part
+
+
+def _bulk_or_skip():
+    from mpisync.speedups import speedups
+
+    if speedups is None:
+        pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
+
+
+@given(st.lists(st.sampled_from([0, 1, 3, 7, 8, 9, 15, 16, 17, 40, 100]), max_size=40),
+       st.sampled_from([0, 1, 8, 16, 17, 64]), st.sampled_from([1, 5, 16, 1 << 30]))
+@settings(max_examples=300, deadline=None)
+def test_bulk_plan_posts_the_collectives_build_plan_does(sizes, fusion, chunk):
+    from mpisync.bulk import bulk_plan
+
+    expected = build_plan(sizes, fusion, chunk)
+    got = bulk_plan(np.array(sizes, dtype=np.int64), fusion, chunk)
+    assert [(t.fused, t.nbytes) for t in expected] == [(f, n) for f, _, _, n in got]
+    for t, (fused, first, last, nbytes) in zip(expected, got):
+        if fused:  # the same tensors, in the same order (empty ones carry nothing)
+            assert [p[0] for p in t.pieces] == [i for i in range(first, last) if sizes[i]]
+        else:
+            assert t.pieces[0][:2] == (first, last)
+
+
+def _scan(params, rank=1, size=2, root=0, **settings):
+    from mpisync.bulk import scan
+
+    return scan(params, rank=rank, size=size, root=root, devices=None, settings=settings)
+
+
+def test_bulk_scan_gives_the_full_manifests_digest():
+    from mpisync.bulk import BulkManifest
+    from mpisync.manifest import build_manifest
+
+    _bulk_or_skip()
+    cases = [
+        {f"w{i:03d}": np.zeros(i % 5 + 1, np.float32) for i in range(50)},
+        {"b": np.zeros((2, 3), ">i4"), "a": np.ones((), np.complex64), "c": np.zeros((0, 4), np.float16),
+         "d": np.zeros(3, np.float16), "e": np.zeros(3, np.float32), "f": np.zeros(3, np.float32)},
+        {"z": np.zeros(3, np.bool_), "y": np.zeros(3, [("a", "<i2"), ("b", "<f4")])},
+    ]
+    for params in cases:
+        for rank in (0, 1):
+            bulk = _scan(params, rank=rank, fusion_bytes=64)
+            full = build_manifest(params, rank=rank, size=2, root=0, settings={"fusion_bytes": 64})
+            assert isinstance(bulk, BulkManifest)
+            assert bulk.digest() == full.digest() and bulk.settings == full.settings
+            assert bulk.names == full.names and bulk.nbytes == full.nbytes and bulk.tensors == full.tensors
+            assert bulk.sizes.tolist() == [p.nbytes for p in full.params]
+            assert bulk.encode() == full.encode()
+    base = cases[0]
+    for changed in ({**base, "w001": np.zeros(3, np.float64)}, {**base, "w001": np.zeros((1, 2), np.float32)},
+                    {k if k != "w001" else "w001x": v for k, v in base.items()}):
+        assert _scan(changed).digest() != _scan(base).digest()
+
+
+def test_bulk_scan_leaves_everything_but_plain_numpy_to_the_full_manifest():
+    import collections
+
+    _bulk_or_skip()
+    plain = {"a": np.zeros(4, np.float32), "b": np.zeros(4, np.float32)}
+    assert _scan(plain) is not None
+    frozen = np.zeros(4, np.float32)
+    frozen.flags.writeable = False
+    one = np.zeros(8, np.float32)
+
+    class Subclass(np.ndarray):
+        pass
+
+    refused = {
+        "replica list": {**plain, "c": [np.zeros(2), np.zeros(2)]},
+        "view end to end with another": {"a": one[:4], "b": one[4:]},
+        "read-only on a receiver": {**plain, "c": frozen},
+        "object dtype": {**plain, "c": np.array([None, 1])},
+        "not contiguous": {**plain, "c": np.zeros((4, 4))[:, 1]},
+        "a subclass": {**plain, "c": np.zeros(3).view(Subclass)},
+        "names not all str": {**plain, 3: np.zeros(2)},
+        "bytes object": {**plain, "c": b"abcd"},
+        "empty": {},
+    }
+    for why, params in refused.items():
+        assert _scan(params) is None, why
+    assert _scan({**plain, "c": frozen}, rank=0) is not None  # root only reads
+    assert _scan(collections.OrderedDict(plain)) is None  # not exactly a dict
+    assert _scan(plain, size=1, rank=0) is None and _scan(plain, root=2) is None
+    from mpisync.bulk import scan
+
+    assert scan(plain, rank=1, size=2, root=0, devices=["cpu"], settings={}) is None
+    try:
+        import torch
+    except ImportError:
+        return
+    assert _scan({**plain, "c": torch.zeros(2)}) is None
+
+
+def test_bulk_steps_pack_and_unpack_every_tensor_through_the_arena():
+    from mpisync.arena import Arena
+    from mpisync.bulk import bulk_plan, compile_bulk
+
+    _bulk_or_skip()
+    sizes = [3, 0, 10, 40, 7, 7, 0, 2]
+    root = {f"p{i}": np.arange(n, dtype=np.uint8) + 10 * i for i, n in enumerate(sizes)}
+    receiver = {name: np.zeros_like(a) for name, a in root.items()}
+    send, recv = _scan(root, rank=0), _scan(receiver, rank=1)
+    plan = bulk_plan(send.sizes, 16, 1 << 30)
+    assert [(f, n) for f, _, _, n in plan] == [(True, 13), (False, 40), (True, 16)]
+    arenas = [Arena(32, vectored=False), Arena(32, vectored=False)]
+    sent = compile_bulk(send, plan, receiving=False, arena=arenas[0], fusion_bytes=16)
+    got = compile_bulk(recv, plan, receiving=True, arena=arenas[1], fusion_bytes=16)
+    for a, b in zip(sent, got):  # the "broadcast": root's step buffer into the receiver's
+        a.start()
+        b.buffer[0][:] = a.buffer[0]
+        b.finish()
+    for name in root:
+        assert receiver[name].tobytes() == root[name].tobytes(), name
+    with pytest.raises(ValueError, match="_speedups"):
+        compile_bulk(send, plan, receiving=False, arena=Arena(32, compiled=False), fusion_bytes=16)

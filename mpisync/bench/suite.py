@@ -93,8 +93,8 @@ def _strategy_list(comm, defaults) -> list:
 
 
 def _memory_row(comm, params, root) -> dict:
-    # tracemalloc sees Python and numpy allocations; the fusion arena or shared segment is a
-    # mapping it does not see, so its size is added.
+    # tracemalloc sees Python and numpy allocations made while it runs: a repeated sync's buffers
+    # (made before) are added whole; a cold sync's only where they are mappings it cannot see.
     syncer = mpisync.ParamSync(comm, root=root)
     for _ in range(7):  # past the channel trial (see mpisync.channels): the winner's buffers only
         syncer.sync(params)
@@ -105,7 +105,7 @@ def _memory_row(comm, params, root) -> dict:
     def cold_sync():
         with mpisync.ParamSync(comm, root=root) as cold_syncer:
             cold_syncer.sync(params)
-            buffers.append(cold_syncer.buffer_bytes)
+            buffers.append(cold_syncer._mapped_bytes)
 
     cold = _memory.traced_peak(cold_sync) + buffers[0]
     s = _config.resolve()

@@ -1,0 +1,172 @@
+"""The cold path for a dict of plain numpy arrays: whole-set checks and copies, no object per tensor.
+
+A general manifest (:mod:`mpisync.manifest`) builds a few Python objects per
+tensor and its plan and copy lists more: about 3 us a tensor, so a first sync
+of 5000 small tensors took twice as long as a loop of blocking ``Bcast``. When
+every value is a C-contiguous ``numpy.ndarray`` (the common case), this path
+takes the set whole: one sort of the names, the dtypes and shapes read with
+``map``, every buffer acquired by one C call (``mpisync._speedups.BufferList``:
+contiguity, size, writability), the plan cut with ``numpy.searchsorted``, and
+each fusion bucket one ``BufferList``. Anything else (torch tensors, replica
+lists, views that sit end to end, a read-only array on a receiver, a bad
+setting) takes the general path, which also gives the error messages.
+
+Both paths compute the same digest (:func:`~mpisync.manifest.params_digest`)
+and the same sequence of collectives (``bulk_plan`` equals ``build_plan``), so
+ranks on different paths still agree and match message for message.
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+from mpi4py import MPI
+
+from .arrays import UnsupportedArray, _byte_view, _dtype_name
+from .manifest import build_manifest, params_digest, settings_digest
+from .program import Step
+from .speedups import speedups as _speedups
+
+__all__ = ["BulkManifest", "bulk_plan", "compile_bulk", "scan"]
+
+
+
+class BulkManifest:
+    """What one rank holds, as whole-set arrays: sorted ``names``, their arrays (``values``), byte
+    ``sizes``; the per-parameter :class:`~mpisync.manifest.Manifest` is built only when something
+    needs it (verification, a diagnosis, a channel other than MPI)."""
+
+    leaves_only = True
+    errors: tuple = ()
+    device_params: tuple = ()
+
+    def __init__(self, params: dict, names: list, values: list, held, digest: bytes, settings: dict,
+                 rank: int, size: int, root: int):
+        self._source = params
+        self.names = names
+        self.values = values
+        self.held = held  # the arrays' buffers, in ``names`` order (mpisync._speedups.BufferList)
+        self.sizes = _np.frombuffer(held.lengths(), dtype=_np.int64)
+        self._params_digest = digest
+        self.settings = settings
+        self._where = (rank, size, root)
+        self._full = None
+
+    @property
+    def tensors(self) -> int:
+        """Parameters in the set."""
+        return len(self.names)
+
+    nreplicas = tensors
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one copy of every parameter."""
+        return int(self.sizes.sum())
+
+    def digest(self) -> bytes:
+        """The digest :meth:`mpisync.manifest.Manifest.digest` gives for the same arrays and settings."""
+        return settings_digest(self._params_digest, self.settings)
+
+    def full(self):
+        """The per-parameter manifest of the same arrays (built once, on demand)."""
+        if self._full is None:
+            rank, size, root = self._where
+            settings = {k: v for k, v in self.settings.items() if k != "root"}
+            self._full = build_manifest(self._source, rank=rank, size=size, root=root, settings=settings)
+        return self._full
+
+    @property
+    def params(self) -> list:
+        """The full manifest's parameters (see :meth:`full`)."""
+        return self.full().params
+
+    @property
+    def host_params(self) -> list:
+        """Every parameter: all are in host memory."""
+        return self.full().host_params
+
+    def encode(self) -> bytes:
+        """The full manifest's JSON, for a diagnosis."""
+        return self.full().encode()
+
+
+def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> BulkManifest | None:
+    """The bulk manifest of ``params``, or ``None`` when it does not qualify (see the module doc)."""
+    if (_speedups is None or devices is not None or type(params) is not dict or not params
+            or size < 2 or type(root) is not int or not 0 <= root < size):
+        return None
+    try:
+        names = sorted(params)
+        joined = "\x00".join(names)  # also proves every name is a str
+    except TypeError:
+        return None
+    keys = list(params)
+    values = list(params.values()) if keys == names else list(map(params.__getitem__, names))
+    try:
+        # Exactly numpy.ndarray, C-contiguous, with a buffer format: else the general path says why not.
+        held = _speedups.BufferList(values, _np.ndarray)
+    except (ValueError, TypeError, BufferError):
+        return None
+    if held.touching() or (held.readonly and rank != root):
+        return None  # spans to find, or an error to word: the general path does both
+    runs: list = []  # [[dtype name, how many in a row]], as manifest.dtype_runs gives them
+    try:
+        for dtype, count in _speedups.attribute_runs(values, "dtype"):
+            name = _dtype_name(dtype)  # refuses dtypes holding Python objects
+            if runs and runs[-1][0] == name:
+                runs[-1][1] += count
+            else:
+                runs.append([name, count])
+    except UnsupportedArray:
+        return None
+    count = len(names)
+    digest = params_digest(joined, runs, held.shapes(), _np.ones(count, dtype=_np.int64).tobytes(), "h" * count)
+    agreed = dict(settings)
+    agreed["root"] = root
+    return BulkManifest(params, names, values, held, digest, agreed, rank, size, root)
+
+
+def bulk_plan(sizes: _np.ndarray, fusion_bytes: int, chunk_bytes: int) -> list:
+    """``(fused, first, last, nbytes)`` per collective, the sequence :func:`mpisync.plan.build_plan`
+    gives for ``sizes`` without runs: a fused bucket holds parameters ``first:last`` (empty ones
+    included: they add no bytes); a direct transfer is bytes ``last:last + nbytes`` of parameter
+    ``first``. Buckets are cut greedily, each next tensor joining while the bucket stays within
+    ``fusion_bytes``, as there."""
+    plan: list = []
+    ends = _np.cumsum(sizes)
+    direct = _np.flatnonzero(sizes >= fusion_bytes) if fusion_bytes > 0 else _np.flatnonzero(sizes > 0)
+    start = 0
+    for stop in direct.tolist() + [len(sizes)]:
+        # Parameters start:stop are all smaller than fusion_bytes: pack them.
+        base = int(ends[start - 1]) if start else 0
+        while start < stop and int(ends[stop - 1]) > base:
+            last = min(int(_np.searchsorted(ends, base + fusion_bytes, side="right")), stop)
+            plan.append((True, start, last, int(ends[last - 1]) - base))
+            start, base = last, int(ends[last - 1])
+        if stop < len(sizes):
+            nbytes = int(sizes[stop])
+            plan.extend((False, stop, offset, min(chunk_bytes, nbytes - offset))
+                        for offset in range(0, nbytes, chunk_bytes))
+        start = stop + 1
+    return plan
+
+
+def compile_bulk(manifest: BulkManifest, plan: list, *, receiving: bool, arena, fusion_bytes: int) -> list:
+    """The :class:`~mpisync.program.Step` list carrying out ``plan`` on ``manifest``'s arrays: each
+    bucket packed (root) or unpacked (receivers) by one ``BufferList``, large tensors sent in place."""
+    if not arena.compiled:
+        raise ValueError("compile_bulk needs an arena that copies with mpisync._speedups")
+    slots = len(arena) // fusion_bytes if fusion_bytes else 0
+    names, values = manifest.names, manifest.values
+    steps, bucket = [], 0
+    for fused, first, last, nbytes in plan:
+        if fused:
+            base = (bucket % slots) * fusion_bytes
+            copies = ((base, (), nbytes, manifest.held.part(first, last)),)
+            steps.append(Step([arena.view[base:base + nbytes], MPI.BYTE], () if receiving else copies,
+                              copies if receiving else (), (), tuple(names[first:last]), True, arena))
+            bucket += 1
+        else:
+            view = _byte_view(values[first])[last:last + nbytes]
+            steps.append(Step([view, MPI.BYTE], (), (), (), (names[first],), False))
+    return steps
