@@ -109,7 +109,7 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
         return None
     if held.touching() or (held.readonly and rank != root):
         return None  # spans to find, or an error to word: the general path does both
-    runs: list = []  # [[dtype name, how many in a row]], as manifest.dtype_runs gives them
+    runs: list = []  # [[dtype name, how many in a row]], as manifest.runs gives them
     try:
         for dtype, count in _speedups.attribute_runs(values, "dtype"):
             name = _dtype_name(dtype)  # refuses dtypes holding Python objects
@@ -120,7 +120,7 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
     except UnsupportedArray:
         return None
     count = len(names)
-    digest = params_digest(joined, runs, held.shapes(), _np.ones(count, dtype=_np.int64).tobytes(), "h" * count)
+    digest = params_digest(joined, runs, held.shapes(), [[1, count]], [["h", count]])
     agreed = dict(settings)
     agreed["root"] = root
     return BulkManifest(params, names, values, held, digest, agreed, rank, size, root)

@@ -142,6 +142,7 @@ class ParamSync:
         self._shared_memory = None  # None: MPISYNC_SHARED_MEMORY decides; the bench sets True
         self._closed = False
         self._broken = None
+        self._one_shot = False  # sync_params: one sync, then close
 
     def _prefer(self, channel: str) -> None:
         # For the bench and tests: skip the channel trial; host bytes take ``channel`` from the first
@@ -477,9 +478,12 @@ class ParamSync:
             fused = sum(1 for t in plan if t[0])
             self._ensure_arena(min(capacity, fused) * fusion)
             steps = compile_bulk(manifest, plan, receiving=receiving, arena=self._arena, fusion_bytes=fusion)
-            self._prepared = _Prepared(tuple(params.values()), tuple(params), devices_key, (), (), manifest, layout,
-                                       runs, channel, steps, [], fused, len(plan), [], host_bytes)
-            return self._prepared
+            # sync_params' syncer never syncs again: the snapshot for the reuse check would go unused.
+            keep = not self._one_shot
+            prepared = _Prepared(tuple(params.values()) if keep else (), tuple(params) if keep else (), devices_key,
+                                 (), (), manifest, layout, runs, channel, steps, [], fused, len(plan), [], host_bytes)
+            self._prepared = prepared if keep else None
+            return prepared
         host = manifest.host_params
         plan = self._plan(host, fusion, self._chunk_bytes, runs)
         steps, chunks = [], []
@@ -594,4 +598,5 @@ def sync_params(params, comm=None, *, root=0, devices=None, max_concurrent=None,
     """
     with ParamSync(comm, root=root, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes,
                    gpu_transport=gpu_transport, timeout=timeout) as syncer:
+        syncer._one_shot = True
         return syncer.sync(params, devices=devices, verify=verify)
