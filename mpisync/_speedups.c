@@ -24,6 +24,10 @@ typedef struct {
     Py_ssize_t nbytes;
     int readonly;     /* some buffer is read-only: scatter refuses */
     Py_buffer *views; /* owned, or a run of the parent's */
+    /* Each buffer's address and length again, 16 bytes apiece: the copy loops read these, not the
+     * 80-byte Py_buffer structs, which on a cache-cold sync of thousands of tensors is 5x less
+     * to fetch. */
+    struct span { char *at; Py_ssize_t len; } *spans;
     PyObject *parent; /* a part (BufferList.part) keeps its parent, which holds the views */
 } BufferList;
 
@@ -38,6 +42,7 @@ BufferList_dealloc(BufferList *self)
         for (Py_ssize_t i = 0; i < self->count; i++)
             PyBuffer_Release(&self->views[i]);
         PyMem_Free(self->views);
+        PyMem_Free(self->spans);
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -63,7 +68,8 @@ BufferList_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     self->views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
-    if (self->views == NULL) {
+    self->spans = PyMem_Calloc(n ? (size_t)n : 1, sizeof(struct span));
+    if (self->views == NULL || self->spans == NULL) {
         Py_DECREF(items);
         Py_DECREF(self);
         return PyErr_NoMemory();
@@ -84,6 +90,8 @@ BufferList_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             return NULL;
         }
         self->count = i + 1;
+        self->spans[i].at = self->views[i].buf;
+        self->spans[i].len = self->views[i].len;
         self->nbytes += self->views[i].len;
         self->readonly |= self->views[i].readonly;
     }
@@ -111,13 +119,13 @@ copy_all(BufferList *self, PyObject *args, int gather)
         return NULL;
     }
     char *at = (char *)arena.buf + offset;
-    const Py_buffer *views = self->views;
+    const struct span *spans = self->spans;
     for (Py_ssize_t i = 0; i < self->count; i++) {
         if (gather)
-            memcpy(at, views[i].buf, (size_t)views[i].len);
+            memcpy(at, spans[i].at, (size_t)spans[i].len);
         else
-            memcpy(views[i].buf, at, (size_t)views[i].len);
-        at += views[i].len;
+            memcpy(spans[i].at, at, (size_t)spans[i].len);
+        at += spans[i].len;
     }
     PyBuffer_Release(&arena);
     return PyLong_FromSsize_t(self->nbytes);
@@ -203,6 +211,7 @@ BufferList_part(BufferList *self, PyObject *args)
     part->parent = self->parent != NULL ? self->parent : (PyObject *)self;
     Py_INCREF(part->parent);
     part->views = self->views + first;
+    part->spans = self->spans + first;
     part->count = last - first;
     for (Py_ssize_t i = 0; i < part->count; i++) {
         part->nbytes += part->views[i].len;

@@ -131,6 +131,7 @@ class ParamSync:
         self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
         self._device_slots = None
         self._comm = None
+        self._dup = None  # (communicator, request) of an Idup posted and not yet waited for
         self._plans: dict = {}
         self._arena = Arena(0)
         self._prepared = None
@@ -208,6 +209,8 @@ class ParamSync:
         comm = self._user_comm
         _check_comm(comm)
         rank, size = comm.rank, comm.size
+        if size > 1:
+            self._start_dup()
         configure_logging(rank)
         timeline = timeline_for(rank)
         t_validate = timeline.now() if timeline is not None else 0
@@ -413,11 +416,18 @@ class ParamSync:
             wait_request(request, None if timeout is None else _time.monotonic() + timeout)
         return call
 
+    def _start_dup(self) -> None:
+        # The duplicate is posted before this rank builds its manifest, so the Idup's round trip
+        # overlaps that work (it is waited for, under the timeout, by _ensure_comm).
+        if self._comm is None and self._dup is None:
+            self._dup = self._user_comm.Idup()
+
     def _ensure_comm(self, call) -> None:
         if self._comm is None:
-            dup, request = self._user_comm.Idup()
+            self._start_dup()
+            dup, request = self._dup
             call(request)
-            self._comm = dup
+            self._comm, self._dup = dup, None
 
     def _collective_exchange(self, phase: str, pending: list, exchange):
         """Run ``exchange(comm, call)`` on the library's communicator under this sync's timeout.

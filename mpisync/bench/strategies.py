@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 import mpisync
 
-__all__ = ["STRATEGIES", "flat_buffer", "paramsync", "torch_gloo_available"]
+__all__ = ["STRATEGIES", "evict_caches", "flat_buffer", "paramsync", "torch_gloo_available"]
 
 
 def _noop():
@@ -58,12 +58,29 @@ def sync_params_cold(comm, params, root):
     return run, _noop
 
 
+_EVICTION_BYTES = 64 << 20  # twice the 32 MiB last-level cache of the development machine
+_eviction = None
+
+
+def evict_caches() -> None:
+    """Write a byte in every cache line of 64 MiB: what other work between two syncs leaves behind."""
+    global _eviction
+    if _eviction is None:
+        _eviction = _np.zeros(_EVICTION_BYTES, dtype=_np.uint8)
+    _eviction[::64] += 1
+
+
 def paramsync(channel: str | None = None, **settings):
     """Repeated ``ParamSync.sync`` (validation, plan and buffers reused), with ``settings``.
 
     ``channel=None``: the syncer's own choice, timed after its channel trial
     (see :mod:`mpisync.channels`); else host bytes take ``channel`` ("mpi",
     "cross-memory", "shared memory") from the first sync on, where every rank can.
+    The trial's syncs are run with the caches evicted in between: timed syncs
+    take turns with the other strategies, as syncs in a training loop take
+    turns with training steps, and a trial timed back to back (warm caches)
+    picked cross-memory copies for many-small, which then ran 1.3x slower
+    than MPI in the rotation.
     """
     def factory(comm, params, root):
         syncer = mpisync.ParamSync(comm, root=root, **settings)
@@ -71,6 +88,7 @@ def paramsync(channel: str | None = None, **settings):
             syncer._prefer(channel)
         for _ in range(7 if channel is None else 0):  # untimed: the channel trial (MPI x3, cross-memory x3)
             syncer.sync(params)
+            evict_caches()
 
         def run():
             run.channel = syncer.sync(params).channel  # which channel the syncer settled on
