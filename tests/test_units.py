@@ -244,6 +244,19 @@ def test_cross_memory_split_moves_half_way_to_equal_copy_times():
     assert cross.rebalance(1, 10_000) and cross.fraction == 0.95  # clamped: both sides keep a part
 
 
+def test_attribute_runs_merges_consecutive_identical_values():
+    from mpisync.speedups import speedups
+
+    if speedups is None:
+        pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
+    f4, f8 = np.dtype("float32"), np.dtype("float64")
+    arrays = [np.zeros(1, f4), np.zeros(2, f4), np.zeros(1, f8), np.zeros(3, f4)]
+    assert speedups.attribute_runs(arrays, "dtype") == [[f4, 2], [f8, 1], [f4, 1]]
+    assert speedups.attribute_runs([], "dtype") == []
+    with pytest.raises(AttributeError):
+        speedups.attribute_runs([np.zeros(1), 3], "dtype")
+
+
 def _bulk_or_skip():
     from mpisync.speedups import speedups
 
