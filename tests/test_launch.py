@@ -57,7 +57,8 @@ def test_info_prints_library_thread_level_and_sources(bounded_env):
     assert info["cross_memory"].startswith("off" if env.get("MPISYNC_CROSS_MEMORY") == "0" else "on")
     from mpisync.speedups import enabled
 
-    assert info["speedups"].startswith("off" if env.get("MPISYNC_SPEEDUPS") == "0" else "on" if enabled(True) else "not built")
+    built = "on" if enabled(True) else "not built"
+    assert info["speedups"].startswith("off" if env.get("MPISYNC_SPEEDUPS") == "0" else built)
     table = subprocess.run(["mpisync", "info"], env=env, capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "fusion_bytes    = 8192       (environment" in table.stdout
 

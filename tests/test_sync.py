@@ -229,6 +229,7 @@ def test_ranks_on_the_bulk_and_the_general_path_match(comm):
     # A dict of bare numpy arrays takes mpisync.bulk's path; the same set held as one-replica
     # lists takes the general one. Mixed across ranks, digests and collectives must still match.
     from mpisync.bulk import scan
+    from mpisync.speedups import enabled
 
     shapes = {f"s{i:03d}": ((i % 7 + 1,), "float32") for i in range(300)}
     shapes.update({"big": ((5000,), "float64"), "empty": ((0,), "int8"), "scalar": ((), "complex64")})
@@ -237,8 +238,6 @@ def test_ranks_on_the_bulk_and_the_general_path_match(comm):
     if general:
         params = {name: [array] for name, array in params.items()}
     took_bulk = scan(params, rank=comm.rank, size=comm.size, root=0, devices=None, settings={}) is not None
-    from mpisync.speedups import enabled
-
     assert took_bulk == (enabled() and comm.size > 1 and not general)
     report = mpisync.sync_params(params, comm, root=0, fusion_bytes=1024, verify=True)
     for name, (shape, dtype) in shapes.items():
