@@ -10,7 +10,7 @@ import os as _os
 
 from .errors import InvalidParamError
 
-__all__ = ["Setting", "Settings", "resolve", "BUILTIN_DEFAULTS", "ENV_NAMES"]
+__all__ = ["Setting", "Settings", "resolve", "env_switch", "BUILTIN_DEFAULTS", "ENV_NAMES"]
 
 GPU_TRANSPORTS = ("auto", "cuda-aware", "staged")
 
@@ -114,6 +114,13 @@ def resolve(max_concurrent=None, fusion_bytes=None, gpu_transport=None, timeout=
     )
 
 
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment variable: ``default`` unless it spells the other choice
+    (``0``/``false``/``no``/``off`` against a default of on, ``1``/``true``/``yes``/``on`` against off)."""
+    value = _os.environ.get(name, "").strip().lower()
+    return value not in ("0", "false", "no", "off") if default else value in ("1", "true", "yes", "on")
+
+
 def abort_on_timeout() -> bool:
     """Whether a timeout aborts the job (default) or only raises (``MPISYNC_TIMEOUT_ABORT=0``)."""
-    return _os.environ.get("MPISYNC_TIMEOUT_ABORT", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_switch("MPISYNC_TIMEOUT_ABORT", True)

@@ -31,6 +31,8 @@ import sys as _sys
 import numpy as _np
 from mpi4py import MPI
 
+from .config import env_switch
+
 __all__ = ["Copies", "CrossMemory", "enabled"]
 
 _BATCH = 1024  # IOV_MAX on Linux: the most iovecs one call takes on either side
@@ -63,7 +65,7 @@ def enabled(requested: bool | None = None) -> bool:
     """Whether this rank may use cross-memory copies: asked for (``requested``, else
     ``MPISYNC_CROSS_MEMORY``, on unless 0) and offered by the OS (Linux)."""
     if requested is None:
-        requested = _os.environ.get("MPISYNC_CROSS_MEMORY", "1").strip().lower() not in ("0", "false", "no", "off")
+        requested = env_switch("MPISYNC_CROSS_MEMORY", True)
     return bool(requested) and _CALLS is not None
 
 

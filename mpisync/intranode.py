@@ -32,6 +32,7 @@ import numpy as _np
 from mpi4py import MPI
 
 from .arena import Arena, vectored_io_available
+from .config import env_switch
 from .manifest import replica_copies
 from .program import bucket_pack, bucket_unpack, transfer_buffer
 from .ring import Expired
@@ -52,7 +53,7 @@ def enabled(requested: bool | None = None) -> bool:
     """Whether this rank may use the shared segment: asked for (``requested``, else
     ``MPISYNC_SHARED_MEMORY=1``; off by default, see the module notes) and possible here."""
     if requested is None:
-        requested = _os.environ.get("MPISYNC_SHARED_MEMORY", "0").strip().lower() in ("1", "true", "yes", "on")
+        requested = env_switch("MPISYNC_SHARED_MEMORY", False)
     return bool(requested) and (_platform.machine().lower() in ("x86_64", "amd64") and vectored_io_available()
                                 and _os.path.isdir("/dev/shm"))
 

@@ -7,14 +7,14 @@ both ways and compare bytes).
 
 from __future__ import annotations
 
-import os as _os
+from .config import env_switch
 
 __all__ = ["speedups", "enabled"]
 
 
 def _load(requested: bool | None = None):
     if requested is None:
-        requested = _os.environ.get("MPISYNC_SPEEDUPS", "1").strip().lower() not in ("0", "false", "no", "off")
+        requested = env_switch("MPISYNC_SPEEDUPS", True)
     if not requested:
         return None
     try:
