@@ -163,8 +163,7 @@ class ParamSync:
     def _mapped_bytes(self) -> int:
         # For the bench's memory row: the buffers tracemalloc does not see (memory mappings: the node's
         # segment, an arena on a memory file); a plain-memory arena is traced like any numpy array.
-        node = self._node.nbytes if self._node else 0
-        return node + (len(self._arena) if self._arena.mapped else 0)
+        return self.buffer_bytes - (0 if self._arena.mapped else len(self._arena))
 
     @property
     def settings(self) -> _config.Settings:
