@@ -111,11 +111,18 @@ def test_array_views_alias_memory_and_name_dtypes_alike():
 _ARENA_PATHS = {"compiled": {}, "vectored": {"compiled": False}, "loop": {"compiled": False, "vectored": False}}
 
 
-def _arena_path(path):
-    from mpisync.speedups import enabled
+def _speedups_or_skip():
+    """The C loops module; the test is skipped where it is not built (or MPISYNC_SPEEDUPS=0)."""
+    from mpisync.speedups import speedups
 
-    if path == "compiled" and not enabled():
+    if speedups is None:
         pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
+    return speedups
+
+
+def _arena_path(path):
+    if path == "compiled":
+        _speedups_or_skip()
     return _ARENA_PATHS[path]
 
 
@@ -163,10 +170,7 @@ def test_compiled_bucket_fills_masters_and_every_replica_from_the_arena(path):
 
 
 def test_buffer_list_copies_within_the_arena_and_refuses_what_would_not_fit():
-    from mpisync.speedups import speedups
-
-    if speedups is None:
-        pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
+    speedups = _speedups_or_skip()
     sources = [np.arange(n, dtype=np.uint8) + n for n in (5, 0, 3)]
     held = speedups.BufferList([memoryview(a) for a in sources])
     assert len(held) == 3 and held.nbytes == 8
@@ -190,10 +194,7 @@ def test_buffer_list_copies_within_the_arena_and_refuses_what_would_not_fit():
 
 
 def test_same_items_is_identity_of_keys_and_values_in_order():
-    from mpisync.speedups import speedups
-
-    if speedups is None:
-        pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
+    speedups = _speedups_or_skip()
     a, b = np.zeros(1), np.zeros(1)
     params = {"a": a, "b": b}
     assert speedups.same_items(params, ("a", "b"), (a, b))
@@ -245,23 +246,13 @@ def test_cross_memory_split_moves_half_way_to_equal_copy_times():
 
 
 def test_attribute_runs_merges_consecutive_identical_values():
-    from mpisync.speedups import speedups
-
-    if speedups is None:
-        pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
+    speedups = _speedups_or_skip()
     f4, f8 = np.dtype("float32"), np.dtype("float64")
     arrays = [np.zeros(1, f4), np.zeros(2, f4), np.zeros(1, f8), np.zeros(3, f4)]
     assert speedups.attribute_runs(arrays, "dtype") == [[f4, 2], [f8, 1], [f4, 1]]
     assert speedups.attribute_runs([], "dtype") == []
     with pytest.raises(AttributeError):
         speedups.attribute_runs([np.zeros(1), 3], "dtype")
-
-
-def _bulk_or_skip():
-    from mpisync.speedups import speedups
-
-    if speedups is None:
-        pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
 
 
 @given(st.lists(st.sampled_from([0, 1, 3, 7, 8, 9, 15, 16, 17, 40, 100]), max_size=40),
@@ -290,7 +281,7 @@ def test_bulk_scan_gives_the_full_manifests_digest():
     from mpisync.bulk import BulkManifest
     from mpisync.manifest import build_manifest
 
-    _bulk_or_skip()
+    _speedups_or_skip()
     cases = [
         {f"w{i:03d}": np.zeros(i % 5 + 1, np.float32) for i in range(50)},
         {"b": np.zeros((2, 3), ">i4"), "a": np.ones((), np.complex64), "c": np.zeros((0, 4), np.float16),
@@ -315,7 +306,7 @@ def test_bulk_scan_gives_the_full_manifests_digest():
 def test_bulk_scan_leaves_everything_but_plain_numpy_to_the_full_manifest():
     import collections
 
-    _bulk_or_skip()
+    _speedups_or_skip()
     plain = {"a": np.zeros(4, np.float32), "b": np.zeros(4, np.float32)}
     assert _scan(plain) is not None
     frozen = np.zeros(4, np.float32)
@@ -355,7 +346,7 @@ def test_bulk_steps_pack_and_unpack_every_tensor_through_the_arena():
     from mpisync.arena import Arena
     from mpisync.bulk import bulk_plan, compile_bulk
 
-    _bulk_or_skip()
+    _speedups_or_skip()
     sizes = [3, 0, 10, 40, 7, 7, 0, 2]
     root = {f"p{i}": np.arange(n, dtype=np.uint8) + 10 * i for i, n in enumerate(sizes)}
     receiver = {name: np.zeros_like(a) for name, a in root.items()}
