@@ -46,7 +46,9 @@ class BulkManifest:
         self.values = values
         self.held = held  # the arrays' buffers, in ``names`` order (mpisync._speedups.BufferList)
         self.sizes = _np.frombuffer(held.lengths(), dtype=_np.int64)
+        self.nbytes = int(self.sizes.sum())  # bytes of one copy of every parameter
         self._params_digest = digest
+        self._digest = (None, b"")  # (the settings dict it was computed with, the digest)
         self.settings = settings
         self._where = (rank, size, root)
         self._full = None
@@ -58,14 +60,11 @@ class BulkManifest:
 
     nreplicas = tensors
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one copy of every parameter."""
-        return int(self.sizes.sum())
-
     def digest(self) -> bytes:
         """The digest :meth:`mpisync.manifest.Manifest.digest` gives for the same arrays and settings."""
-        return settings_digest(self._params_digest, self.settings)
+        if self._digest[0] is not self.settings:  # a repeated sync keeps its settings dict: computed once
+            self._digest = (self.settings, settings_digest(self._params_digest, self.settings))
+        return self._digest[1]
 
     def full(self):
         """The per-parameter manifest of the same arrays (built once, on demand)."""

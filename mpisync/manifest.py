@@ -51,6 +51,7 @@ class Manifest:
     settings: dict  # values every rank must share (root, fusion_bytes, ...)
     leaves_only: bool = False
     _params_digest: bytes | None = None
+    _digest: tuple = (None, b"")  # (the settings dict it was computed with, the digest)
 
     def describe(self) -> list:
         """One row per parameter: ``[name, shape, dtype, replicas, "host" or "device"]``, JSON-safe."""
@@ -69,7 +70,9 @@ class Manifest:
                 "\x00".join([p.name for p in params]), runs(p.master.dtype for p in params),
                 shape_words(p.master.shape for p in params), runs(len(p.replicas) for p in params),
                 runs(p.master.kind[0] for p in params))
-        return settings_digest(self._params_digest, self.settings)
+        if self._digest[0] is not self.settings:  # a repeated sync keeps its settings dict: computed once
+            self._digest = (self.settings, settings_digest(self._params_digest, self.settings))
+        return self._digest[1]
 
     @property
     def tensors(self) -> int:

@@ -4,7 +4,8 @@
 rank, unless the application configured the ``mpisync`` logger itself.
 ``MPISYNC_TIMELINE=PATH`` writes one Chrome-trace JSON per rank (``PATH`` with
 ``{rank}`` replaced, else ``PATH.rank<N>.json``), viewable in chrome://tracing
-or Perfetto: phases validate, pack, broadcast, unpack, fan-out, verify.
+or Perfetto: phases validate, pack, broadcast, unpack, fan-out, verify. A
+``ParamSync`` reads it at its first sync.
 """
 
 from __future__ import annotations

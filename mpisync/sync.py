@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections.abc as _abc
-import contextlib as _contextlib
 import dataclasses as _dc
 import functools as _functools
 import gc as _gc
@@ -41,20 +40,6 @@ __all__ = ["ParamSync", "sync_params"]
 # forwards the message before it tears the job down.
 _ABORT_GRACE_SECONDS = 1.0
 _PLAN_CACHE_SIZE = 8
-
-
-@_contextlib.contextmanager
-def _gc_paused():
-    # A cold sync creates a few objects per tensor and no reference cycles; left
-    # on, the cyclic collector walks the whole heap several times meanwhile
-    # (about 40% of a cold sync of 5000 tensors).
-    enabled = _gc.isenabled()
-    _gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            _gc.enable()
 
 
 def _check_comm(comm):
@@ -127,6 +112,7 @@ class ParamSync:
         except InvalidParamError as exc:
             self._settings_error = str(exc)
             self._settings = _config.resolve(1, 0, "auto", _config.BUILTIN_DEFAULTS["timeout"])
+        self._values = self._settings.values()  # read-only: the settings are fixed for the syncer's life
         self._chunk_bytes = DEFAULT_CHUNK_BYTES
         self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
         self._device_slots = None
@@ -144,6 +130,7 @@ class ParamSync:
         self._closed = False
         self._broken = None
         self._one_shot = False  # sync_params: one sync, then close
+        self._where = None  # (rank, size, timeline) of the caller's communicator, once it passed the check
 
     def _prefer(self, channel: str) -> None:
         # For the bench and tests: skip the channel trial; host bytes take ``channel`` from the first
@@ -196,8 +183,16 @@ class ParamSync:
         same names, shapes, dtypes and replica counts; otherwise every rank
         raises the same :class:`~mpisync.SyncError` and nothing is written.
         """
-        with _gc_paused():
+        # A cold sync creates a few objects per tensor and no reference cycles; left
+        # on, the cyclic collector walks the whole heap several times meanwhile
+        # (about 40% of a cold sync of 5000 tensors).
+        collecting = _gc.isenabled()
+        _gc.disable()
+        try:
             return self._sync(params, devices, verify)
+        finally:
+            if collecting:
+                _gc.enable()
 
     def _sync(self, params, devices, verify) -> SyncReport:
         if self._closed:
@@ -205,22 +200,27 @@ class ParamSync:
         if self._broken:
             raise SyncError(f"mpisync: this ParamSync is unusable: {self._broken}")
         start = _time.perf_counter()
-        comm = self._user_comm
-        _check_comm(comm)
-        rank, size = comm.rank, comm.size
+        where = self._where
+        if where is None:  # the first sync (or every one until the caller's communicator passes the check)
+            comm = self._user_comm
+            _check_comm(comm)
+            # MPISYNC_TIMELINE is read once per syncer: the lookup alone costs 10 us of a repeated sync.
+            where = self._where = (comm.rank, comm.size, timeline_for(comm.rank))
+        rank, size, timeline = where
         if size > 1:
             self._start_dup()
         configure_logging(rank)
-        timeline = timeline_for(rank)
         t_validate = timeline.now() if timeline is not None else 0
-        values = self._settings.values()
+        values = self._values
         agreed = {"fusion_bytes": values["fusion_bytes"], "chunk_bytes": self._chunk_bytes,
                   "device_chunk_bytes": self._device_chunk_bytes, "verify": bool(verify), "root": self._root}
-        devices_key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
+        devices_key = tuple(devices) if devices is not None and isinstance(devices, _abc.Sequence) else devices
         prepared = self._prepared
-        if prepared is not None and isinstance(params, _abc.Mapping) and prepared.matches(params, devices_key):
+        if prepared is not None and (type(params) is dict or isinstance(params, _abc.Mapping)) and prepared.matches(
+                params, devices_key):
             manifest = prepared.manifest
-            manifest.settings = agreed
+            if manifest.settings != agreed:
+                manifest.settings = agreed
         else:
             prepared = None
             manifest = None if self._settings_error else scan(params, rank=rank, size=size, root=self._root,
