@@ -358,7 +358,27 @@ attribute_runs(PyObject *module, PyObject *args)
     return runs;
 }
 
+/* The dict's version tag (PEP 509): it changes with every change to the dict and is never shared
+ * by two dicts (one global counter), so an equal tag means the same dict with the same entries.
+ * -1 from Python 3.12 on, where the tag is deprecated: callers then compare the entries. */
+static PyObject *
+dict_version(PyObject *module, PyObject *mapping)
+{
+    if (!PyDict_Check(mapping)) {
+        PyErr_SetString(PyExc_TypeError, "dict_version() takes a dict");
+        return NULL;
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    return PyLong_FromUnsignedLongLong(((PyDictObject *)mapping)->ma_version_tag);
+#else
+    return PyLong_FromLong(-1);
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"dict_version", dict_version, METH_O,
+     "dict_version(dict) -> int: changes with every change to the dict, never equal for two dicts; "
+     "-1 where the interpreter has no version tag (3.12 on)."},
     {"attribute_runs", attribute_runs, METH_VARARGS,
      "attribute_runs(items, name) -> [[value, count], ...]: getattr(item, name) over consecutive items, "
      "runs of the same object merged."},

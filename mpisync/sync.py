@@ -70,14 +70,20 @@ class _Prepared:
     host_bytes: int
     cross: tuple = ()  # cross-memory: (direct transfer buffers, fused tensors' masters, fan-out pairs)
     copies: object = None  # cross-memory: this rank's copies (crossmemory.Copies), bound to every rank's
+    version: tuple = (None, -1)  # (the dict last matched, its version tag): see matches
 
     def matches(self, params, devices) -> bool:
         """Whether ``params`` holds exactly the arrays (and, for torch, the storage) prepared."""
         if devices != self.devices:
             return False
         if _speedups is not None and type(params) is dict:
-            if not _speedups.same_items(params, self.keys, self.values):
-                return False
+            # The dict's version tag is unchanged only if no entry changed: then the walk over
+            # its entries (60 us for 5000 with cold caches) is skipped.
+            version = _speedups.dict_version(params)
+            if version == -1 or version != self.version[1] or params is not self.version[0]:
+                if not _speedups.same_items(params, self.keys, self.values):
+                    return False
+                self.version = (params, version)
         elif tuple(params) != self.keys or not all(map(_operator.is_, params.values(), self.values)):
             return False
         return not self.torch_indices or _torch_storage(tuple(params.values()), self.torch_indices) == self.torch_storage

@@ -125,6 +125,28 @@ def test_param_sync_reuses_communicator_plan_and_buffers(comm):
         syncer.sync(params)
 
 
+def test_arrays_replaced_in_the_same_dict_are_synced(comm):
+    # A repeated sync reuses its checks while the dict is unchanged; a new array put into the
+    # same dict (or a key removed and put back) must be seen on every rank.
+    params = {f"w{i}": values(f"w{i}", comm.rank, (30 + i,), "float32") for i in range(6)}
+    with mpisync.ParamSync(comm, root=0, fusion_bytes=256) as syncer:
+        for step in range(5):
+            if step == 2:
+                params["w3"] = values("w3", comm.rank + 100, (33,), "float32")
+            if step == 3:
+                params["w1"] = params.pop("w1")  # same array, the dict's order changes
+            if step == 4:
+                params["w5"][:] = comm.rank + 7  # new bytes in the same array
+            syncer.sync(params)
+            for name, array in params.items():
+                reference = values(name, 100 if step >= 2 and name == "w3" else 0, array.shape, "float32")
+                if step == 4 and name == "w5":
+                    reference = np.full(array.shape, 7, np.float32)
+                assert same_bytes(array, reference), (step, name)
+            if comm.size > 1:
+                assert syncer._prepared.values == tuple(params.values())
+
+
 def test_library_traffic_never_matches_the_users(comm):
     need_ranks(comm, 2)
     # The user has a receive posted on COMM_WORLD; mpisync's broadcasts must not satisfy it.

@@ -204,6 +204,25 @@ def test_same_items_is_identity_of_keys_and_values_in_order():
     assert not speedups.same_items({"a": a, "b": b, "c": a}, ("a", "b"), (a, b))
 
 
+def test_dict_version_changes_with_every_change_and_differs_between_dicts():
+    speedups = _speedups_or_skip()
+    a = np.zeros(1)
+    params = {"a": a}
+    version = speedups.dict_version(params)
+    if version == -1:
+        pytest.skip("no dict version tag in this Python (3.12 on): same_items alone decides")
+    params["a"] = a  # the same object again: nothing changed
+    assert speedups.dict_version(params) == version
+    params["a"] = np.zeros(1)
+    changed = speedups.dict_version(params)
+    assert changed != version
+    params["a"] = a  # back to the first array: still a new version
+    assert speedups.dict_version(params) not in (version, changed)
+    assert speedups.dict_version({"a": a}) != speedups.dict_version({"a": a})
+    with pytest.raises(TypeError):
+        speedups.dict_version([])
+
+
 def test_cross_memory_byte_ranges_cut_pieces_at_the_share():
     from mpisync.crossmemory import _byte_range
 

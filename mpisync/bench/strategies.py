@@ -86,7 +86,8 @@ def paramsync(channel: str | None = None, **settings):
         syncer = mpisync.ParamSync(comm, root=root, **settings)
         if channel is not None:
             syncer._prefer(channel)
-        for _ in range(7 if channel is None else 0):  # untimed: the channel trial (MPI x3, cross-memory x3)
+        # Untimed: the channel trial (three syncs per channel every rank can use; see mpisync.channels).
+        while channel is None and not syncer._trial.settled(syncer._channels()):
             syncer.sync(params)
             evict_caches()
 
