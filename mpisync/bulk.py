@@ -157,13 +157,15 @@ def compile_bulk(manifest: BulkManifest, plan: list, *, receiving: bool, arena, 
         raise ValueError("compile_bulk needs an arena that copies with mpisync._speedups")
     slots = len(arena) // fusion_bytes if fusion_bytes else 0
     names, values = manifest.names, manifest.values
-    steps, bucket = [], 0
+    steps, bucket, fused_steps = [], 0, []
     for fused, first, last, nbytes in plan:
         if fused:
             base = (bucket % slots) * fusion_bytes
             copies = ((base, (), nbytes, manifest.held.part(first, last)),)
             steps.append(Step([arena.view[base:base + nbytes], MPI.BYTE], () if receiving else copies,
-                              copies if receiving else (), (), tuple(names[first:last]), True, arena))
+                              copies if receiving else (), (), tuple(names[first:last]), True, arena,
+                              fused_steps[bucket - slots] if bucket >= slots else -1))
+            fused_steps.append(len(steps) - 1)
             bucket += 1
         else:
             view = _byte_view(values[first])[last:last + nbytes]

@@ -59,6 +59,7 @@ class RequestRing:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
         self._capacity = capacity
         self._pending: _collections.deque = _collections.deque()
+        self.retired = 0  # requests retired so far: request k (from 0, in push order) is done once this is > k
 
     @property
     def capacity(self) -> int:
@@ -83,9 +84,15 @@ class RequestRing:
         while self._pending:
             self._retire_oldest()
 
+    def retire_through(self, k: int) -> None:
+        """Wait, oldest first, until the ``k``-th request pushed (from 0) is retired."""
+        while self.retired <= k and self._pending:
+            self._retire_oldest()
+
     def _retire_oldest(self) -> None:
         self._pending[0].Wait()
         self._pending.popleft()
+        self.retired += 1
 
 
 class TrackedRing(RequestRing):
@@ -113,5 +120,6 @@ class TrackedRing(RequestRing):
         request, deadline, on_complete, _ = self._pending[0]
         wait_request(request, deadline)
         self._pending.popleft()
+        self.retired += 1
         if on_complete is not None:
             on_complete()

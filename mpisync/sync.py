@@ -27,7 +27,7 @@ from .manifest import build_manifest, replica_copies
 from .observe import configure_logging, logger, timeline_for
 from .plan import DEFAULT_CHUNK_BYTES, build_plan
 from .arena import Arena
-from .program import arena_slots, compile_program, transfer_buffer
+from .program import FUSED_SLOTS, arena_slots, compile_program, transfer_buffer
 from .report import SyncReport
 from .speedups import speedups as _speedups
 from .ring import Expired, TrackedRing, wait_request
@@ -491,7 +491,7 @@ class ParamSync:
         if isinstance(manifest, BulkManifest) and channel == MPI_CHANNEL:
             plan = bulk_plan(manifest.sizes, fusion, self._chunk_bytes)
             fused = sum(1 for t in plan if t[0])
-            self._ensure_arena(min(capacity, fused) * fusion)
+            self._ensure_arena(min(capacity, FUSED_SLOTS, fused) * fusion)
             steps = compile_bulk(manifest, plan, receiving=receiving, arena=self._arena, fusion_bytes=fusion)
             # sync_params' syncer never syncs again: the snapshot for the reuse check would go unused.
             keep = not self._one_shot
@@ -559,7 +559,9 @@ class ParamSync:
         debug = logger.isEnabledFor(_logging.DEBUG)
         start = timeline.now() if timeline is not None else 0
         for k, step in enumerate(steps):
-            ring.make_room()  # the slot packed next belongs to a retired bucket
+            ring.make_room()
+            if step.after >= 0:  # the bucket that used this arena slot before is done and unpacked
+                ring.retire_through(step.after)
             step.start(timeline)
             if debug:
                 names = ", ".join(step.label[:5]) + (f", ... ({len(step.label)} tensors)" if len(step.label) > 5 else "")

@@ -147,6 +147,29 @@ def test_arrays_replaced_in_the_same_dict_are_synced(comm):
                 assert syncer._prepared.values == tuple(params.values())
 
 
+@pytest.mark.parametrize("form", ["bare arrays", "replica lists"])
+def test_buckets_take_turns_in_two_arena_slots_with_many_collectives_in_flight(comm, form):
+    # 16 collectives may be in flight but fused buckets share two arena slots: a bucket is packed
+    # (root) or received (the others) into a slot only after the bucket before it there was sent
+    # and unpacked. Buckets of 96 KiB move by rendezvous, where a slot overwritten too early shows.
+    shapes = {f"t{i:03d}": (1000 + i,) for i in range(300)}  # ~4 KiB each: about 13 buckets
+
+    def make(seed):
+        arrays = {n: values(n, seed, s, "float32") for n, s in shapes.items()}
+        return arrays if form == "bare arrays" else {n: [a, a.copy()] for n, a in arrays.items()}
+
+    with mpisync.ParamSync(comm, root=0, fusion_bytes=96 * 1024, max_concurrent=16) as syncer:
+        for step in range(3):
+            params = make(comm.rank + 10 * step)
+            report = syncer.sync(params)
+            for name, shape in shapes.items():
+                expected = values(name, 10 * step, shape, "float32")
+                for replica in ([params[name]] if form == "bare arrays" else params[name]):
+                    assert same_bytes(replica, expected), (step, name)
+        if comm.size > 1:
+            assert report.fused_buckets >= 10 and len(syncer._arena) == 2 * 96 * 1024
+
+
 def test_library_traffic_never_matches_the_users(comm):
     need_ranks(comm, 2)
     # The user has a receive posted on COMM_WORLD; mpisync's broadcasts must not satisfy it.
