@@ -80,7 +80,7 @@ def paramsync(channel: str | None = None, **settings):
     take turns with the other strategies, as syncs in a training loop take
     turns with training steps, and a trial timed back to back (warm caches)
     picked cross-memory copies for many-small, which then ran 1.3x slower
-    than MPI in the rotation.
+    than MPI in the timed runs.
     """
     def factory(comm, params, root):
         syncer = mpisync.ParamSync(comm, root=root, **settings)

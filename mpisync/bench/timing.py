@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses as _dc
+import random as _random
 import statistics as _statistics
 
 import numpy as _np
@@ -47,10 +48,13 @@ def measure(comm, fn, *, iterations: int, warmup: int) -> Timing:
 
 
 def measure_interleaved(comm, runs: dict, *, iterations: int, warmup: int, progress=None) -> dict:
-    """Time every ``runs[name]()`` side by side: each iteration runs each once, in a rotating order.
+    """Time every ``runs[name]()`` side by side: each iteration runs each once, in a shuffled order.
 
     On a shared, noisy machine this keeps slow spells from landing on one
-    strategy only, so ratios of medians compare like with like.
+    strategy only, so ratios of medians compare like with like. The order is
+    shuffled (the same on every rank: seeded by the iteration) rather than
+    rotated: rotated, each run always followed the same neighbour, so what
+    that neighbour left in the caches favoured or hurt it in every iteration.
     """
     names = list(runs)
     for _ in range(warmup):
@@ -58,8 +62,9 @@ def measure_interleaved(comm, runs: dict, *, iterations: int, warmup: int, progr
             _time_once(comm, runs[name])
     samples = {name: [] for name in names}
     for i in range(iterations):
-        k = i % len(names)
-        for name in names[k:] + names[:k]:
+        order = list(names)
+        _random.Random(i).shuffle(order)
+        for name in order:
             samples[name].append(_time_once(comm, runs[name]))
         if progress is not None:
             progress()
