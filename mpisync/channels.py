@@ -1,8 +1,9 @@
 """Which channel moves host bytes between ranks, chosen by measurement on every rank alike.
 
 Cross-memory copies (:mod:`mpisync.crossmemory`) and the node's shared segment
-(:mod:`mpisync.intranode`, opt-in) beat MPI by up to 1.8x here, but the segment
-ran at a quarter of MPI's speed on some runs of this (virtual) machine. So a
+(:mod:`mpisync.intranode`; by default for sets of small tensors only) beat MPI
+by up to 1.8x here, but the segment ran at a quarter of MPI's speed on some
+runs of this (virtual) machine with large tensors. So a
 :class:`~mpisync.ParamSync` measures instead of guessing: its first three syncs
 use MPI, the next ones each other channel every rank can use, three syncs each
 (the first sets the channel up, the best of the other two counts), and later

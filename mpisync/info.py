@@ -84,10 +84,14 @@ def _speedups_line() -> str:
 
 
 def _shared_memory_line() -> str:
-    from .intranode import enabled
+    from .intranode import available, requested
 
-    return _switch_line(enabled,
-                        "on here (MPISYNC_SHARED_MEMORY=1): a ParamSync tries the node's shared segment after MPI "
-                        "and cross-memory copies, three syncs each",
-                        "off (opt-in: MPISYNC_SHARED_MEMORY=1)",
-                        "not available here (needs x86-64, /dev/shm, preadv/pwritev)")
+    if not available():
+        return "not available here (needs x86-64, /dev/shm, preadv/pwritev)"
+    wanted = requested()
+    if wanted is None:
+        return ("small sets (MPISYNC_SHARED_MEMORY=1: every set, =0: never): a ParamSync whose tensors are all "
+                "smaller than fusion_bytes tries the node's shared segment after MPI and cross-memory copies, "
+                "three syncs each")
+    return ("on here (MPISYNC_SHARED_MEMORY=1): a ParamSync tries the node's shared segment after MPI "
+            "and cross-memory copies, three syncs each" if wanted else "off (MPISYNC_SHARED_MEMORY=0)")

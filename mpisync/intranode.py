@@ -9,10 +9,17 @@ other ranks copy them out, each slot released when every receiver has acked
 it: one memory copy on each side, pipelined. Buckets of small tensors are
 packed and unpacked with one ``pwritev``/``preadv`` each.
 
-It is opt-in (``MPISYNC_SHARED_MEMORY=1``): on the 2-core virtual machine it
-was built on, it ran at 0.9-1.1x a flat ``Bcast`` in most runs and at 0.2-0.3x
-in others (one side's copies slowed 3-4x while both copied at once; the cause
-was not found), while MPI's path held at 0.5-0.85x.
+By default a :class:`~mpisync.ParamSync` tries it only for parameter sets
+whose tensors are all smaller than ``fusion_bytes`` (every byte in fused
+buckets), in :data:`SMALL_SLOTS` slots of one bucket: there it ran at 0.55-0.97x
+the time of MPI's path in every bench run here (5000 x 400 B), root packing
+the next bucket while the others unpack the last. For any set it takes
+``MPISYNC_SHARED_MEMORY=1`` (``0``: never): on the 2-core virtual machine it
+was built on, sets with large tensors ran at 0.9-1.1x a flat ``Bcast`` in most
+runs and at 0.2-0.3x in others (one side's copies slowed 3-4x while both
+copied at once for tens of milliseconds; the cause was not found), while MPI's
+path held at 0.5-0.85x. Either way the channel trial (:mod:`mpisync.channels`)
+keeps it only if it moved the bytes faster.
 
 The slot handshake uses plain loads and stores of 64-bit counters in the
 mapping, which is correct where stores are seen in program order by other
@@ -37,25 +44,43 @@ from .manifest import replica_copies
 from .program import bucket_pack, bucket_unpack, transfer_buffer
 from .ring import Expired
 
-__all__ = ["NodeSegment", "Chunk", "compile_chunks", "enabled", "SLOT_BYTES"]
+__all__ = ["NodeSegment", "Chunk", "compile_chunks", "enabled", "available", "requested", "SLOT_BYTES",
+           "SMALL_SLOTS"]
 
 #: Bytes of one slot: one copy on each side per slot, so large enough that the
 #: handshake is cheap, small enough that slots stay in cache (1 MiB x 4 was
 #: fastest in a sweep on ResNet-50, BERT-base and GPT-2 parameter sets).
 SLOT_BYTES = 1 << 20
+#: Slots for sets of small tensors only: one fused bucket each. Four let root pack ahead while the
+#: others unpack; 5000 x 400 B took 0.19-0.21 ms with 4 x 256 KiB, 0.20-0.22 with 4 x 1 MiB,
+#: 0.20-0.24 with 3 x 256 KiB and 0.27-0.30 with 2 x 256 KiB (flat Bcast 0.36-0.44 alongside).
+SMALL_SLOTS = 4
 _LINE = 64  # each counter on its own cache line: no false sharing between ranks
 _NAME_BYTES = 96
 _SPIN_SECONDS = 0.5
 _SLEEP_SECONDS = 0.001
 
 
+def requested() -> bool | None:
+    """``MPISYNC_SHARED_MEMORY``: True (``1``: any parameter set), False (``0``: never), None (unset:
+    sets whose tensors are all smaller than ``fusion_bytes``, see the module notes)."""
+    if not _os.environ.get("MPISYNC_SHARED_MEMORY", "").strip():
+        return None
+    return env_switch("MPISYNC_SHARED_MEMORY", False)
+
+
 def enabled(requested: bool | None = None) -> bool:
-    """Whether this rank may use the shared segment: asked for (``requested``, else
-    ``MPISYNC_SHARED_MEMORY=1``; off by default, see the module notes) and possible here."""
+    """Whether this rank may use the shared segment for every parameter set: asked for
+    (``requested``, else ``MPISYNC_SHARED_MEMORY=1``) and possible here."""
     if requested is None:
         requested = env_switch("MPISYNC_SHARED_MEMORY", False)
-    return bool(requested) and (_platform.machine().lower() in ("x86_64", "amd64") and vectored_io_available()
-                                and _os.path.isdir("/dev/shm"))
+    return bool(requested) and available()
+
+
+def available() -> bool:
+    """Whether this platform has what the segment needs (x86-64, ``/dev/shm``, preadv/pwritev)."""
+    return (_platform.machine().lower() in ("x86_64", "amd64") and vectored_io_available()
+            and _os.path.isdir("/dev/shm"))
 
 
 def _header_bytes(slots: int, size: int) -> int:

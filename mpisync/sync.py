@@ -21,7 +21,7 @@ from .bulk import BulkManifest, bulk_plan, compile_bulk, scan
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
 from .channels import CROSS_CHANNEL, MPI_CHANNEL, SHARED_CHANNEL, ChannelTrial
 from .crossmemory import CrossMemory
-from .intranode import SLOT_BYTES, NodeSegment, compile_chunks
+from .intranode import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_chunks, requested as segment_requested
 from .layout import NO_RUNS, Layout, host_layout
 from .manifest import build_manifest, replica_copies
 from .observe import configure_logging, logger, timeline_for
@@ -69,6 +69,7 @@ class _Prepared:
     device_steps: list
     host_bytes: int
     cross: tuple = ()  # cross-memory: (direct transfer buffers, fused tensors' masters, fan-out pairs)
+    small: bool = False  # every host tensor smaller than fusion_bytes (see ParamSync._channels)
     copies: object = None  # cross-memory: this rank's copies (crossmemory.Copies), bound to every rank's
     version: tuple = (None, -1)  # (the dict last matched, its version tag): see matches
 
@@ -87,6 +88,14 @@ class _Prepared:
         elif tuple(params) != self.keys or not all(map(_operator.is_, params.values(), self.values)):
             return False
         return not self.torch_indices or _torch_storage(tuple(params.values()), self.torch_indices) == self.torch_storage
+
+
+def _all_smaller(manifest, fusion_bytes: int, bulk: bool) -> bool:
+    """Whether every host tensor of ``manifest`` is smaller than ``fusion_bytes`` (there is one at least)."""
+    if bulk:
+        return bool(len(manifest.sizes)) and int(manifest.sizes.max()) < fusion_bytes
+    host = manifest.host_params
+    return bool(host) and all(p.nbytes < fusion_bytes for p in host)
 
 
 def _torch_storage(values: tuple, indices: tuple) -> tuple:
@@ -132,7 +141,10 @@ class ParamSync:
         self._cross_memory = None  # None: MPISYNC_CROSS_MEMORY decides
         self._copy_us = 0  # this rank's cross-memory copies in the last sync, sent with the next validation
         self._trial = ChannelTrial()
-        self._shared_memory = None  # None: MPISYNC_SHARED_MEMORY decides; the bench sets True
+        # The node's shared segment: True for every set (MPISYNC_SHARED_MEMORY=1, or _prefer), False never
+        # (=0), None (unset) for sets of small tensors only (see _channels).
+        self._shared_memory = segment_requested()
+        self._small = False  # whether the last sync's host tensors were all smaller than fusion_bytes
         self._closed = False
         self._broken = None
         self._one_shot = False  # sync_params: one sync, then close
@@ -314,6 +326,9 @@ class ParamSync:
             trial.record(slowest_us)
             host_bytes = (prepared.host_bytes if prepared is not None else manifest.nbytes if bulk
                           else sum(p.nbytes for p in manifest.host_params))
+            # Agreed like the rest of the manifest: every rank offers the segment alike.
+            self._small = (prepared.small if prepared is not None
+                           else _all_smaller(manifest, values["fusion_bytes"], bulk))
             channel, possible = MPI_CHANNEL, (MPI_CHANNEL,)
             while host_bytes:  # every rank takes the same turns: the trial's inputs are agreed
                 possible = self._channels()
@@ -321,7 +336,7 @@ class ParamSync:
                 if channel == SHARED_CHANNEL and self._node is None:
                     phase = "shared-memory set-up"  # once, on the same sync on every rank
                     self._node = NodeSegment.open(self._comm, self._root, *self._segment_geometry(values), call,
-                                                  self._shared_memory) or False
+                                                  True) or False
                 elif channel == CROSS_CHANNEL and self._cross is None:
                     phase = "cross-memory set-up"
                     self._cross = CrossMemory.open(self._comm, self._root, call, self._cross_memory) or False
@@ -338,6 +353,7 @@ class ParamSync:
             if not reused:
                 prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"], layout, runs,
                                          channel, host_bytes)
+                prepared.small = self._small
             if channel == CROSS_CHANNEL:
                 # Every rank moves the split the same way: the copy times it follows were agreed.
                 rebalanced = self._cross.rebalance(root_us, receiver_us)
@@ -409,8 +425,9 @@ class ParamSync:
 
     def _channels(self) -> tuple:
         """The channels host bytes may take on the next sync, MPI first (the same on every rank)."""
+        segment = self._node is not False and (self._shared_memory or (self._shared_memory is None and self._small))
         return ((MPI_CHANNEL,) + ((CROSS_CHANNEL,) if self._cross is not False else ())
-                + ((SHARED_CHANNEL,) if self._node is not False else ()))
+                + ((SHARED_CHANNEL,) if segment else ()))
 
     @staticmethod
     def _caller(report, timeout):
@@ -479,9 +496,14 @@ class ParamSync:
 
     def _segment_geometry(self, values) -> tuple:
         """Slots and slot bytes of the shared segment: within ``max_concurrent x fusion_bytes``
-        (at least two slots), each slot large enough for a fused bucket."""
-        slot_bytes = max(SLOT_BYTES, values["fusion_bytes"])
-        return max(2, values["max_concurrent"] * values["fusion_bytes"] // slot_bytes), slot_bytes
+        (at least two slots), each slot large enough for a fused bucket; for sets of small
+        tensors only (the segment's default use), :data:`~mpisync.intranode.SMALL_SLOTS` slots
+        of one bucket each."""
+        fusion = values["fusion_bytes"]
+        if not self._shared_memory:
+            return min(SMALL_SLOTS, max(2, values["max_concurrent"])), fusion
+        slot_bytes = max(SLOT_BYTES, fusion)
+        return max(2, values["max_concurrent"] * fusion // slot_bytes), slot_bytes
 
     def _prepare(self, params, devices_key, manifest, capacity: int, layout: Layout, runs: tuple,
                  channel: str, host_bytes: int) -> _Prepared:

@@ -69,6 +69,33 @@ def test_mpi_first_then_the_shared_segment_then_the_faster(comm, fusion_bytes, a
     assert _segments() <= before  # the file is unlinked as soon as every rank mapped it
 
 
+@pytest.mark.parametrize("sizes", ["all small", "one large"])
+def test_by_default_the_segment_is_tried_for_sets_of_small_tensors_only(comm, sizes, monkeypatch):
+    if comm.size == 1:
+        pytest.skip("no peers")
+    monkeypatch.delenv("MPISYNC_SHARED_MEMORY", raising=False)  # the default, on every rank
+    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
+    fusion_bytes = 64 << 10
+    shapes = {f"s{i:03d}": ((i % 50 + 1, 7), "float32") for i in range(300)}  # 28 B to 1.4 KiB each
+    if sizes == "one large":
+        shapes["large"] = ((fusion_bytes,), "uint8")  # not smaller than fusion_bytes: a direct transfer
+    shared = everyone(comm, intranode.available()) and _one_node(comm) and sizes == "all small"
+    params = {n: np.zeros(s, d) for n, (s, d) in shapes.items()}
+    channels = []
+    with mpisync.ParamSync(comm, fusion_bytes=fusion_bytes) as syncer:
+        for step in range(8):
+            for name, (shape, dtype) in shapes.items():
+                params[name][...] = values(f"{name}.{step}", comm.rank, shape, dtype)
+            channels.append(syncer.sync(params).channel)
+            for name, (shape, dtype) in shapes.items():
+                assert same_bytes(params[name], values(f"{name}.{step}", 0, shape, dtype)), (step, name)
+        if channels[-1] == "shared memory":  # a few slots of one bucket each
+            assert (syncer._node.slots, syncer._node.slot_bytes) == (intranode.SMALL_SLOTS, fusion_bytes)
+            assert syncer.buffer_bytes <= intranode.SMALL_SLOTS * fusion_bytes + (64 << 10)
+    assert channels[:6] == ["mpi"] * 3 + ["shared memory" if shared else "mpi"] * 3
+    assert channels[6] == channels[7] and channels[6] in channels[:6]
+
+
 def test_back_to_back_syncs_reuse_slots_in_order(comm):
     # 3 MiB + 1 B is 4 pieces of a 1 MiB slot, plus buckets: the chunk count per sync is not a multiple
     # of the slot count, so slot k of one sync follows a different chunk of the last one.

@@ -223,6 +223,31 @@ def test_dict_version_changes_with_every_change_and_differs_between_dicts():
         speedups.dict_version([])
 
 
+def test_shared_memory_setting_is_every_set_never_or_small_sets(monkeypatch):
+    from mpisync import intranode
+
+    for raw, expected in (("1", True), ("on", True), ("0", False), ("off", False), ("", None), (" ", None)):
+        monkeypatch.setenv("MPISYNC_SHARED_MEMORY", raw)
+        assert intranode.requested() is expected, raw
+    monkeypatch.delenv("MPISYNC_SHARED_MEMORY")
+    assert intranode.requested() is None and not intranode.enabled()
+
+
+def test_all_smaller_than_fusion_bytes_on_both_manifests():
+    from mpisync.bulk import scan
+    from mpisync.manifest import build_manifest
+    from mpisync.sync import _all_smaller
+
+    for arrays, expected in (({"a": np.zeros(10), "b": np.zeros(127, np.uint8)}, True),
+                             ({"a": np.zeros(10), "b": np.zeros(128, np.uint8)}, False),
+                             ({}, False)):
+        general = build_manifest(arrays, rank=0, size=2, root=0, settings={})
+        assert _all_smaller(general, 128, False) is expected
+        bulk = scan(arrays, rank=0, size=2, root=0, devices=None, settings={})
+        if bulk is not None:
+            assert _all_smaller(bulk, 128, True) is expected
+
+
 def test_cross_memory_byte_ranges_cut_pieces_at_the_share():
     from mpisync.crossmemory import _byte_range
 
