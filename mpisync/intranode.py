@@ -56,6 +56,7 @@ SLOT_BYTES = 1 << 20
 #: 0.20-0.24 with 3 x 256 KiB and 0.27-0.30 with 2 x 256 KiB (flat Bcast 0.36-0.44 alongside).
 SMALL_SLOTS = 4
 _LINE = 64  # each counter on its own cache line: no false sharing between ranks
+_WORD = _LINE // 8  # the same line, counted in 64-bit words
 _NAME_BYTES = 96
 _SPIN_SECONDS = 0.5
 _SLEEP_SECONDS = 0.001
@@ -94,11 +95,14 @@ class NodeSegment:
     def __init__(self, fd: int, mapping, slots: int, slot_bytes: int, size: int, rank: int, root: int):
         header = _header_bytes(slots, size)
         self.slots, self.slot_bytes, self.rank, self.root = slots, slot_bytes, rank, root
-        self.seq = _np.ndarray((slots,), _np.int64, buffer=mapping, offset=_LINE, strides=(_LINE,))
-        self.ack = _np.ndarray((size,), _np.int64, buffer=mapping, offset=_LINE * (1 + slots), strides=(_LINE,))
+        # The counters as 64-bit words: plain int loads and stores, cheaper than numpy scalars in the
+        # handshake loop. Word (1 + k) * _WORD is slot k's sequence number, (1 + slots + r) * _WORD rank r's ack.
+        self._words = memoryview(mapping)[:header].cast("q")
+        self._seq = [(1 + k) * _WORD for k in range(slots)]
+        self._ack = [(1 + slots + r) * _WORD for r in range(size)]
         self.arena = Arena.over(fd, mapping, header, slots * slot_bytes)
         self.nbytes = header + slots * slot_bytes
-        self._others = _np.array([r for r in range(size) if r != root], dtype=_np.intp)
+        self._others = [self._ack[r] for r in range(size) if r != root]
         self.next_id = 0  # chunks moved so far; every rank counts the same
 
     @classmethod
@@ -168,31 +172,31 @@ class NodeSegment:
         chunk's names) when a wait outlives its deadline. ``timeline`` gets a
         "pack" (root) or "unpack" span per chunk; ``log(k, chunk)`` is called first.
         """
-        start, slots, seq, ack = self.next_id, self.slots, self.seq, self.ack
+        start, slots, words = self.next_id, self.slots, self._words
         arena = self.arena
         root = self.rank == self.root
-        others, rank = self._others, self.rank
+        others, mine = self._others, self._ack[self.rank]
         for k, chunk in enumerate(chunks):
             if log is not None:
                 log(k, chunk)
-            slot = k % slots
+            seq = self._seq[k % slots]
             if root:
                 # Slot k % slots is free once every receiver acked what was there:
                 # the chunk slots before this one, or (early in a sync) the last sync's.
                 need = start + k - slots + 1 if k >= slots else start
-                if ack[others].min() < need:
-                    _wait(lambda: ack[others].min() >= need, deadline_after(), chunk.label)
+                if min([words[a] for a in others]) < need:
+                    _wait(lambda: min([words[a] for a in others]) >= need, deadline_after(), chunk.label)
                 begin = timeline.now() if timeline is not None else 0
                 chunk.write(arena)
-                seq[slot] = start + k + 1  # published after the bytes (stores stay in order)
+                words[seq] = start + k + 1  # published after the bytes (stores stay in order)
                 chunk.after_write(arena)
             else:
                 ident = start + k + 1
-                if seq[slot] != ident:
-                    _wait(lambda: seq[slot] == ident, deadline_after(), chunk.label)
+                if words[seq] != ident:
+                    _wait(lambda: words[seq] == ident, deadline_after(), chunk.label)
                 begin = timeline.now() if timeline is not None else 0
                 chunk.read(arena)
-                ack[rank] = ident  # released after the bytes were read
+                words[mine] = ident  # released after the bytes were read
             if timeline is not None:
                 timeline.span("pack" if root else "unpack", begin, bytes=chunk.nbytes, tensors=len(chunk.label))
         self.next_id = start + len(chunks)
