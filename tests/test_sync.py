@@ -170,6 +170,29 @@ def test_buckets_take_turns_in_two_arena_slots_with_many_collectives_in_flight(c
             assert report.fused_buckets >= 10 and len(syncer._arena) == 2 * 96 * 1024
 
 
+def test_sync_params_calls_hand_their_fusion_arena_on(comm, monkeypatch):
+    # Fresh pages cost microseconds each to touch, so one sync_params call leaves its arena to the
+    # next; a call that needs a larger one makes its own. Every call's bytes are root's.
+    from mpisync import sync as sync_module
+
+    monkeypatch.setattr(sync_module, "_spare_arenas", [])  # none left by earlier tests
+    shapes = {f"v{i:03d}": (i % 13 + 1,) for i in range(200)}
+    arenas = []
+    for call, fusion in enumerate([1024, 1024, 4096, 1024]):
+        params = {n: values(n, comm.rank + call, s, "float64") for n, s in shapes.items()}
+        mpisync.sync_params(params, comm, root=0, fusion_bytes=fusion)
+        for name, shape in shapes.items():
+            assert same_bytes(params[name], values(name, call, shape, "float64")), (call, name)
+        arenas.append(sync_module._spare_arenas[-1] if sync_module._spare_arenas else None)
+    if comm.size == 1:
+        assert arenas == [None] * 4  # no peers: no buffers
+    else:
+        assert arenas[0] is arenas[1] and len(arenas[0]) >= 2 * 1024
+        assert arenas[2] is not arenas[1] and len(arenas[2]) >= 2 * 4096  # too small: a new one
+        assert arenas[3] is arenas[2]  # a larger one serves a smaller need
+        assert len(sync_module._spare_arenas) == 1
+
+
 def test_library_traffic_never_matches_the_users(comm):
     need_ranks(comm, 2)
     # The user has a receive posted on COMM_WORLD; mpisync's broadcasts must not satisfy it.
