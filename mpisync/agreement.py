@@ -54,25 +54,26 @@ def allgather_bytes(comm, payload: bytes, call) -> list:
     return [recv[d : d + n].tobytes() for d, n in zip(displs.tolist(), lengths.tolist())]
 
 
-def agree(comm, manifest, call, layout: bytes = bytes(8), timings: tuple = (0,), fresh: bool = False) -> tuple:
+def agree(comm, manifest, call, layout: bytes = bytes(8), timings: tuple = (0,), fresh: bool = False,
+          host: int = 0) -> tuple:
     """Raise the same error on every rank if any rank's manifest is bad or differs; else return
-    ``(layouts equal, max timings, any fresh)``: whether every rank passed the same 8-byte ``layout``
-    digest, the largest of each of ``timings`` over the ranks (a tuple), and whether any rank passed
-    ``fresh``. All ride in the same all-reduce.
+    ``(layouts equal, hosts equal, max timings, any fresh)``: whether every rank passed the same
+    8-byte ``layout`` digest, the same 64-bit ``host`` word, the largest of each of ``timings`` over
+    the ranks (a tuple), and whether any rank passed ``fresh``. All ride in the same all-reduce.
 
     ``call(request)`` waits for one request; it enforces the timeout.
     """
     # As max_and_min does, in plain Python: a repeated sync runs this with its caches cold,
     # where each numpy call costs microseconds.
     words = [1 if manifest.errors else 0, *_struct.unpack("=2q", manifest.digest()), *_struct.unpack("=q", layout),
-             *timings, int(fresh)]
+             host, *timings, int(fresh)]
     n = len(words)
     send = _array.array("q", words + [~w for w in words])
     recv = _array.array("q", bytes(len(send) * 8))
     call(comm.Iallreduce(send, recv, op=MPI.MAX))
     high, low = recv[:n], [~w for w in recv[n:]]
     if high[0] == 0 and high[1] == low[1] and high[2] == low[2]:  # the flag and the manifest digest agree
-        return high[3] == low[3], tuple(high[4:n - 1]), bool(high[n - 1])
+        return high[3] == low[3], high[4] == low[4], tuple(high[5:n - 1]), bool(high[n - 1])
     docs = [_json.loads(raw) for raw in allgather_bytes(comm, manifest.encode(), call)]
     raise diagnose(docs)
 

@@ -18,8 +18,8 @@ from .arena import Arena, copy_list
 from .layout import span_buffer
 from .manifest import replica_copies
 
-__all__ = ["Step", "compile_program", "arena_slots", "bucket_pack", "bucket_unpack", "transfer_buffer",
-           "FUSED_SLOTS"]
+__all__ = ["Step", "compile_program", "arena_slots", "fused_slots", "bucket_pack", "bucket_unpack",
+           "transfer_buffer", "FUSED_SLOTS"]
 
 
 @_dc.dataclass
@@ -64,16 +64,25 @@ class Step:
                 timeline.span("fan-out", begin, copies=len(self.fan_out))
 
 
-#: Fusion buffers a plan takes turns in, however many collectives are in flight. With two, the
-#: slots stay in the caches from one bucket to the next: a repeated sync of 5000 x 400 B with the
-#: caches evicted before it took 0.56-0.58 ms with two slots, 0.59 with one and 0.65-0.69 with
-#: one per collective in flight (4 and 16); two let a bucket be packed while the last one moves.
+#: Fusion buffers a plan takes turns in, however many collectives are in flight, where every rank
+#: is on one node. There the copies, not the wire, set the pace, and with two slots they stay in
+#: the caches from one bucket to the next: a repeated sync of 5000 x 400 B with the caches evicted
+#: before it took 0.56-0.58 ms with two slots, 0.59 with one and 0.65-0.69 with one per collective
+#: in flight (4 and 16); two let a bucket be packed while the last one moves. Across nodes each
+#: collective in flight keeps a slot of its own: a broadcast tree's stages and the network's
+#: latency want many buckets in flight.
 FUSED_SLOTS = 2
 
 
-def arena_slots(plan: list, capacity: int) -> int:
+def fused_slots(capacity: int, fused: int, one_node: bool) -> int:
+    """How many fusion buffers ``fused`` buckets take turns in with ``capacity`` collectives in
+    flight: at most :data:`FUSED_SLOTS` where every rank is on one node (``one_node``)."""
+    return min(capacity, FUSED_SLOTS if one_node else capacity, fused)
+
+
+def arena_slots(plan: list, capacity: int, one_node: bool = True) -> int:
     """How many fusion buffers ``plan`` needs with ``capacity`` collectives in flight."""
-    return min(capacity, FUSED_SLOTS, sum(1 for t in plan if t.fused))
+    return fused_slots(capacity, sum(1 for t in plan if t.fused), one_node)
 
 
 def bucket_pack(params: list, pieces: tuple, base: int) -> tuple:

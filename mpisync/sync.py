@@ -6,6 +6,7 @@ import collections.abc as _abc
 import dataclasses as _dc
 import functools as _functools
 import gc as _gc
+import hashlib as _hashlib
 import json as _json
 import logging as _logging
 import operator as _operator
@@ -27,7 +28,7 @@ from .manifest import build_manifest, replica_copies
 from .observe import configure_logging, logger, timeline_for
 from .plan import DEFAULT_CHUNK_BYTES, build_plan
 from .arena import Arena
-from .program import FUSED_SLOTS, arena_slots, compile_program, transfer_buffer
+from .program import arena_slots, compile_program, fused_slots, transfer_buffer
 from .report import SyncReport
 from .speedups import speedups as _speedups
 from .ring import Expired, TrackedRing, wait_request
@@ -104,6 +105,12 @@ def _take_spare_arena():
         return None
 
 
+def _host_word() -> int:
+    """This rank's node (MPI's processor name) as a signed 64-bit word, for the validation all-reduce."""
+    digest = _hashlib.blake2b(MPI.Get_processor_name().encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
 def _all_smaller(manifest, fusion_bytes: int, bulk: bool) -> bool:
     """Whether every host tensor of ``manifest`` is smaller than ``fusion_bytes`` (there is one at least)."""
     if bulk:
@@ -163,6 +170,8 @@ class ParamSync:
         self._broken = None
         self._one_shot = False  # sync_params: one sync, then close
         self._where = None  # (rank, size, timeline) of the caller's communicator, once it passed the check
+        self._host = 0  # this rank's node, as a word of the validation all-reduce (see _host_word)
+        self._one_node = False  # whether the last validation found every rank on one node
 
     def _prefer(self, channel: str) -> None:
         # For the bench and tests: skip the channel trial; host bytes take ``channel`` from the first
@@ -240,6 +249,7 @@ class ParamSync:
             _check_comm(comm)
             # MPISYNC_TIMELINE is read once per syncer: the lookup alone costs 10 us of a repeated sync.
             where = self._where = (comm.rank, comm.size, timeline_for(comm.rank))
+            self._host = _host_word()
         rank, size, timeline = where
         if size > 1:
             self._start_dup()
@@ -336,8 +346,9 @@ class ParamSync:
             is_root = self._comm.rank == self._root
             copy_us = (self._copy_us, 0) if is_root else (0, self._copy_us)  # root's, then the receivers'
             self._copy_us = 0
-            same_layout, (slowest_us, root_us, receiver_us), anyone_fresh = agree(
-                self._comm, manifest, call, layout.digest, (trial.elapsed_us,) + copy_us, prepared is None)
+            same_layout, self._one_node, (slowest_us, root_us, receiver_us), anyone_fresh = agree(
+                self._comm, manifest, call, layout.digest, (trial.elapsed_us,) + copy_us, prepared is None,
+                self._host)
             runs = layout.runs if same_layout else ()
             trial.record(slowest_us)
             host_bytes = (prepared.host_bytes if prepared is not None else manifest.nbytes if bulk
@@ -529,7 +540,7 @@ class ParamSync:
         if isinstance(manifest, BulkManifest) and channel == MPI_CHANNEL:
             plan = bulk_plan(manifest.sizes, fusion, self._chunk_bytes)
             fused = sum(1 for t in plan if t[0])
-            self._ensure_arena(min(capacity, FUSED_SLOTS, fused) * fusion)
+            self._ensure_arena(fused_slots(capacity, fused, self._one_node) * fusion)
             steps = compile_bulk(manifest, plan, receiving=receiving, arena=self._arena, fusion_bytes=fusion)
             # sync_params' syncer never syncs again: the snapshot for the reuse check would go unused.
             keep = not self._one_shot
@@ -545,7 +556,7 @@ class ParamSync:
             chunks = compile_chunks(plan, host, receiving=receiving, slots=self._node.slots,
                                     slot_bytes=self._node.slot_bytes)
         else:
-            self._ensure_arena(arena_slots(plan, capacity) * fusion)
+            self._ensure_arena(arena_slots(plan, capacity, self._one_node) * fusion)
             steps = compile_program(host, plan, receiving=receiving, arena=self._arena,
                                     fusion_bytes=fusion)  # with cross-memory copies: run only if they fail
             if channel == CROSS_CHANNEL:

@@ -5,7 +5,7 @@ import pytest
 from mpi4py import MPI
 
 import mpisync
-from mpiutil import need_ranks, same_bytes, values
+from mpiutil import everyone, need_ranks, same_bytes, values
 
 pytestmark = pytest.mark.mpi
 
@@ -149,9 +149,9 @@ def test_arrays_replaced_in_the_same_dict_are_synced(comm):
 
 @pytest.mark.parametrize("form", ["bare arrays", "replica lists"])
 def test_buckets_take_turns_in_two_arena_slots_with_many_collectives_in_flight(comm, form):
-    # 16 collectives may be in flight but fused buckets share two arena slots: a bucket is packed
-    # (root) or received (the others) into a slot only after the bucket before it there was sent
-    # and unpacked. Buckets of 96 KiB move by rendezvous, where a slot overwritten too early shows.
+    # 16 collectives may be in flight but, on one node, fused buckets share two arena slots: a bucket
+    # is packed (root) or received (the others) into a slot only after the bucket before it there was
+    # sent and unpacked. Buckets of 96 KiB move by rendezvous, where a slot overwritten too early shows.
     shapes = {f"t{i:03d}": (1000 + i,) for i in range(300)}  # ~4 KiB each: about 13 buckets
 
     def make(seed):
@@ -167,7 +167,13 @@ def test_buckets_take_turns_in_two_arena_slots_with_many_collectives_in_flight(c
                 for replica in ([params[name]] if form == "bare arrays" else params[name]):
                     assert same_bytes(replica, expected), (step, name)
         if comm.size > 1:
-            assert report.fused_buckets >= 10 and len(syncer._arena) == 2 * 96 * 1024
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+            one_node = everyone(comm, node.size == comm.size)
+            node.Free()
+            assert syncer._one_node == one_node
+            # Across nodes each collective in flight keeps a slot of its own, as many as there are buckets.
+            slots = 2 if one_node else min(16, report.fused_buckets)
+            assert report.fused_buckets >= 10 and len(syncer._arena) == slots * 96 * 1024
 
 
 def test_sync_params_calls_hand_their_fusion_arena_on(comm, monkeypatch):
@@ -178,7 +184,7 @@ def test_sync_params_calls_hand_their_fusion_arena_on(comm, monkeypatch):
     monkeypatch.setattr(sync_module, "_spare_arenas", [])  # none left by earlier tests
     shapes = {f"v{i:03d}": (i % 13 + 1,) for i in range(200)}
     arenas = []
-    for call, fusion in enumerate([1024, 1024, 4096, 1024]):
+    for call, fusion in enumerate([1024, 1024, 64 << 10, 1024]):  # 11 KB in all: one bucket of 64 KiB
         params = {n: values(n, comm.rank + call, s, "float64") for n, s in shapes.items()}
         mpisync.sync_params(params, comm, root=0, fusion_bytes=fusion)
         for name, shape in shapes.items():
@@ -188,7 +194,7 @@ def test_sync_params_calls_hand_their_fusion_arena_on(comm, monkeypatch):
         assert arenas == [None] * 4  # no peers: no buffers
     else:
         assert arenas[0] is arenas[1] and len(arenas[0]) >= 2 * 1024
-        assert arenas[2] is not arenas[1] and len(arenas[2]) >= 2 * 4096  # too small: a new one
+        assert arenas[2] is not arenas[1] and len(arenas[2]) >= 64 << 10  # too small: a new one
         assert arenas[3] is arenas[2]  # a larger one serves a smaller need
         assert len(sync_module._spare_arenas) == 1
 

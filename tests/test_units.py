@@ -223,6 +223,15 @@ def test_dict_version_changes_with_every_change_and_differs_between_dicts():
         speedups.dict_version([])
 
 
+def test_fused_buckets_take_two_slots_on_one_node_and_one_per_collective_across_nodes():
+    from mpisync.program import FUSED_SLOTS, fused_slots
+
+    assert FUSED_SLOTS == 2
+    assert [fused_slots(16, n, True) for n in (1, 2, 13)] == [1, 2, 2]
+    assert [fused_slots(16, n, False) for n in (1, 2, 13, 40)] == [1, 2, 13, 16]
+    assert fused_slots(1, 13, True) == fused_slots(1, 13, False) == 1
+
+
 def test_shared_memory_setting_is_every_set_never_or_small_sets(monkeypatch):
     from mpisync import intranode
 
