@@ -13,6 +13,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* BufferList: the buffers of one copy list, held (exported) for as long as the list lives, so
  * their memory stays put; gather/scatter then copy from the saved addresses without visiting
@@ -99,13 +102,39 @@ BufferList_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
+/* memcpy with non-temporal stores where the CPU has them: the bytes go to memory, not into this
+ * core's cache, so another core reading them next does not fetch them from this one's. */
+static void
+copy_streaming(char *dst, const char *src, size_t n)
+{
+#if defined(__SSE2__)
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (head > n)
+        head = n;
+    memcpy(dst, src, head);
+    dst += head, src += head, n -= head;
+    for (; n >= 64; dst += 64, src += 64, n -= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src), b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32)), d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+    }
+    for (; n >= 16; dst += 16, src += 16, n -= 16)
+        _mm_stream_si128((__m128i *)dst, _mm_loadu_si128((const __m128i *)src));
+#endif
+    memcpy(dst, src, n);
+}
+
 /* Copy every buffer end to end into (gather) or out of (scatter) ``arena`` from ``offset``. */
 static PyObject *
 copy_all(BufferList *self, PyObject *args, int gather)
 {
     Py_buffer arena;
     Py_ssize_t offset = 0;
-    if (!PyArg_ParseTuple(args, gather ? "w*|n" : "y*|n", &arena, &offset))
+    int streaming = 0;
+    if (!PyArg_ParseTuple(args, gather ? "w*|np" : "y*|n", &arena, &offset, &streaming))
         return NULL;
     if (!gather && self->readonly) {
         PyBuffer_Release(&arena);
@@ -121,12 +150,18 @@ copy_all(BufferList *self, PyObject *args, int gather)
     char *at = (char *)arena.buf + offset;
     const struct span *spans = self->spans;
     for (Py_ssize_t i = 0; i < self->count; i++) {
-        if (gather)
+        if (streaming)
+            copy_streaming(at, spans[i].at, (size_t)spans[i].len);
+        else if (gather)
             memcpy(at, spans[i].at, (size_t)spans[i].len);
         else
             memcpy(spans[i].at, at, (size_t)spans[i].len);
         at += spans[i].len;
     }
+#if defined(__SSE2__)
+    if (streaming)
+        _mm_sfence(); /* the streamed bytes are visible before any store after this call */
+#endif
     PyBuffer_Release(&arena);
     return PyLong_FromSsize_t(self->nbytes);
 }
@@ -261,7 +296,9 @@ BufferList_touching(BufferList *self, PyObject *unused)
 
 static PyMethodDef BufferList_methods[] = {
     {"gather", (PyCFunction)BufferList_gather, METH_VARARGS,
-     "gather(arena, offset=0) -> bytes: copy every buffer, end to end, into the writable arena from offset."},
+     "gather(arena, offset=0, streaming=False) -> bytes: copy every buffer, end to end, into the writable "
+     "arena from offset; streaming: with non-temporal stores (to memory, not this core's cache) where the "
+     "CPU has them."},
     {"scatter", (PyCFunction)BufferList_scatter, METH_VARARGS,
      "scatter(arena, offset=0) -> bytes: fill every buffer, end to end, from the arena at offset."},
     {"lengths", (PyCFunction)BufferList_lengths, METH_NOARGS,

@@ -193,6 +193,23 @@ def test_buffer_list_copies_within_the_arena_and_refuses_what_would_not_fit():
     assert [t.tolist() for t in targets] == [s.tolist() for s in sources]
 
 
+def test_buffer_list_streaming_gather_gives_the_same_bytes_at_every_alignment():
+    speedups = _speedups_or_skip()
+    rng = np.random.default_rng(5)
+    sources = [rng.integers(0, 256, n, dtype=np.uint8) for n in (1, 15, 16, 17, 63, 64, 65, 400, 1000, 0, 3, 4096)]
+    packed = np.concatenate(sources)
+    held = speedups.BufferList(sources)
+    for offset in range(40):
+        expected = np.full(8192, 7, np.uint8)
+        expected[offset:offset + packed.size] = packed
+        for streaming in (False, True):
+            arena = np.full(8192, 7, np.uint8)
+            assert held.gather(arena, offset, streaming) == packed.size
+            assert arena.tobytes() == expected.tobytes(), (offset, streaming)
+    with pytest.raises(ValueError):
+        held.gather(np.zeros(packed.size, np.uint8), 1, True)  # one byte short: refused, nothing written
+
+
 def test_same_items_is_identity_of_keys_and_values_in_order():
     speedups = _speedups_or_skip()
     a, b = np.zeros(1), np.zeros(1)
