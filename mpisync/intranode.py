@@ -11,9 +11,10 @@ packed and unpacked with one ``pwritev``/``preadv`` each.
 
 By default a :class:`~mpisync.ParamSync` tries it only for parameter sets
 whose tensors are all smaller than ``fusion_bytes`` (every byte in fused
-buckets), in :data:`SMALL_SLOTS` slots of one bucket: there it took 0.35-0.97x
-the time of MPI's path in each of 11 bench runs here (5000 x 400 B), root
-packing the next bucket while the others unpack the last. For any set it takes
+buckets), in :data:`SMALL_SLOTS` slots of one bucket: there it took 0.25-0.97x
+the time of MPI's path in each of 14 bench runs here (5000 x 400 B; 0.25-0.48x
+with root's streaming stores), root packing the next bucket while the others
+unpack the last. For any set it takes
 ``MPISYNC_SHARED_MEMORY=1`` (``0``: never): on the 2-core virtual machine it
 was built on, sets with large tensors ran at 0.9-1.1x a flat ``Bcast`` in most
 runs and at 0.2-0.3x in others (one side's copies slowed 3-4x while both
