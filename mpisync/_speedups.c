@@ -397,7 +397,7 @@ attribute_runs(PyObject *module, PyObject *args)
 
 /* The dict's version tag (PEP 509): it changes with every change to the dict and is never shared
  * by two dicts (one global counter), so an equal tag means the same dict with the same entries.
- * -1 from Python 3.12 on, where the tag is deprecated: callers then compare the entries. */
+ * -1 from Python 3.12 on, where the tag is deprecated, and on PyPy: callers then compare the entries. */
 static PyObject *
 dict_version(PyObject *module, PyObject *mapping)
 {
@@ -405,7 +405,7 @@ dict_version(PyObject *module, PyObject *mapping)
         PyErr_SetString(PyExc_TypeError, "dict_version() takes a dict");
         return NULL;
     }
-#if PY_VERSION_HEX < 0x030C0000
+#if PY_VERSION_HEX < 0x030C0000 && !defined(PYPY_VERSION)
     return PyLong_FromUnsignedLongLong(((PyDictObject *)mapping)->ma_version_tag);
 #else
     return PyLong_FromLong(-1);
