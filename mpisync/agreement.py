@@ -23,23 +23,25 @@ __all__ = ["all_equal", "allgather_bytes", "agree", "diagnose", "max_and_min"]
 _MAX_ITEMS = 20
 
 
-def max_and_min(comm, words: _np.ndarray, call) -> tuple:
-    """Return ``(max, min)`` of an int64 vector over all ranks, in one nonblocking all-reduce.
+def max_and_min(comm, words, call) -> tuple:
+    """Return ``(max, min)`` (lists of ints) of int64 ``words`` over all ranks, in one nonblocking
+    all-reduce: the words with their bitwise complements, reduced with MAX (``max(~x) == ~min(x)``).
 
-    ``call(request)`` waits for the request (with the caller's deadline).
+    ``call(request)`` waits for the request (with the caller's deadline). Plain Python: a repeated
+    sync runs this with its caches cold, where each numpy call costs microseconds.
     """
-    words = _np.ascontiguousarray(words, dtype=_np.int64)
-    send = _np.concatenate([words, ~words])
-    recv = _np.empty_like(send)
+    words = [int(w) for w in words]
+    n = len(words)
+    send = _array.array("q", words + [~w for w in words])
+    recv = _array.array("q", bytes(len(send) * 8))
     call(comm.Iallreduce(send, recv, op=MPI.MAX))
-    n = words.size
-    return recv[:n], ~recv[n:]
+    return recv[:n].tolist(), [~w for w in recv[n:]]
 
 
-def all_equal(comm, words: _np.ndarray, call) -> tuple:
-    """Return ``(max, all ranks equal)`` for an int64 vector, in one nonblocking all-reduce."""
+def all_equal(comm, words, call) -> tuple:
+    """Return ``(max, all ranks equal)`` for int64 ``words``, in one nonblocking all-reduce."""
     high, low = max_and_min(comm, words, call)
-    return high, bool(_np.array_equal(high, low))
+    return high, high == low
 
 
 def allgather_bytes(comm, payload: bytes, call) -> list:
@@ -63,17 +65,11 @@ def agree(comm, manifest, call, layout: bytes = bytes(8), timings: tuple = (0,),
 
     ``call(request)`` waits for one request; it enforces the timeout.
     """
-    # As max_and_min does, in plain Python: a repeated sync runs this with its caches cold,
-    # where each numpy call costs microseconds.
     words = [1 if manifest.errors else 0, *_struct.unpack("=2q", manifest.digest()), *_struct.unpack("=q", layout),
              host, *timings, int(fresh)]
-    n = len(words)
-    send = _array.array("q", words + [~w for w in words])
-    recv = _array.array("q", bytes(len(send) * 8))
-    call(comm.Iallreduce(send, recv, op=MPI.MAX))
-    high, low = recv[:n], [~w for w in recv[n:]]
-    if high[0] == 0 and high[1] == low[1] and high[2] == low[2]:  # the flag and the manifest digest agree
-        return high[3] == low[3], high[4] == low[4], tuple(high[5:n - 1]), bool(high[n - 1])
+    high, low = max_and_min(comm, words, call)
+    if high[0] == 0 and high[1:3] == low[1:3]:  # no rank's input is bad, and the manifest digests agree
+        return high[3] == low[3], high[4] == low[4], tuple(high[5:-1]), bool(high[-1])
     docs = [_json.loads(raw) for raw in allgather_bytes(comm, manifest.encode(), call)]
     raise diagnose(docs)
 
