@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from .config import env_switch
 
-__all__ = ["Copies", "CrossMemory", "enabled"]
+__all__ = ["Copies", "CrossMemory", "enabled", "host_word"]
 
 _BATCH = 1024  # IOV_MAX on Linux: the most iovecs one call takes on either side
 _PAGE = 4096  # the smallest page size: a shorter gap never spans an unmapped page
@@ -67,6 +67,13 @@ def enabled(requested: bool | None = None) -> bool:
     if requested is None:
         requested = env_switch("MPISYNC_CROSS_MEMORY", True)
     return bool(requested) and _CALLS is not None
+
+
+def host_word() -> int:
+    """This rank's node, as MPI names it (``Get_processor_name``), hashed to a signed 64-bit word:
+    ranks compare words to learn whether they all share one node."""
+    digest = _hashlib.blake2b(MPI.Get_processor_name().encode(), digest_size=8).digest()
+    return int.from_bytes(digest, _sys.byteorder, signed=True)
 
 
 def _batches(call, pid: int, pairs: list) -> list:
@@ -136,8 +143,7 @@ class CrossMemory:
         rank, size = comm.rank, comm.size
         mine = enabled(requested)
         token = _np.frombuffer(_secrets.token_bytes(16), dtype=_np.int64).copy()  # peers read this array
-        host = _np.frombuffer(_hashlib.blake2b(MPI.Get_processor_name().encode(), digest_size=8).digest(),
-                              dtype=_np.int64)[0]
+        host = host_word()
         row = _np.array([_os.getpid() if mine else 0, token.ctypes.data, token[0], token[1], host],
                         dtype=_np.int64)
         table = _np.empty((size, 5), dtype=_np.int64)

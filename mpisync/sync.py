@@ -6,7 +6,6 @@ import collections.abc as _abc
 import dataclasses as _dc
 import functools as _functools
 import gc as _gc
-import hashlib as _hashlib
 import json as _json
 import logging as _logging
 import operator as _operator
@@ -21,7 +20,7 @@ from .agreement import agree, diagnose
 from .bulk import BulkManifest, bulk_plan, compile_bulk, scan
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
 from .channels import CROSS_CHANNEL, MPI_CHANNEL, SHARED_CHANNEL, ChannelTrial
-from .crossmemory import CrossMemory
+from .crossmemory import CrossMemory, host_word
 from .intranode import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_chunks, requested as segment_requested
 from .layout import NO_RUNS, Layout, host_layout
 from .manifest import build_manifest, replica_copies
@@ -105,12 +104,6 @@ def _take_spare_arena():
         return None
 
 
-def _host_word() -> int:
-    """This rank's node (MPI's processor name) as a signed 64-bit word, for the validation all-reduce."""
-    digest = _hashlib.blake2b(MPI.Get_processor_name().encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
-
 def _all_smaller(manifest, fusion_bytes: int, bulk: bool) -> bool:
     """Whether every host tensor of ``manifest`` is smaller than ``fusion_bytes`` (there is one at least)."""
     if bulk:
@@ -170,7 +163,7 @@ class ParamSync:
         self._broken = None
         self._one_shot = False  # sync_params: one sync, then close
         self._where = None  # (rank, size, timeline) of the caller's communicator, once it passed the check
-        self._host = 0  # this rank's node, as a word of the validation all-reduce (see _host_word)
+        self._host = 0  # this rank's node, as a word of the validation all-reduce (crossmemory.host_word)
         self._one_node = False  # whether the last validation found every rank on one node
 
     def _prefer(self, channel: str) -> None:
@@ -249,7 +242,7 @@ class ParamSync:
             _check_comm(comm)
             # MPISYNC_TIMELINE is read once per syncer: the lookup alone costs 10 us of a repeated sync.
             where = self._where = (comm.rank, comm.size, timeline_for(comm.rank))
-            self._host = _host_word()
+            self._host = host_word()
         rank, size, timeline = where
         if size > 1:
             self._start_dup()
