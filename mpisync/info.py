@@ -84,11 +84,11 @@ def _speedups_line() -> str:
 
 
 def _shared_memory_line() -> str:
-    from .intranode import available, requested
+    from .intranode import available, setting
 
     if not available():
         return "not available here (needs x86-64, /dev/shm, preadv/pwritev)"
-    wanted = requested()
+    wanted = setting()
     if wanted is None:
         return ("small sets (MPISYNC_SHARED_MEMORY=1: every set, =0: never): a ParamSync whose tensors are all "
                 "smaller than fusion_bytes tries the node's shared segment after MPI and cross-memory copies, "

@@ -45,7 +45,7 @@ from .manifest import replica_copies
 from .program import bucket_pack, bucket_unpack, transfer_buffer
 from .ring import Expired
 
-__all__ = ["NodeSegment", "Chunk", "compile_chunks", "enabled", "available", "requested", "SLOT_BYTES",
+__all__ = ["NodeSegment", "Chunk", "compile_chunks", "enabled", "available", "setting", "SLOT_BYTES",
            "SMALL_SLOTS"]
 
 #: Bytes of one slot: one copy on each side per slot, so large enough that the
@@ -63,7 +63,7 @@ _SPIN_SECONDS = 0.5
 _SLEEP_SECONDS = 0.001
 
 
-def requested() -> bool | None:
+def setting() -> bool | None:
     """``MPISYNC_SHARED_MEMORY``: True (``1``: any parameter set), False (``0``: never), None (unset:
     sets whose tensors are all smaller than ``fusion_bytes``, see the module notes)."""
     if not _os.environ.get("MPISYNC_SHARED_MEMORY", "").strip():
@@ -75,7 +75,7 @@ def enabled(requested: bool | None = None) -> bool:
     """Whether this rank may use the shared segment for every parameter set: asked for
     (``requested``, else ``MPISYNC_SHARED_MEMORY=1``) and possible here."""
     if requested is None:
-        requested = env_switch("MPISYNC_SHARED_MEMORY", False)
+        requested = setting() is True
     return bool(requested) and available()
 
 

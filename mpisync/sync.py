@@ -21,7 +21,7 @@ from .bulk import BulkManifest, bulk_plan, compile_bulk, scan
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
 from .channels import CROSS_CHANNEL, MPI_CHANNEL, SHARED_CHANNEL, ChannelTrial
 from .crossmemory import CrossMemory, host_word
-from .intranode import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_chunks, requested as segment_requested
+from .intranode import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_chunks, setting as segment_setting
 from .layout import NO_RUNS, Layout, host_layout
 from .manifest import build_manifest, replica_copies
 from .observe import configure_logging, logger, timeline_for
@@ -157,7 +157,7 @@ class ParamSync:
         self._trial = ChannelTrial()
         # The node's shared segment: True for every set (MPISYNC_SHARED_MEMORY=1, or _prefer), False never
         # (=0), None (unset) for sets of small tensors only (see _channels).
-        self._shared_memory = segment_requested()
+        self._shared_memory = segment_setting()
         self._small = False  # whether the last sync's host tensors were all smaller than fusion_bytes
         self._closed = False
         self._broken = None

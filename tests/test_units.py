@@ -254,9 +254,9 @@ def test_shared_memory_setting_is_every_set_never_or_small_sets(monkeypatch):
 
     for raw, expected in (("1", True), ("on", True), ("0", False), ("off", False), ("", None), (" ", None)):
         monkeypatch.setenv("MPISYNC_SHARED_MEMORY", raw)
-        assert intranode.requested() is expected, raw
+        assert intranode.setting() is expected, raw
     monkeypatch.delenv("MPISYNC_SHARED_MEMORY")
-    assert intranode.requested() is None and not intranode.enabled()
+    assert intranode.setting() is None and not intranode.enabled()
 
 
 def test_all_smaller_than_fusion_bytes_on_both_manifests():
