@@ -1,25 +1,144 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with a GPU and no network (under 5 minutes): installs what it needs
-# from wheels carried with the tree (.whl/, made by ci/gpu-wheels.sh), runs the GPU and device tests
-# at 1, 2 and 4 ranks sharing the GPU (failing, not skipping, without a GPU), then prints the
-# staging table of benchmarks/gpu_bench.py at 2 ranks.
+# The GPU check, for a machine with a GPU and no network (540 s in all; docs/gpu.md says how to run it).
+#   bash ci/gpu-check.sh            install from .whl/ (ci/gpu-wheels.sh), preflight, GPU tests at 1, 2
+#                                   and 4 ranks on the machine's GPU(s), the staging bench at 2 ranks, summary
+#   bash ci/gpu-check.sh --dry-run  the same install and preflight on a machine without a GPU (no GPU
+#                                   lines, no GPU runs); ends with "gpu-check: dry run ok"
+# Wheels are installed under a prefix, not with --target (which drops the MPICH wheel's data files, so
+# libmpi.so.12 never arrives) and not into a venv (the GPU machine's python3 is itself a venv, and a venv
+# made from it would not see its torch and CuPy). MPI4PY_LIBMPI pins mpi4py to that prefix's libmpi, and
+# the preflight checks that the library loaded is that one, whatever else is on the loader's path.
+# The log is written as it goes to $OUT/gpu-check.log when OUT is set (else $TMPDIR), so a run killed at
+# a limit still leaves it. PYTHON picks the interpreter (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+dry=0
+case "${1:-}" in
+  --dry-run) dry=1 ;;
+  "") ;;
+  *) echo "usage: bash ci/gpu-check.sh [--dry-run]" >&2; exit 2 ;;
+esac
 py=${PYTHON:-python3}
-site=/tmp/mpisync-site
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl || exit 1
-  export PYTHONPATH="$site:${PYTHONPATH:-}" PATH="$site/bin:$PATH"
+budget=${MPISYNC_GPU_CHECK_SECONDS:-540}
+deadline=$((SECONDS + budget))
+tmp=${TMPDIR:-/tmp}
+prefix="$tmp/mpisync-gpu-check"
+runs="$tmp/mpisync-gpu-check-runs"
+log="${OUT:-$tmp}/gpu-check.log"
+exec > >(tee "$log") 2>&1
+say() { echo "gpu-check: $*"; }
+fail() { say "FAIL $*"; say "log: $log"; exit 1; }
+last_line() { grep -v '^\s*$' | tail -n 1; }
+say "$([ $dry = 1 ] && echo "dry run" || echo "GPU check") with $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])' 2>&1), $(date -u '+%Y-%m-%d %H:%M:%S UTC'), budget ${budget} s"
+
+# -- install: every wheel from .whl/, nothing from the network ----------------------------------------
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+compgen -G ".whl/*.whl" >/dev/null || fail "install: no wheels in .whl/ (run ci/gpu-wheels.sh on a machine with PyPI, then carry .whl/ with the tree)"
+rm -rf "$prefix" "$runs" && mkdir -p "$runs"
+requirements=(-r ci/gpu-requirements.txt)
+"$py" -c "import numpy" 2>/dev/null || requirements+=(numpy)  # never replace the machine's own numpy
+out=$("$py" -m pip install -q --no-index --find-links .whl --prefix "$prefix" --ignore-installed --no-compile \
+  --no-cache-dir --no-warn-script-location "${requirements[@]}" 2>&1) \
+  || fail "install: pip install from .whl/ failed: $(echo "$out" | grep -v '^WARNING' | last_line)"
+site=$(find "$prefix" -type d -name site-packages | head -n 1)
+libmpi=$(find "$prefix" -name libmpi.so.12 | head -n 1)
+[ -n "$site" ] && [ -n "$libmpi" ] && [ -x "$prefix/bin/mpiexec" ] \
+  || fail "install: the MPICH wheel's library or mpiexec is missing under $prefix (site=$site libmpi=$libmpi)"
+export PYTHONPATH="$PWD:$site" PATH="$prefix/bin:$PATH" LD_LIBRARY_PATH="$(dirname "$libmpi")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MPI4PY_LIBMPI="$libmpi" HYDRA_LAUNCHER=fork PYTHONUNBUFFERED=1 MPISYNC_TEST_LOGS="$runs/rank-logs"
+mpiexec="$prefix/bin/mpiexec"
+say "installed $(cd .whl && ls *.whl | wc -l) wheels' worth under $prefix in $SECONDS s"
+
+# -- the optional C extension, where a compiler is there ---------------------------------------------
+if "$py" -c "import os, sys, mpisync._speedups as m; sys.exit(0 if m.__file__.startswith(os.getcwd()) else 1)" 2>/dev/null; then
+  say "C extension: already built"
+elif command -v cc >/dev/null || command -v gcc >/dev/null; then
+  if out=$("$py" setup.py -q build_ext --inplace 2>&1); then say "C extension: built"
+  else say "C extension: not built, Python paths used ($(echo "$out" | last_line))"; fi
+else
+  say "C extension: no C compiler, Python paths used"
 fi
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" HYDRA_LAUNCHER=fork MPISYNC_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
+
+# -- preflight: one clear line per failure ------------------------------------------------------------
+out=$("$py" -c "
+import numpy, mpi4py, pytest, pytest_mpi, mpisync
+print(f'numpy {numpy.__version__}, mpi4py {mpi4py.__version__} ({mpi4py.__file__}), pytest {pytest.__version__}, mpisync {mpisync.__version__} ({mpisync.__file__})')
+" 2>&1) || fail "imports: $(echo "$out" | last_line)"
+say "imports: $out"
+case "$out" in *"$site/mpi4py/"*) ;; *) fail "imports: mpi4py is not the one from .whl/ ($out)";; esac
+case "$out" in *"($PWD/mpisync/__init__.py)"*) ;; *) fail "imports: mpisync is not this tree's ($out)";; esac
+
+mpi_probe='
+import os, sys
+from mpi4py import MPI
+from mpisync.devices.detect import mpi_library_path
+comm = MPI.COMM_WORLD
+path = mpi_library_path() or "?"
+version = MPI.Get_library_version().splitlines()[0].strip()
+print(f"rank {comm.rank} size {comm.size} | {version} | {os.path.realpath(path)}")
+'
+out=$("$py" -c "$mpi_probe" 2>&1) || fail "MPI library: mpi4py failed to load it: $(echo "$out" | last_line)"
+case "$out" in
+  *"MPICH"*"| $(realpath "$(dirname "$libmpi")")/"*) say "MPI library: $out" ;;
+  *) fail "MPI library: not the MPICH wheel's ($(realpath "$libmpi")): $out" ;;
+esac
+
+out=$(MPIEXEC_TIMEOUT=60 timeout 90 "$mpiexec" -n 2 "$py" -c "$mpi_probe" 2>&1)
+rc=$?
+sizes=$(echo "$out" | grep -c "^rank [01] size 2 |")
+[ $rc = 0 ] && [ "$sizes" = 2 ] || fail "mpiexec -n 2: expected 2 ranks of size 2 (rc=$rc): $(echo "$out" | tr '\n' ';' | cut -c1-400)"
+say "mpiexec -n 2: both ranks report size 2"
+
+if [ $dry = 1 ]; then
+  out=$("$py" -m pytest -q --collect-only tests/test_gpu.py tests/test_devices.py 2>&1) \
+    || fail "GPU tests do not collect: $(echo "$out" | last_line)"
+  say "GPU tests collect: $(echo "$out" | last_line)"
+  "$py" -m py_compile benchmarks/gpu_bench.py || fail "benchmarks/gpu_bench.py does not compile"
+  say "dry run ok in $SECONDS s (no GPU lines, no GPU runs); log: $log"
+  exit 0
+fi
+
+command -v nvidia-smi >/dev/null && say "nvidia-smi: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tr '\n' ';')"
+out=$(timeout 120 "$py" ci/gpu_preflight.py 2>&1)
+rc=$?
+echo "$out" | sed 's/^/gpu-check: /'
+[ $rc = 0 ] || fail "GPU preflight (rc=$rc): $(echo "$out" | grep -m1 'FAIL' || echo "$out" | last_line)"
+"$py" -m mpisync info 2>&1 | sed 's/^/  info: /'
+
+# -- GPU runs: each mpiexec bounded, each given what is left of the budget minus what the rest needs ----
+export MPISYNC_REQUIRE_GPU=1
+declare -A verdict
+run_bounded() {  # run_bounded NAME SECONDS-WANTED RESERVE-AFTER COMMAND...
+  local name=$1 want=$2 reserve=$3 left limit rc
+  shift 3
+  left=$((deadline - SECONDS - reserve))
+  limit=$((want < left ? want : left))
+  if [ "$limit" -lt 20 ]; then verdict[$name]="not run (budget spent)"; say "$name: not run, budget spent"; return; fi
+  say "== $name (limit $limit s)"
+  MPIEXEC_TIMEOUT=$((limit - 5)) timeout "$limit" "$@" 2>&1 | tee "$runs/$name.txt"
+  rc=${PIPESTATUS[0]}
+  local summary
+  summary=$(grep -E "^=*\s*[0-9]+ (passed|failed)|(passed|failed|error).* in [0-9.]+s" "$runs/$name.txt" | tail -n 1 | tr -d '=' | sed 's/^ *//')
+  if [ $rc = 0 ]; then verdict[$name]="passed${summary:+ ($summary)}"
+  elif [ $rc = 124 ] || [ $rc = 137 ]; then verdict[$name]="FAILED: timed out after $limit s${summary:+ ($summary)}"
+  else verdict[$name]="FAILED rc=$rc${summary:+ ($summary)}"; fi
+}
+tests=(tests/test_gpu.py tests/test_devices.py)
+run_bounded "tests-1-rank" 90 380 "$mpiexec" -n 1 "$py" ci/mpi_pytest.py -q "${tests[@]}"
+run_bounded "tests-2-ranks" 110 270 "$mpiexec" -n 2 "$py" ci/mpi_pytest.py -q "${tests[@]}"
+run_bounded "tests-4-ranks" 130 140 "$mpiexec" -n 4 "$py" ci/mpi_pytest.py -q "${tests[@]}"
+run_bounded "bench-2-ranks" 140 5 "$mpiexec" -n 2 "$py" benchmarks/gpu_bench.py
+
+# -- summary ------------------------------------------------------------------------------------------
+echo
+say "summary ($SECONDS s of $budget)"
 status=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-"$py" -m mpisync info || status=1
-for n in 1 2 4; do
-  echo "== GPU tests at $n rank(s)"
-  MPIEXEC_TIMEOUT=150 timeout 170 mpiexec -n "$n" "$py" ci/mpi_pytest.py -q -p no:cacheprovider \
-    tests/test_gpu.py tests/test_devices.py || status=1
+for name in tests-1-rank tests-2-ranks tests-4-ranks bench-2-ranks; do
+  echo "  $name: ${verdict[$name]:-not run}"
+  case "${verdict[$name]:-}" in passed*) ;; *) status=1 ;; esac
 done
-echo "== staging figures, 2 ranks"
-MPIEXEC_TIMEOUT=150 timeout 170 mpiexec -n 2 "$py" benchmarks/gpu_bench.py || status=1
+if [ -s "$runs/bench-2-ranks.txt" ]; then
+  sed -n '/^mpisync GPU check/,$p' "$runs/bench-2-ranks.txt" | sed 's/^/  /'
+fi
+say "$([ $status = 0 ] && echo "all runs passed" || echo "some runs FAILED"); log: $log"
 exit $status

@@ -1,12 +1,32 @@
 #!/usr/bin/env bash
-# Fetch, on a machine with PyPI, the wheels ci/gpu-check.sh installs on a GPU machine that has no
-# network (Python 3.12, x86-64): MPICH, mpi4py and pytest-mpi. They land in .whl/ (git-ignored).
+# Fetch, on a machine with PyPI, every wheel ci/gpu-check.sh installs (ci/gpu-requirements.txt, with
+# their dependencies) into .whl/ (git-ignored): for the GPU machine's Python 3.12 (manylinux x86-64)
+# and for this machine's Python (for the dry run). A set already fetched (a stamp per Python and
+# requirement list) is not fetched again. Usage: bash ci/gpu-wheels.sh   (PYTHON=... to choose the local one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p .whl
 py=${PYTHON:-python3}
-"$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+mkdir -p .whl
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+requirements=ci/gpu-requirements.txt
+digest=$(cksum <"$requirements" | cut -d' ' -f1)
+quiet() { grep -v "^WARNING: Location" || true; }
+fetch() {  # fetch STAMP-NAME PIP-OPTIONS... -- EXTRA-REQUIREMENTS...
+  local stamp=".whl/.fetched-$1-$digest" options=() extra=()
+  shift
+  while [ "$1" != -- ]; do options+=("$1"); shift; done
+  shift
+  extra=("$@")
+  if [ -e "$stamp" ]; then echo "gpu-wheels: $stamp present, nothing to fetch"; return; fi
+  "$py" -m pip download -q --only-binary=:all: -d .whl "${options[@]}" -r "$requirements" ${extra[@]+"${extra[@]}"} 2>&1 | quiet
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu-wheels: pip download failed (${options[*]})" >&2; exit 1; }
+  touch "$stamp"
+}
+fetch cp312-manylinux-x86_64 --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any \
-  -d .whl mpich==5.0.2 mpi4py==4.1.2 pytest-mpi==0.6 2>&1 | grep -v "^WARNING: Location" || true
-ls -la .whl
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any --
+local_tag=$("$py" -c "import sys, platform; print(f'cp{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}')")
+# numpy only where this Python lacks it (the GPU machine has its own, built with CuPy and torch).
+local_extra=$("$py" -c "import numpy" 2>/dev/null || echo numpy)
+fetch "local-$local_tag${local_extra:+-numpy}" -- $local_extra
+echo "gpu-wheels: $(ls .whl/*.whl | wc -l) wheels, $(du -sm .whl | cut -f1) MiB in .whl/"
