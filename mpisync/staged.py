@@ -72,6 +72,18 @@ class DeviceSlots:
         self._device: dict = {}  # (backend name, device, slot) -> device uint8
         self._streams: dict = {}  # (backend name, device) -> stream
         self.max_busy = 0
+        self.max_posted = 0  # most broadcasts root had posted and not yet acted on, at once
+
+    def release(self) -> tuple:
+        """Forget every buffer and stream (the next use makes new ones); returns what was held."""
+        held = (self._pinned, self._device, self._streams)
+        self._pinned, self._device, self._streams = {}, {}, {}
+        return held
+
+    def close(self) -> None:
+        """Free the pinned host chunks and device buckets (what a syncer's ``close()`` does, by
+        dropping its slots: nothing else refers to them)."""
+        self.release()
 
     def pinned(self, backend, slot: int):
         """The pinned host chunk of ``slot``."""
@@ -127,6 +139,9 @@ def run_device_steps(comm, root: int, steps: list, slots: DeviceSlots, *, staged
     if not steps:
         return
     is_root = comm.rank == root
+    if is_root:  # decide now, before the first broadcast, whether buckets are packed by a kernel
+        for backend, device in {(s.backend, s.device) for s in steps if s.fused}:
+            backend.check_kernels(device)
     _synchronize_devices(steps)  # whatever produced the tensors is done before mpisync copies them
     free = _collections.deque(range(slots.count))
     flight: _collections.deque = _collections.deque()
@@ -141,28 +156,7 @@ def run_device_steps(comm, root: int, steps: list, slots: DeviceSlots, *, staged
             upcoming += 1
             progressed = True
         slots.max_busy = max(slots.max_busy, slots.count - len(free))
-        # Collectives are posted in plan order (they must match across ranks), and arrivals are
-        # acted on in plan order: MPI may complete a later Ibcast first, and a parameter's fan-out,
-        # enqueued with its last chunk, must follow the device copies of all its earlier chunks.
-        in_order = True
-        for item in flight:
-            if item.state == "preparing":
-                if in_order and item.step.backend.done(item.event):
-                    _post(comm, root, item, timeout)
-                    progressed = True
-                else:
-                    in_order = False
-            elif item.state == "broadcasting":
-                if not item.arrived and item.request.Test():
-                    item.arrived = progressed = True
-                if item.arrived and in_order:
-                    _received(item, slots, staged, is_root)
-                    progressed = True
-                else:
-                    in_order = False
-            elif item.state == "finishing" and item.step.backend.done(item.event):
-                item.state = "done"
-                progressed = True
+        progressed = _advance(comm, root, flight, slots, staged, is_root, timeout) or progressed
         finished = [item for item in flight if item.state == "done"]
         if finished:  # a slot is free as soon as its transfer is done, in whatever order
             free.extend(item.slot for item in finished)
@@ -174,6 +168,7 @@ def run_device_steps(comm, root: int, steps: list, slots: DeviceSlots, *, staged
         expired = [i for i in flight if i.state == "broadcasting" and not i.arrived
                    and i.deadline is not None and now > i.deadline]
         if expired:
+            _abandon(flight, slots)
             error = Expired()
             error.pending = [n for i in flight for n in i.step.label]
             raise error
@@ -182,6 +177,51 @@ def run_device_steps(comm, root: int, steps: list, slots: DeviceSlots, *, staged
         else:
             _time.sleep(0.0005)
     _synchronize_devices(steps)  # mpisync's writes are complete before the caller's next kernel
+
+
+def _advance(comm, root, flight, slots, staged, is_root, timeout) -> bool:
+    """One pass over the transfers in flight (in plan order); whether anything moved.
+
+    Two orders, kept apart so that neither holds the other back:
+    - posting: a broadcast is posted once its chunk is on the host (root) and every earlier
+      one has been posted; collectives must be posted in the same order on every rank;
+    - acting on arrivals: in plan order too, since MPI may complete a later Ibcast first and a
+      parameter's fan-out, enqueued with its last chunk, must follow the device copies of all
+      its earlier chunks. An earlier broadcast still on the wire never delays a later posting.
+    """
+    progressed = False
+    posting = acting = True  # every earlier transfer has posted its broadcast / had its arrival acted on
+    for item in flight:
+        if item.state == "preparing":
+            if posting and item.step.backend.done(item.event):
+                _post(comm, root, item, timeout)
+                progressed = True
+            else:
+                posting = False
+        if item.state == "broadcasting":
+            if not item.arrived and item.request.Test():
+                item.arrived = progressed = True
+            if item.arrived and acting:
+                _received(item, slots, staged, is_root)
+                progressed = True
+        if item.state in ("preparing", "broadcasting"):
+            acting = False
+        elif item.state == "finishing" and item.step.backend.done(item.event):
+            item.state = "done"
+            progressed = True
+    if is_root:
+        posted = sum(1 for item in flight if item.state == "broadcasting")
+        slots.max_posted = max(slots.max_posted, posted)
+    return progressed
+
+
+#: Buffers of transfers abandoned on a timeout: MPI cannot cancel a collective, so a broadcast
+#: may still write into them; they are never freed or reused (bounded by slots x chunk per syncer).
+_ABANDONED: list = []
+
+
+def _abandon(flight, slots) -> None:
+    _ABANDONED.append(([(item.request, item.buffer) for item in flight], slots.release()))
 
 
 def _admit(comm, root, item, slots, staged, is_root, timeout) -> None:

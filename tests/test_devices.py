@@ -112,3 +112,214 @@ def test_fan_out_waits_for_every_chunk_whatever_order_they_complete(comm, transp
             syncer.sync({"w": replicas, "after": Dev(np.full(3, comm.rank, np.uint8), 0)})
             for replica in replicas:
                 assert (replica.get() == step % 251).all(), step
+
+
+# -- kernels that cannot be built: fused buckets are packed with per-tensor copies ---------------------
+
+@pytest.mark.parametrize("fault", ["build", "pack"])
+def test_pack_falls_back_to_copies_when_the_kernel_cannot_be_built(comm, fault):
+    # "build": the kernel fails to compile when checked, before the first broadcast (as CuPy without
+    # NVRTC); "pack": it fails only when a bucket is packed, in the middle of a sync. Either way the
+    # sync completes with the same bytes, the buckets packed by one device copy per tensor.
+    need_ranks(comm, 2)
+    root = last_rank(comm)
+    BACKEND.simulate_kernel_fault(fault)
+    try:
+        packs, copies = BACKEND.copies["pack"], BACKEND.copies["copy"]
+        for _ in range(2):
+            params = _params(comm.rank)
+            with mpisync.ParamSync(comm, root=root, gpu_transport="staged", fusion_bytes=64, max_concurrent=3) as s:
+                report = s.sync(params, verify=True)
+            _check(params, root)
+            assert report.transport == "staged" and report.fused_buckets > 0
+        if comm.rank == root:
+            assert "simulated" in BACKEND.kernel_failure
+            assert BACKEND.copies["pack"] == packs  # no bucket was packed by the kernel
+            assert BACKEND.copies["copy"] - copies >= 2 * 30  # one copy per tiny tensor, each sync
+    finally:
+        BACKEND.simulate_kernel_fault(None)
+    params = _params(comm.rank)
+    mpisync.sync_params(params, comm, root=root, gpu_transport="staged", fusion_bytes=64)
+    _check(params, root)
+    if comm.rank == root:
+        assert BACKEND.kernel_failure is None and BACKEND.copies["pack"] > packs  # kernels again
+
+
+# -- root posts each broadcast as soon as its chunk is on the host -----------------------------------
+
+def _flight(states, nbytes=16):
+    """Transfers in flight on COMM_SELF, in the given states, over simulated pinned chunks."""
+    from mpisync.staged import DeviceSlots, DeviceStep, _Item
+
+    slots = DeviceSlots(len(states), nbytes)
+    flight = []
+    for slot, state in enumerate(states):
+        view = BACKEND.flat_bytes(Dev(np.full(nbytes, slot, np.uint8)))
+        step = DeviceStep(False, nbytes, [view], [], BACKEND, 0, (0,), (f"t{slot}",))
+        item = _Item(step, slot)
+        item.buffer = slots.pinned(BACKEND, slot)[:nbytes]
+        item.buffer[:] = slot + 100
+        item.state = state
+        item.arrived = False
+        flight.append(item)
+    return slots, flight
+
+
+def _ready(done: bool):
+    import threading
+
+    event = threading.Event()
+    if done:
+        event.set()
+    return event
+
+
+def test_root_posts_a_chunk_on_the_host_while_an_earlier_broadcast_is_on_the_wire():
+    # Real MPI requests on COMM_SELF: transfer 0's "broadcast" is a receive nobody has sent yet,
+    # so it stays incomplete; transfers 1 and 2 have their chunks on the host (events done).
+    from mpi4py import MPI
+    from mpisync.staged import _advance
+
+    comm = MPI.COMM_SELF.Dup()
+    slots, flight = _flight(["broadcasting", "preparing", "preparing", "preparing"])
+    hold = np.zeros(1, np.uint8)
+    flight[0].request = comm.Irecv(hold, source=0, tag=7)
+    flight[1].event, flight[2].event, flight[3].event = _ready(True), _ready(True), _ready(False)
+    try:
+        assert _advance(comm, 0, flight, slots, True, True, None)
+        assert flight[0].state == "broadcasting" and not flight[0].arrived
+        assert [item.state for item in flight[1:3]] == ["broadcasting", "broadcasting"]  # posted
+        assert flight[3].state == "preparing"  # its chunk is not on the host yet
+        flight[3].event.set()
+        _advance(comm, 0, flight, slots, True, True, None)
+        assert flight[3].state == "broadcasting"
+        assert slots.max_posted >= 3
+    finally:
+        comm.Send(np.ones(1, np.uint8), dest=0, tag=7)
+        flight[0].request.Wait()
+        comm.Free()
+    assert hold[0] == 1
+
+
+def test_postings_keep_plan_order_and_arrivals_are_acted_on_in_plan_order():
+    import time
+
+    from mpi4py import MPI
+    from mpisync.staged import _advance
+
+    comm = MPI.COMM_SELF.Dup()
+    # Root: transfer 1's chunk is late, so transfer 2 (ready) must wait for it: postings stay in order.
+    slots, flight = _flight(["preparing", "preparing", "preparing"])
+    flight[0].event, flight[1].event, flight[2].event = _ready(True), _ready(False), _ready(True)
+    _advance(comm, 0, flight, slots, True, True, None)
+    assert flight[0].state in ("broadcasting", "done")  # posted
+    assert [item.state for item in flight[1:]] == ["preparing", "preparing"]
+    flight[0].request.Wait()
+    # Another rank: transfer 1 arrived before transfer 0; it is acted on (copied to the device) only after.
+    slots, flight = _flight(["broadcasting", "broadcasting"])
+    hold = np.zeros(1, np.uint8)
+    flight[0].request = comm.Irecv(hold, source=0, tag=8)
+    flight[1].request = comm.Ibcast([flight[1].buffer, MPI.BYTE], 0)
+    try:
+        _advance(comm, 1, flight, slots, True, False, None)
+        for _ in range(100):  # MPI may need a few tests to complete the Ibcast
+            if not flight[1].arrived:
+                _advance(comm, 1, flight, slots, True, False, None)
+        assert flight[1].arrived and flight[1].state == "broadcasting"  # arrived, held back
+    finally:
+        comm.Send(np.ones(1, np.uint8), dest=0, tag=8)
+        flight[0].request.Wait()
+    flight[0].arrived = True
+    for _ in range(2000):  # the simulated stream's worker thread runs the copies
+        _advance(comm, 1, flight, slots, True, False, None)
+        if all(item.state == "done" for item in flight):
+            break
+        time.sleep(0.001)
+    assert [item.state for item in flight] == ["done", "done"]
+    assert [item.step.views[0][0] for item in flight] == [100, 101]  # the pinned chunks reached the "device"
+    comm.Free()
+
+
+def test_late_device_to_host_copies_still_give_every_byte(comm, monkeypatch):
+    # Every other chunk's device-to-host copy is slow on root: later chunks are posted as they land.
+    import time
+
+    need_ranks(comm, 2)
+    calls = []
+    fast = BACKEND.to_host
+
+    def slow_to_host(dst, src, stream):
+        calls.append(1)
+        if len(calls) % 2:
+            stream.enqueue(lambda: time.sleep(0.02))
+        fast(dst, src, stream)
+    monkeypatch.setattr(BACKEND, "to_host", slow_to_host)
+    params = {"w": Dev(values("w", comm.rank, (1 << 17,), "float32"), 0)}  # 512 KiB = 8 chunks
+    with mpisync.ParamSync(comm, root=0, gpu_transport="staged", max_concurrent=4, fusion_bytes=4096) as syncer:
+        syncer._device_chunk_bytes = 64 << 10
+        for _ in range(3):
+            syncer.sync(params)
+            assert params["w"].get().tobytes() == values("w", 0, (1 << 17,), "float32").tobytes()
+    if comm.rank == 0:
+        assert len(calls) == 3 * 8
+
+
+# -- pinned buffers belong to the syncer that uses them ----------------------------------------------
+
+def test_pinned_buffers_are_freed_with_their_syncer(comm):
+    import gc
+
+    need_ranks(comm, 2)
+    chunk = 64 << 10
+    params = {"w": Dev(values("w", comm.rank, (1 << 16,), "float32"), 0)}  # 256 KiB = 4 chunks
+
+    def syncer():
+        s = mpisync.ParamSync(comm, root=0, gpu_transport="staged", max_concurrent=2, fusion_bytes=4096)
+        s._device_chunk_bytes = chunk
+        return s
+    gc.collect()
+    before = BACKEND.pinned_live_bytes
+    first = syncer()
+    first.sync(params)
+    held = BACKEND.pinned_live_bytes - before
+    assert 0 < held <= 2 * chunk  # max_concurrent x chunk
+    first.sync(params)
+    second = syncer()
+    second.sync(params)
+    assert BACKEND.pinned_live_bytes - before == 2 * held  # each syncer has its own
+    second.close()
+    gc.collect()
+    assert BACKEND.pinned_live_bytes - before == held
+    first.close()
+    gc.collect()
+    assert BACKEND.pinned_live_bytes == before
+    for _ in range(4):  # one-shot calls keep nothing pinned behind them
+        mpisync.sync_params(params, comm, root=0, gpu_transport="staged", fusion_bytes=4096)
+    gc.collect()
+    assert BACKEND.pinned_live_bytes == before
+    assert params["w"].get().tobytes() == values("w", 0, (1 << 16,), "float32").tobytes()
+
+
+def test_torch_backend_finds_a_pinned_views_tensor_through_its_base_and_keeps_nothing():
+    import gc
+    import weakref
+
+    torch = pytest.importorskip("torch")
+    from mpisync.devices.torch_backend import TorchBackend
+
+    backend = TorchBackend()
+    backend._pin = lambda nbytes: torch.zeros(nbytes, dtype=torch.uint8)  # a CPU build cannot pin
+    host = backend.pinned(1000)
+    view = host[100:300]
+    tensor = backend._pinned_tensor(view)
+    assert tensor.data_ptr() == view.ctypes.data and tensor.numel() == 200
+    tensor.fill_(7)
+    assert (host[100:300] == 7).all() and host[99] == 0 and host[300] == 0
+    foreign = np.zeros(5, np.uint8)
+    assert backend._pinned_tensor(foreign).data_ptr() == foreign.ctypes.data  # not pinned: from_numpy
+    owner = weakref.ref(host.base)
+    del host, view, tensor
+    gc.collect()
+    assert owner() is None  # the backend held no reference: the memory went with its last view
+    assert not [name for name, value in vars(backend).items() if isinstance(value, (list, dict, set))
+                and name != "_kernels_checked"]

@@ -9,8 +9,11 @@ say when they are done.
 from __future__ import annotations
 
 import abc as _abc
+import logging as _logging
 
 __all__ = ["Backend"]
+
+_logger = _logging.getLogger("mpisync")
 
 
 class Backend(_abc.ABC):
@@ -32,7 +35,12 @@ class Backend(_abc.ABC):
 
     @_abc.abstractmethod
     def pinned(self, nbytes: int):
-        """Page-locked host memory as a numpy uint8 array (what MPI reads and writes)."""
+        """Page-locked host memory as a numpy uint8 array (what MPI reads and writes).
+
+        The array (through its ``base``) is all that keeps the memory: the backend keeps no
+        reference, so it is freed when its owner (a syncer's :class:`~mpisync.staged.DeviceSlots`)
+        lets go of it.
+        """
 
     @_abc.abstractmethod
     def empty(self, nbytes: int, device: int):
@@ -62,8 +70,52 @@ class Backend(_abc.ABC):
     def done(self, event) -> bool:
         """Whether ``event`` completed (never blocks)."""
 
+    def __init__(self):
+        #: Why fused buckets are packed with one copy per tensor instead of one kernel (None: kernels work).
+        self.kernel_failure: str | None = None
+        self._kernels_checked: set = set()
+
+    def check_kernels(self, device: int) -> bool:
+        """Whether :meth:`pack` may use its kernel on ``device``; compiles it once, never raises.
+
+        Called on root before a sync's first transfer, so a kernel that cannot be built
+        (CuPy compiles at run time with NVRTC) is known before any broadcast is posted:
+        the buckets are then packed with per-tensor copies, the same bytes.
+        """
+        if self.kernel_failure is None and device not in self._kernels_checked:
+            try:
+                self.build_kernels(device)
+            except Exception as exc:  # NVRTC missing or mismatched, no GPU code for this device, ...
+                self._kernels_failed(exc)
+            self._kernels_checked.add(device)
+        return self.kernel_failure is None
+
+    def build_kernels(self, device: int) -> None:
+        """Compile (or load) what :meth:`pack_kernel` runs on ``device``; raise if it cannot be."""
+
+    def pack_kernel(self, dst, sources, stream) -> bool:
+        """Pack ``sources`` into ``dst`` with one kernel; ``False`` when this backend has none for them."""
+        return False
+
+    def _kernels_failed(self, exc: Exception) -> None:
+        first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+        self.kernel_failure = f"{type(exc).__name__}: {first_line}"
+        _logger.warning("mpisync: %s kernels unavailable (%s); fused buckets are packed with one device "
+                        "copy per tensor", self.name, self.kernel_failure)
+
     def pack(self, dst, sources, stream) -> None:
-        """Concatenate device ``sources`` into ``dst``; backends override with one kernel."""
+        """Concatenate device ``sources`` into ``dst``: one kernel where the backend has one and it
+        builds, else (or if it fails before launching) one device copy per tensor."""
+        if sources and self.kernel_failure is None:
+            try:
+                if self.pack_kernel(dst, sources, stream):
+                    return
+            except Exception as exc:  # raised while compiling, before anything was enqueued
+                self._kernels_failed(exc)
+        self.pack_copies(dst, sources, stream)
+
+    def pack_copies(self, dst, sources, stream) -> None:
+        """Concatenate device ``sources`` into ``dst`` with one device copy each."""
         offset = 0
         for src in sources:
             n = self.length(src)

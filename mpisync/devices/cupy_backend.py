@@ -25,6 +25,7 @@ class CupyBackend(Backend):
     def __init__(self):
         import cupy
 
+        super().__init__()
         self._cp = cupy
         self._rt = cupy.cuda.runtime
 
@@ -64,12 +65,24 @@ class CupyBackend(Backend):
         # cudaMemcpyDefault: with unified addressing this is also the peer copy between devices
         self._memcpy(dst.data.ptr, src.data.ptr, dst.nbytes, self._rt.memcpyDefault, stream)
 
-    def pack(self, dst, sources, stream) -> None:
-        if sources and all(s.device.id == stream.device for s in sources):
-            with self._cp.cuda.Device(stream.device), stream.stream:
-                self._cp.concatenate(sources, out=dst)  # one kernel for the bucket
-        else:
-            super().pack(dst, sources, stream)
+    def build_kernels(self, device: int) -> None:
+        # cupy.concatenate compiles its kernels with NVRTC on first use: build them now, on a
+        # bucket of several pieces and of two (CuPy takes other paths for few and many arrays).
+        with self._cp.cuda.Device(device):
+            for count in (2, 8):
+                parts = [self._cp.full(i + 1, i, dtype=self._cp.uint8) for i in range(count)]
+                out = self._cp.empty(count * (count + 1) // 2, dtype=self._cp.uint8)
+                self._cp.concatenate(parts, out=out)
+                want = _np.concatenate([_np.full(i + 1, i, dtype=_np.uint8) for i in range(count)])
+                if out.get().tobytes() != want.tobytes():
+                    raise RuntimeError("cupy.concatenate returned wrong bytes")
+
+    def pack_kernel(self, dst, sources, stream) -> bool:
+        if not all(s.device.id == stream.device for s in sources) or not self.check_kernels(stream.device):
+            return False
+        with self._cp.cuda.Device(stream.device), stream.stream:
+            self._cp.concatenate(sources, out=dst)  # one kernel for the bucket
+        return True
 
     def record(self, stream):
         with self._cp.cuda.Device(stream.device):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue as _queue
 import threading as _threading
+import weakref as _weakref
 
 import numpy as _np
 
@@ -74,9 +75,12 @@ class SimulatedBackend(Backend):
     name = "simulated"
 
     def __init__(self):
+        super().__init__()
         self._streams: dict = {}
         self.pinned_allocations = 0
         self.pinned_bytes = 0
+        self.pinned_live_bytes = 0  # allocated and not yet freed: pinned memory belongs to its syncer
+        self.kernel_fault = None  # tests: "build" (as without NVRTC) or "pack" (failing mid-sync), else None
         self.device_allocations = 0
         self.copies = {"to_host": 0, "to_device": 0, "copy": 0, "pack": 0, "unpack": 0}
 
@@ -95,7 +99,19 @@ class SimulatedBackend(Backend):
     def pinned(self, nbytes: int):
         self.pinned_allocations += 1
         self.pinned_bytes += nbytes
-        return _np.empty(nbytes, dtype=_np.uint8)
+        self.pinned_live_bytes += nbytes
+        block = _np.empty(nbytes, dtype=_np.uint8)
+        _weakref.finalize(block, self._pinned_freed, nbytes)  # views keep ``block`` alive (their base)
+        return block
+
+    def _pinned_freed(self, nbytes: int) -> None:
+        self.pinned_live_bytes -= nbytes
+
+    def simulate_kernel_fault(self, where) -> None:
+        """Tests: make the "kernel" fail to build (``"build"``), fail when packing (``"pack"``), or work (None)."""
+        self.kernel_fault = where
+        self.kernel_failure = None
+        self._kernels_checked = set()
 
     def empty(self, nbytes: int, device: int):
         self.device_allocations += 1
@@ -119,9 +135,18 @@ class SimulatedBackend(Backend):
     def copy(self, dst, src, stream) -> None:
         self._copy("copy", dst, src, stream)
 
-    def pack(self, dst, sources, stream) -> None:
+    def build_kernels(self, device: int) -> None:
+        if self.kernel_fault == "build":
+            raise RuntimeError("simulated: the pack kernel cannot be compiled (as with NVRTC missing)")
+
+    def pack_kernel(self, dst, sources, stream) -> bool:
+        if not self.check_kernels(0):
+            return False
+        if self.kernel_fault == "pack":
+            raise RuntimeError("simulated: compiling the pack kernel failed in the middle of a sync")
         self.copies["pack"] += 1  # one "kernel" per bucket
-        stream.enqueue(lambda: _np.concatenate(sources, out=dst) if sources else None)
+        stream.enqueue(lambda: _np.concatenate(sources, out=dst))
+        return True
 
     def unpack(self, destinations, src, stream) -> None:
         self.copies["unpack"] += 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as _np
+
 from .base import Backend
 
 __all__ = ["TorchBackend"]
@@ -15,8 +17,8 @@ class TorchBackend(Backend):
     def __init__(self):
         import torch
 
+        super().__init__()
         self._torch = torch
-        self._pinned_keepalive: list = []
 
     def flat_bytes(self, array):
         return array.detach().reshape(-1).view(self._torch.uint8)
@@ -28,9 +30,12 @@ class TorchBackend(Backend):
         self._torch.cuda.synchronize(device)
 
     def pinned(self, nbytes: int):
-        tensor = self._torch.empty(nbytes, dtype=self._torch.uint8, pin_memory=True)
-        self._pinned_keepalive.append(tensor)
-        return tensor.numpy()
+        # The numpy array's base is the pinned tensor: whoever holds the array holds the memory,
+        # and the memory goes back to torch's pinned allocator when the last view of it goes.
+        return self._pin(nbytes).numpy()
+
+    def _pin(self, nbytes: int):
+        return self._torch.empty(nbytes, dtype=self._torch.uint8, pin_memory=True)
 
     def empty(self, nbytes: int, device: int):
         return self._torch.empty(nbytes, dtype=self._torch.uint8, device=f"cuda:{device}")
@@ -39,12 +44,15 @@ class TorchBackend(Backend):
         return self._torch.cuda.Stream(device=device)
 
     def _pinned_tensor(self, view):
-        """The slice of a pinned tensor behind numpy ``view``: copies from it stay asynchronous."""
-        address = view.ctypes.data
-        for tensor in self._pinned_keepalive:
-            start = tensor.data_ptr()
-            if start <= address < start + tensor.numel():
-                return tensor[address - start:address - start + view.nbytes]
+        """The bytes of the tensor behind numpy ``view`` (a slice of what :meth:`pinned` returned),
+        found through the view's ``base`` (no search): copies from pinned memory stay asynchronous."""
+        owner = view
+        while isinstance(owner, _np.ndarray):
+            owner = owner.base
+        if isinstance(owner, self._torch.Tensor) and owner.dtype == self._torch.uint8 and owner.dim() == 1:
+            offset = view.ctypes.data - owner.data_ptr()
+            if 0 <= offset and offset + view.nbytes <= owner.numel():
+                return owner[offset:offset + view.nbytes]
         return self._torch.from_numpy(view)  # not one of ours: torch copies it synchronously
 
     def to_host(self, dst, src, stream) -> None:
@@ -59,12 +67,12 @@ class TorchBackend(Backend):
         with self._torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
 
-    def pack(self, dst, sources, stream) -> None:
-        if sources and all(s.device == dst.device for s in sources):
-            with self._torch.cuda.stream(stream):
-                self._torch.cat(sources, out=dst)  # one kernel for the bucket
-        else:
-            super().pack(dst, sources, stream)
+    def pack_kernel(self, dst, sources, stream) -> bool:
+        if not all(s.device == dst.device for s in sources):
+            return False
+        with self._torch.cuda.stream(stream):
+            self._torch.cat(sources, out=dst)  # one (precompiled) kernel for the bucket
+        return True
 
     def unpack(self, destinations, src, stream) -> None:
         if destinations and all(d.device == src.device for d in destinations):
