@@ -1,10 +1,15 @@
-"""The GPU lines of ci/gpu-check.sh's preflight: CuPy and torch see a GPU, a CuPy kernel compiles.
+"""Preflight probes of ci/gpu-check.sh.
 
-One line per library; a line starting with ``FAIL`` for each problem, and exit
-status 1 when there is any (a library that is not installed is no problem as
-long as the other one sees a GPU).
+    python ci/gpu_preflight.py mpi   (also under mpiexec) which MPI every rank loaded: rank 0 prints
+                                     "size N | <library> | <path> | the wheel's MPICH on every rank"
+                                     when each rank's library lies under $MPISYNC_CHECK_LIBDIR
+    python ci/gpu_preflight.py gpu   CuPy and torch see a GPU, a CuPy kernel compiles: one line per
+                                     library, a line starting with ``FAIL`` for each problem, exit
+                                     status 1 when there is any (a library that is not installed is
+                                     no problem as long as the other one sees a GPU)
 """
 
+import os
 import sys
 
 import numpy as np
@@ -58,7 +63,25 @@ def torch_lines() -> tuple:
             f"cuda:0 {torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, pinned memory {pinned.is_pinned()}"], [], True
 
 
-def main() -> int:
+def mpi_main() -> int:
+    """Rank 0 prints the job's size and whether every rank loaded the MPI under the expected folder."""
+    from mpi4py import MPI
+
+    from mpisync.devices.detect import mpi_library_path
+
+    comm = MPI.COMM_WORLD
+    path = os.path.realpath(mpi_library_path() or "?")
+    version = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    expected = os.environ["MPISYNC_CHECK_LIBDIR"].rstrip("/") + "/"
+    every = np.array([int(version.startswith("MPICH") and path.startswith(expected))], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, every, op=MPI.MIN)
+    if comm.rank == 0:
+        verdict = "the wheel's MPICH on every rank" if every[0] else f"NOT {expected}* on every rank"
+        print(f"size {comm.size} | {version} | {path} | {verdict}")
+    return 0
+
+
+def gpu_main() -> int:
     """Print the lines; 0 when every installed library sees a GPU and CuPy compiles kernels."""
     lines, failures, seen = [], [], []
     for probe in (cupy_lines, torch_lines):
@@ -74,4 +97,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit({"mpi": mpi_main, "gpu": gpu_main}[sys.argv[1]]())

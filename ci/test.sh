@@ -8,6 +8,10 @@ bash ci/setup.sh .venv mpich
 export HYDRA_LAUNCHER=fork MPISYNC_TEST_LOGS=.test-logs
 started=$SECONDS
 
+echo "== GPU check, dry run: ci/gpu-check.sh's wheel install and preflight, without a GPU"
+bash ci/gpu-wheels.sh
+timeout 300 bash ci/gpu-check.sh --dry-run
+
 echo "== plain pass: unit tests, launcher tests (jobs with their own mpiexec), CLI"
 timeout 900 python -m pytest -q -m "not mpi"
 
