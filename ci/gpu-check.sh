@@ -47,7 +47,7 @@ libmpi=$(find "$prefix" -name libmpi.so.12 | head -n 1)
 export PYTHONPATH="$PWD:$site" PATH="$prefix/bin:$PATH" LD_LIBRARY_PATH="$(dirname "$libmpi")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MPI4PY_LIBMPI="$libmpi" HYDRA_LAUNCHER=fork PYTHONUNBUFFERED=1 MPISYNC_TEST_LOGS="$runs/rank-logs"
 mpiexec="$prefix/bin/mpiexec"
-say "installed $(cd .whl && ls *.whl | wc -l) wheels' worth under $prefix in $SECONDS s"
+say "installed $(cd "$site" && ls -d *.dist-info | sed 's/\.dist-info$//' | tr '\n' ' ')under $prefix in $SECONDS s"
 
 # -- the optional C extension, where a compiler is there ---------------------------------------------
 if "$py" -c "import os, sys, mpisync._speedups as m; sys.exit(0 if m.__file__.startswith(os.getcwd()) else 1)" 2>/dev/null; then
@@ -106,14 +106,17 @@ echo "$out" | sed 's/^/gpu-check: /'
 [ $rc = 0 ] || fail "GPU preflight (rc=$rc): $(echo "$out" | grep -m1 'FAIL' || echo "$out" | last_line)"
 "$py" -m mpisync info 2>&1 | sed 's/^/  info: /'
 
-# -- GPU runs: each mpiexec bounded, each given what is left of the budget minus what the rest needs ----
+# -- GPU runs: each mpiexec bounded by MPIEXEC_TIMEOUT and timeout(1), within the budget -----------------
 export MPISYNC_REQUIRE_GPU=1
 declare -A verdict
 run_bounded() {  # run_bounded NAME SECONDS-WANTED RESERVE-AFTER COMMAND...
   local name=$1 want=$2 reserve=$3 left limit rc
   shift 3
-  left=$((deadline - SECONDS - reserve))
-  limit=$((want < left ? want : left))
+  left=$((deadline - SECONDS))
+  limit=$((left - reserve))  # what the later runs may need stays theirs; when that is too tight,
+  share=$((left * want / (want + reserve)))  # each run gets its share of what is left instead
+  limit=$((limit > share ? limit : share))
+  limit=$((limit < want ? limit : want))
   if [ "$limit" -lt 20 ]; then verdict[$name]="not run (budget spent)"; say "$name: not run, budget spent"; return; fi
   say "== $name (limit $limit s)"
   MPIEXEC_TIMEOUT=$((limit - 5)) timeout "$limit" "$@" 2>&1 | tee "$runs/$name.txt"

@@ -20,6 +20,7 @@ class Backend(_abc.ABC):
     """Device operations used by :mod:`mpisync.staged`; every copy is asynchronous on ``stream``."""
 
     name = "abstract"
+    kernel_failure = None  # see __init__ (class-level too, for subclasses that do not call it)
 
     @_abc.abstractmethod
     def flat_bytes(self, array):
@@ -82,12 +83,13 @@ class Backend(_abc.ABC):
         (CuPy compiles at run time with NVRTC) is known before any broadcast is posted:
         the buckets are then packed with per-tensor copies, the same bytes.
         """
-        if self.kernel_failure is None and device not in self._kernels_checked:
+        checked = self.__dict__.setdefault("_kernels_checked", set())
+        if self.kernel_failure is None and device not in checked:
             try:
                 self.build_kernels(device)
             except Exception as exc:  # NVRTC missing or mismatched, no GPU code for this device, ...
                 self._kernels_failed(exc)
-            self._kernels_checked.add(device)
+            checked.add(device)
         return self.kernel_failure is None
 
     def build_kernels(self, device: int) -> None:
