@@ -46,6 +46,8 @@ libmpi=$(find "$prefix" -name libmpi.so.12 | head -n 1)
   || fail "install: the MPICH wheel's library or mpiexec is missing under $prefix (site=$site libmpi=$libmpi)"
 export PYTHONPATH="$PWD:$site" PATH="$prefix/bin:$PATH" LD_LIBRARY_PATH="$(dirname "$libmpi")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MPI4PY_LIBMPI="$libmpi" HYDRA_LAUNCHER=fork PYTHONUNBUFFERED=1 MPISYNC_TEST_LOGS="$runs/rank-logs"
+# pytest loads pytest-mpi alone: not the machine's own plugins, made for its own pytest.
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS=pytest_mpi
 mpiexec="$prefix/bin/mpiexec"
 say "installed $(cd "$site" && ls -d *.dist-info | sed 's/\.dist-info$//' | tr '\n' ' ')under $prefix in $SECONDS s"
 
@@ -104,13 +106,13 @@ out=$(timeout 120 "$py" ci/gpu_preflight.py gpu 2>&1)
 rc=$?
 echo "$out" | sed 's/^/gpu-check: /'
 [ $rc = 0 ] || fail "GPU preflight (rc=$rc): $(echo "$out" | grep -m1 'FAIL' || echo "$out" | last_line)"
-"$py" -m mpisync info 2>&1 | sed 's/^/  info: /'
+timeout 60 "$py" -m mpisync info 2>&1 | sed 's/^/  info: /'
 
 # -- GPU runs: each mpiexec bounded by MPIEXEC_TIMEOUT and timeout(1), within the budget -----------------
 export MPISYNC_REQUIRE_GPU=1
 declare -A verdict
 run_bounded() {  # run_bounded NAME SECONDS-WANTED RESERVE-AFTER COMMAND...
-  local name=$1 want=$2 reserve=$3 left limit rc
+  local name=$1 want=$2 reserve=$3 left limit share rc
   shift 3
   left=$((deadline - SECONDS))
   limit=$((left - reserve))  # what the later runs may need stays theirs; when that is too tight,

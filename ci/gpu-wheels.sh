@@ -2,7 +2,9 @@
 # Fetch, on a machine with PyPI, every wheel ci/gpu-check.sh installs (ci/gpu-requirements.txt, with
 # their dependencies) into .whl/ (git-ignored): for the GPU machine's Python 3.12 (manylinux x86-64)
 # and for this machine's Python (for the dry run). A set already fetched (a stamp per Python and
-# requirement list) is not fetched again. Usage: bash ci/gpu-wheels.sh   (PYTHON=... to choose the local one)
+# requirement list) is not fetched again. Usage: bash ci/gpu-wheels.sh
+#   PYTHON=...               the local interpreter (default python3)
+#   MPISYNC_GPU_PYTHON=3.13  another Python version on the GPU machine (default 3.12)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -22,7 +24,8 @@ fetch() {  # fetch STAMP-NAME PIP-OPTIONS... -- EXTRA-REQUIREMENTS...
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu-wheels: pip download failed (${options[*]})" >&2; exit 1; }
   touch "$stamp"
 }
-fetch cp312-manylinux-x86_64 --python-version 3.12 --implementation cp \
+target=${MPISYNC_GPU_PYTHON:-3.12}
+fetch "cp${target/./}-manylinux-x86_64" --python-version "$target" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any --
 local_tag=$("$py" -c "import sys, platform; print(f'cp{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}')")
