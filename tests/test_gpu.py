@@ -112,3 +112,41 @@ def test_one_gib_tensor_staged(comm, libraries):
     assert report.verified
     assert lib.host(data[: 1 << 20]).tobytes() == pattern.tobytes()
     assert lib.host(data[n - (1 << 20):]).tobytes() == np.resize(pattern, n)[n - (1 << 20):].tobytes()
+
+
+def test_buckets_packed_by_copies_when_kernels_are_unavailable(comm, libraries):
+    # As if NVRTC were missing: root packs every bucket of small tensors with one device copy each.
+    from mpisync.devices import _get
+
+    root = comm.size - 1
+    for name in libraries:
+        lib = _Lib(name, comm.rank)
+        backend = _get(name)
+        saved = backend.kernel_failure
+        backend.kernel_failure = "test: kernels marked unavailable"
+        try:
+            params = {f"t{i}": lib.array(_values(f"t{i}", comm.rank, (i + 1,), "int16")) for i in range(50)}
+            report = mpisync.sync_params(params, comm, root=root, gpu_transport="staged", verify=True)
+        finally:
+            backend.kernel_failure = saved
+        assert report.verified
+        for i in range(50):
+            assert lib.host(params[f"t{i}"]).tobytes() == _values(f"t{i}", root, (i + 1,), "int16").tobytes()
+
+
+def test_torch_staging_views_resolve_to_their_pinned_tensor(comm, libraries):
+    if "torch" not in libraries:
+        pytest.skip("torch does not see a GPU on every rank")
+    import torch
+
+    from mpisync.devices import _get
+
+    backend = _get("torch")
+    host = backend.pinned(1 << 20)
+    view = host[4096:8192]
+    tensor = backend._pinned_tensor(view)
+    assert tensor.is_pinned() and tensor.data_ptr() == view.ctypes.data and tensor.numel() == 4096
+    device = (torch.arange(4096, device="cuda:0") % 256).to(torch.uint8)
+    backend.to_host(view, device, torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    assert view.tobytes() == (np.arange(4096) % 256).astype(np.uint8).tobytes()
