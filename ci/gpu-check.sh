@@ -62,7 +62,7 @@ else
 fi
 
 # -- preflight: one clear line per failure ------------------------------------------------------------
-out=$("$py" -c "
+out=$(timeout 60 "$py" -c "
 import numpy, mpi4py, pytest, pytest_mpi, mpisync
 print(f'numpy {numpy.__version__}, mpi4py {mpi4py.__version__} ({mpi4py.__file__}), pytest {pytest.__version__}, mpisync {mpisync.__version__} ({mpisync.__file__})')
 " 2>&1) || fail "imports: $(echo "$out" | last_line)"
@@ -72,7 +72,7 @@ case "$out" in *"($PWD/mpisync/__init__.py)"*) ;; *) fail "imports: mpisync is n
 
 # Every rank checks that it loaded the wheel's MPICH; rank 0 alone prints (ranks' lines would interleave).
 export MPISYNC_CHECK_LIBDIR="$(realpath "$(dirname "$libmpi")")"
-out=$("$py" ci/gpu_preflight.py mpi 2>&1) || fail "MPI library: mpi4py failed to load it: $(echo "$out" | last_line)"
+out=$(timeout 60 "$py" ci/gpu_preflight.py mpi 2>&1) || fail "MPI library: mpi4py failed to load it: $(echo "$out" | last_line)"
 case "$out" in
   "size 1 |"*"the wheel's MPICH on every rank") say "MPI library: $out" ;;
   *) fail "MPI library: not the MPICH wheel's ($(realpath "$libmpi")): $out" ;;
@@ -86,10 +86,10 @@ case "$rc|$out" in
 esac
 
 if [ $dry = 1 ]; then
-  out=$("$py" -m pytest -q --collect-only tests/test_gpu.py tests/test_devices.py 2>&1) \
+  out=$(timeout 60 "$py" -m pytest -q --collect-only tests/test_gpu.py tests/test_devices.py 2>&1) \
     || fail "GPU tests do not collect: $(echo "$out" | last_line)"
   say "GPU tests collect: $(echo "$out" | last_line)"
-  out=$("$py" -c "
+  out=$(timeout 60 "$py" -c "
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location('gpu_bench', 'benchmarks/gpu_bench.py')
 spec.loader.exec_module(importlib.util.module_from_spec(spec))

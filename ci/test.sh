@@ -9,7 +9,7 @@ export HYDRA_LAUNCHER=fork MPISYNC_TEST_LOGS=.test-logs
 started=$SECONDS
 
 echo "== GPU check, dry run: ci/gpu-check.sh's wheel install and preflight, without a GPU"
-bash ci/gpu-wheels.sh
+timeout 300 bash ci/gpu-wheels.sh
 timeout 300 bash ci/gpu-check.sh --dry-run
 
 echo "== plain pass: unit tests, launcher tests (jobs with their own mpiexec), CLI"
