@@ -1,0 +1,149 @@
+"""The progress engine of the torch backend: nonblocking MPI operations posted in issue order,
+completed oldest first by one progress thread.
+
+The calling thread posts each operation (``Iallreduce``, ``Iallgather``, ...)
+on the backend's private communicator the moment torch issues it, so every
+rank posts its collectives in the same order (MPI's rule for collectives on
+one communicator) and a bucket's reduction starts while the backward pass
+goes on. The progress thread waits for the oldest operation inside MPI (the
+GIL is released there), runs its completion (copies back, ``avg``'s
+division) and completes its torch future. That needs ``MPI_THREAD_MULTIPLE``
+(mpi4py's default); at a lower thread level every operation completes on the
+calling thread before the call returns (see :attr:`Engine.threaded`).
+
+A watchdog enforces the timeout: an operation in flight for longer is
+reported (which operations, on which rank) and the job aborts, as for
+``sync_params`` (``MPISYNC_TIMEOUT_ABORT=0``: its future and every later one
+fail with :class:`~mpisync.SyncTimeoutError` instead).
+"""
+
+from __future__ import annotations
+
+import collections as _collections
+import threading as _threading
+import time as _time
+
+import torch
+from mpi4py import MPI
+
+from ..errors import SyncError, SyncTimeoutError
+
+__all__ = ["Engine"]
+
+
+class _Operation:
+    __slots__ = ("requests", "finish", "result", "label", "future", "posted")
+
+    def __init__(self, requests, finish, result, label, future):
+        self.requests, self.finish, self.result, self.label, self.future = requests, finish, result, label, future
+        self.posted = _time.monotonic()
+
+
+class Engine:
+    """Nonblocking operations on ``comm``: at most ``capacity`` in flight, each within ``timeout`` seconds."""
+
+    def __init__(self, comm, capacity: int, timeout: float | None, on_timeout):
+        self.comm = comm
+        self._capacity = capacity
+        self._timeout = timeout
+        self._on_timeout = on_timeout  # (label list) -> None: reports, then aborts or returns
+        self._pending: _collections.deque = _collections.deque()
+        self._cond = _threading.Condition()
+        self._post_lock = _threading.Lock()  # one poster at a time: the posting order is the issue order
+        self._broken = None
+        self._closing = False
+        self.threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self._thread = None
+        if self.threaded:
+            self._thread = _threading.Thread(target=self._progress, name="mpisync-progress", daemon=True)
+            self._thread.start()
+            if timeout is not None:
+                _threading.Thread(target=self._watch, name="mpisync-watchdog", daemon=True).start()
+
+    def submit(self, post, finish=None, result=None, label: str = "") -> torch.futures.Future:
+        """Post ``post(comm) -> [requests]`` now; once they complete, run ``finish()`` and complete the
+        returned future with ``result``."""
+        future = torch.futures.Future()
+        with self._post_lock:
+            self._check()
+            if not self.threaded:  # no progress thread may call MPI: complete here, now
+                MPI.Request.Waitall(post(self.comm))
+                self._complete(_Operation((), finish, result, label, future))
+                return future
+            with self._cond:
+                while len(self._pending) >= self._capacity and self._broken is None:
+                    self._cond.wait()
+                self._check()
+                operation = _Operation(post(self.comm), finish, result, label, future)
+                self._pending.append(operation)
+                self._cond.notify_all()
+        return future
+
+    def drain(self) -> None:
+        """Wait until every operation posted so far has completed."""
+        with self._cond:
+            while self._pending and self._broken is None:
+                self._cond.wait()
+        self._check()
+
+    def close(self) -> None:
+        """Complete what is in flight, then stop the progress thread."""
+        if self._broken is None:
+            self.drain()
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None and self._broken is None:
+            self._thread.join()
+
+    def _check(self) -> None:
+        if self._broken is not None:
+            raise SyncError(f"mpisync: this process group is unusable: {self._broken}")
+        if self._closing:
+            raise SyncError("mpisync: this process group is shut down")
+
+    @staticmethod
+    def _complete(operation) -> None:
+        try:
+            if operation.finish is not None:
+                operation.finish()
+        except BaseException as exc:  # a failed copy-back fails the operation, not the thread
+            operation.future.set_exception(exc)
+        else:
+            operation.future.set_result(operation.result)
+
+    def _progress(self) -> None:
+        cond, pending = self._cond, self._pending
+        while True:
+            with cond:
+                while not pending and not self._closing:
+                    cond.wait()
+                if not pending:
+                    return
+                operation = pending[0]
+            MPI.Request.Waitall(operation.requests)  # in MPI, without the GIL
+            with cond:
+                if self._broken is not None:  # the watchdog already failed this future
+                    return
+                pending.popleft()
+                cond.notify_all()
+            self._complete(operation)
+
+    def _watch(self) -> None:
+        period = min(1.0, self._timeout / 4)
+        while True:
+            _time.sleep(period)
+            with self._cond:
+                if self._closing and not self._pending:
+                    return
+                if not self._pending or _time.monotonic() - self._pending[0].posted < self._timeout:
+                    continue
+                labels = [op.label for op in self._pending]
+            error = self._on_timeout(labels)  # aborts the job, unless MPISYNC_TIMEOUT_ABORT=0
+            with self._cond:
+                self._broken = f"an operation timed out ({error}); its collectives may still be pending"
+                failed = list(self._pending)
+                self._cond.notify_all()
+            for operation in failed:
+                operation.future.set_exception(SyncTimeoutError(error))
+            return
