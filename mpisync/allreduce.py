@@ -224,7 +224,7 @@ class GradSync:
         host = manifest.host_params
         reduced = host + (staging.host if staging is not None else [])
         steps, arena = compile_steps(reduced, self._op, self._values["fusion_bytes"], size)
-        plan = (reduced, staging, steps, arena)
+        plan = (reduced, staging, steps, arena, [p for p in reduced if len(p.replicas) > 1])
         values = tuple(params.values())
         key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
         prepared = (values, tuple(params), key, manifest, plan, _storage(values))
@@ -233,11 +233,11 @@ class GradSync:
         return prepared
 
     def _run(self, prepared, report, size, timeout):
-        reduced, staging, steps, _arena = prepared[4]
+        _reduced, staging, steps, _arena, replicated = prepared[4]
         if staging is not None:
             staging.load()
             report.transport = "staged"
-        local_reduce(reduced, self._op)
+        local_reduce(replicated, self._op)
         ring = TrackedRing(self._values["max_concurrent"], timeout)
         op = _ops.mpi_op(self._op)
         for step in steps:
@@ -249,7 +249,7 @@ class GradSync:
             elif step.store is not None:
                 step.store()
         ring.drain()
-        fan_out(reduced)
+        fan_out(replicated)
         if staging is not None:
             staging.store()
         report.collectives += len(steps) if size > 1 else 0

@@ -25,6 +25,25 @@ from .progress import Engine
 __all__ = ["ProcessGroupMPISync"]
 
 
+class _Work(dist._Work):
+    """torch's work object for one operation of the engine."""
+
+    def __init__(self, engine, operation):
+        super().__init__()
+        self._engine, self._operation = engine, operation
+
+    def wait(self, timeout=None) -> bool:
+        self._engine.wait(self._operation)
+        self._operation.future.wait()  # raises the operation's error, if any
+        return True
+
+    def is_completed(self) -> bool:
+        return self._operation.done.is_set()
+
+    def get_future(self):
+        return self._operation.future
+
+
 def _work(future) -> object:
     return _create_work_from_future(future)
 
@@ -98,6 +117,9 @@ class ProcessGroupMPISync(dist.ProcessGroup):
             return str(exc)
         return "timed out"
 
+    def _submit(self, post, finish, result, label) -> _Work:
+        return _Work(self._engine, self._engine.submit(post, finish, result, label))
+
     # -- collectives ----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         """All-reduce each tensor of ``tensors`` in place (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)."""
@@ -111,7 +133,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         def finish():
             for b in buffers:
                 b.finish()
-        return _work(self._engine.submit(post, finish, list(tensors), "all_reduce"))
+        return self._submit(post, finish, list(tensors), "all_reduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
         """As :meth:`allreduce`, one collective per tensor."""
@@ -145,7 +167,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
                     for r, out in enumerate(outputs):
                         src = torch.from_numpy(recv[r * n:(r + 1) * n]).view(out.dtype).reshape(out.shape)
                         out.copy_(src)
-        return _work(self._engine.submit(post, finish, output_tensors, "all_gather"))
+        return self._submit(post, finish, output_tensors, "all_gather")
 
     def all_gather_single(self, output, input, opts=None):
         """``all_gather_into_tensor``: every rank's ``input`` laid end to end in ``output``."""
@@ -154,8 +176,8 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         if recv.nbytes != send.nbytes * self._size:
             raise ValueError(f"mpisync backend: output has {recv.nbytes} bytes, expected "
                              f"{send.nbytes * self._size} ({self._size} x input)")
-        return _work(self._engine.submit(lambda comm: [comm.Iallgather(send, recv)], back, output,
-                                         "all_gather_into_tensor"))
+        return self._submit(lambda comm: [comm.Iallgather(send, recv)], back, output,
+                                         "all_gather_into_tensor")
 
     _allgather_base = all_gather_single
 
@@ -168,8 +190,8 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         if send.array.size != result.array.size * self._size:
             raise ValueError(f"mpisync backend: input has {send.array.size} elements, expected "
                              f"{result.array.size * self._size} ({self._size} x output)")
-        return _work(self._engine.submit(lambda comm: [comm.Ireduce_scatter_block(send.array, result.array, mpi_op)],
-                                         result.finish, output, "reduce_scatter_tensor"))
+        return self._submit(lambda comm: [comm.Ireduce_scatter_block(send.array, result.array, mpi_op)],
+                                         result.finish, output, "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -182,13 +204,13 @@ class ProcessGroupMPISync(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         """Complete when every rank has reached it (and everything issued before it has completed)."""
-        return _work(self._engine.submit(lambda comm: [comm.Ibarrier()], None, [], "barrier"))
+        return self._submit(lambda comm: [comm.Ibarrier()], None, [], "barrier")
 
     def send(self, tensors, dst_rank: int, tag: int = 0):
         """Send ``tensors`` (bytes) to ``dst_rank`` with ``tag``."""
         views = [_host_bytes(t.contiguous())[0] for t in tensors]
-        return _work(self._engine.submit(lambda comm: [comm.Isend(v, dst_rank, tag) for v in views], None,
-                                         list(tensors), f"send to {dst_rank}"))
+        return self._submit(lambda comm: [comm.Isend(v, dst_rank, tag) for v in views], None,
+                                         list(tensors), f"send to {dst_rank}")
 
     def recv(self, tensors, src_rank: int, tag: int = 0):
         """Receive ``tensors`` (bytes) from ``src_rank`` with ``tag``."""
@@ -198,8 +220,8 @@ class ProcessGroupMPISync(dist.ProcessGroup):
             for _, back in targets:
                 if back is not None:
                     back()
-        return _work(self._engine.submit(lambda comm: [comm.Irecv(v, src_rank, tag) for v, _ in targets], finish,
-                                         list(tensors), f"recv from {src_rank}"))
+        return self._submit(lambda comm: [comm.Irecv(v, src_rank, tag) for v, _ in targets], finish,
+                                         list(tensors), f"recv from {src_rank}")
 
     def check_usable(self) -> None:
         """Raise :class:`~mpisync.SyncError` if the group was shut down."""

@@ -28,15 +28,21 @@ from mpi4py import MPI
 
 from ..errors import SyncError, SyncTimeoutError
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "Operation"]
 
 
-class _Operation:
-    __slots__ = ("requests", "finish", "result", "label", "future", "posted")
+class Operation:
+    """One posted operation: its requests, what runs once they complete, and its future."""
+
+    __slots__ = ("requests", "finish", "result", "label", "future", "posted", "claim", "done")
 
     def __init__(self, requests, finish, result, label, future):
         self.requests, self.finish, self.result, self.label, self.future = requests, finish, result, label, future
         self.posted = _time.monotonic()
+        # Whoever takes ``claim`` waits for the requests (MPI forbids two threads waiting on one
+        # request): the progress thread, or a caller that waits before the thread got to it.
+        self.claim = _threading.Lock()
+        self.done = _threading.Event()
 
 
 class Engine:
@@ -60,24 +66,34 @@ class Engine:
             if timeout is not None:
                 _threading.Thread(target=self._watch, name="mpisync-watchdog", daemon=True).start()
 
-    def submit(self, post, finish=None, result=None, label: str = "") -> torch.futures.Future:
+    def submit(self, post, finish=None, result=None, label: str = "") -> Operation:
         """Post ``post(comm) -> [requests]`` now; once they complete, run ``finish()`` and complete the
-        returned future with ``result``."""
+        operation's future with ``result``."""
         future = torch.futures.Future()
         with self._post_lock:
             self._check()
             if not self.threaded:  # no progress thread may call MPI: complete here, now
+                operation = Operation((), finish, result, label, future)
                 MPI.Request.Waitall(post(self.comm))
-                self._complete(_Operation((), finish, result, label, future))
-                return future
+                self._complete(operation)
+                return operation
             with self._cond:
                 while len(self._pending) >= self._capacity and self._broken is None:
                     self._cond.wait()
                 self._check()
-                operation = _Operation(post(self.comm), finish, result, label, future)
+                operation = Operation(post(self.comm), finish, result, label, future)
                 self._pending.append(operation)
                 self._cond.notify_all()
-        return future
+        return operation
+
+    def wait(self, operation: Operation) -> None:
+        """Wait for ``operation``: complete it on this thread if the progress thread has not started
+        on it (a synchronous call then costs no hand-over between threads), else wait for it."""
+        if operation.claim.acquire(blocking=False):
+            MPI.Request.Waitall(operation.requests)
+            self._retire(operation)
+        else:
+            operation.done.wait()
 
     def drain(self) -> None:
         """Wait until every operation posted so far has completed."""
@@ -111,6 +127,15 @@ class Engine:
             operation.future.set_exception(exc)
         else:
             operation.future.set_result(operation.result)
+        operation.done.set()
+
+    def _retire(self, operation) -> None:
+        with self._cond:
+            if self._broken is not None:  # the watchdog already failed this future
+                return
+            self._pending.remove(operation)
+            self._cond.notify_all()
+        self._complete(operation)
 
     def _progress(self) -> None:
         cond, pending = self._cond, self._pending
@@ -120,14 +145,14 @@ class Engine:
                     cond.wait()
                 if not pending:
                     return
-                operation = pending[0]
-            MPI.Request.Waitall(operation.requests)  # in MPI, without the GIL
-            with cond:
-                if self._broken is not None:  # the watchdog already failed this future
+                if self._broken is not None:
                     return
-                pending.popleft()
-                cond.notify_all()
-            self._complete(operation)
+                operation = pending[0]
+            if operation.claim.acquire(blocking=False):
+                MPI.Request.Waitall(operation.requests)  # in MPI, without the GIL
+                self._retire(operation)
+            else:  # a caller is completing it
+                operation.done.wait()
 
     def _watch(self) -> None:
         period = min(1.0, self._timeout / 4)
