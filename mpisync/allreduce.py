@@ -28,6 +28,7 @@ from .manifest import Param, build_manifest
 from .reduceplan import compile_steps, fan_out, local_reduce
 from .report import SyncReport
 from .ring import Expired, TrackedRing, wait_request
+from .speedups import speedups as _speedups
 
 __all__ = ["GradSync", "allreduce"]
 
@@ -213,11 +214,14 @@ class GradSync:
             return None
         values, keys, devices_key, _, _, storage = prepared
         key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
-        if key != devices_key or tuple(params) != keys:
+        if key != devices_key:
             return None
-        if not all(map(_operator.is_, params.values(), values)) or _storage(values) != storage:
+        if _speedups is not None and type(params) is dict:
+            if not _speedups.same_items(params, keys, values):
+                return None
+        elif tuple(params) != keys or not all(map(_operator.is_, params.values(), values)):
             return None
-        return prepared
+        return prepared if not storage or _storage(values) == storage else None
 
     def _prepare(self, params, devices, manifest, size) -> tuple:
         staging = _Staging(manifest.device_params) if manifest.device_params else None
