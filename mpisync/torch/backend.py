@@ -54,8 +54,8 @@ def init_process_group(comm=None, **kwargs) -> None:
     """Initialise torch's default process group on the ``"mpisync"`` backend over ``comm``
     (default ``MPI.COMM_WORLD``): rank and size come from MPI, the store is an in-process one
     (nothing else rendezvouses). Other keyword arguments pass to
-    ``torch.distributed.init_process_group``; ``timeout`` also bounds every mpisync operation
-    (default ``MPISYNC_TIMEOUT``, else 300 s)."""
+    ``torch.distributed.init_process_group``; ``timeout`` (a timedelta or seconds) also bounds
+    every mpisync operation (default ``MPISYNC_TIMEOUT``, else 300 s)."""
     global _base_comm, _timeout_override
     comm = MPI.COMM_WORLD if comm is None else comm
     kwargs.pop("backend", None)
@@ -65,6 +65,8 @@ def init_process_group(comm=None, **kwargs) -> None:
     if "store" not in kwargs and "init_method" not in kwargs:
         kwargs["store"] = dist.HashStore()
     _base_comm, _timeout_override = comm, _seconds(kwargs.get("timeout"))
+    if _timeout_override is not None:  # torch takes a timedelta only; seconds are accepted here
+        kwargs["timeout"] = _datetime.timedelta(seconds=_timeout_override)
     try:
         dist.init_process_group(BACKEND_NAME, rank=comm.rank, world_size=comm.size, **kwargs)
     finally:

@@ -27,6 +27,7 @@ import torch
 from mpi4py import MPI
 
 from ..errors import SyncError, SyncTimeoutError
+from ..ring import Expired, wait_request
 
 __all__ = ["Engine", "Operation"]
 
@@ -89,11 +90,20 @@ class Engine:
     def wait(self, operation: Operation) -> None:
         """Wait for ``operation``: complete it on this thread if the progress thread has not started
         on it (a synchronous call then costs no hand-over between threads), else wait for it."""
-        if operation.claim.acquire(blocking=False):
-            MPI.Request.Waitall(operation.requests)
-            self._retire(operation)
-        else:
+        if not operation.claim.acquire(blocking=False):
             operation.done.wait()
+            return
+        if self._timeout is None:
+            MPI.Request.Waitall(operation.requests)
+        else:  # polled, so that the caller itself can report the timeout (and raise, if asked to)
+            deadline = operation.posted + self._timeout
+            try:
+                for request in operation.requests:
+                    wait_request(request, deadline)
+            except Expired:
+                self._expire()
+                operation.future.wait()  # raises the timeout error set by _expire
+        self._retire(operation)
 
     def drain(self) -> None:
         """Wait until every operation posted so far has completed."""
@@ -161,14 +171,24 @@ class Engine:
             with self._cond:
                 if self._closing and not self._pending:
                     return
+                if self._broken is not None:
+                    return
                 if not self._pending or _time.monotonic() - self._pending[0].posted < self._timeout:
                     continue
-                labels = [op.label for op in self._pending]
-            error = self._on_timeout(labels)  # aborts the job, unless MPISYNC_TIMEOUT_ABORT=0
-            with self._cond:
-                self._broken = f"an operation timed out ({error}); its collectives may still be pending"
-                failed = list(self._pending)
-                self._cond.notify_all()
-            for operation in failed:
-                operation.future.set_exception(SyncTimeoutError(error))
+            self._expire()
             return
+
+    def _expire(self) -> None:
+        """Report the operations in flight (once): abort, or fail every pending future."""
+        with self._cond:
+            if self._broken is not None:
+                return
+            self._broken = "an operation timed out; its collectives may still be pending"
+            failed = list(self._pending)
+            self._cond.notify_all()
+        error = self._on_timeout([op.label for op in failed])  # aborts the job, unless MPISYNC_TIMEOUT_ABORT=0
+        self._broken = f"an operation timed out ({error}); its collectives may still be pending"
+        for operation in failed:
+            if not operation.future.done():
+                operation.future.set_exception(SyncTimeoutError(error))
+            operation.done.set()

@@ -1,0 +1,40 @@
+"""Faults for the all-reduce and the torch backend: the last rank never joins (run by test_allreduce_faults.py).
+
+``python allreduce_faults.py KIND``: KIND is ``gradsync`` (mpisync.allreduce), ``backend``
+(torch all_reduce, which aborts) or ``backend-raise`` (MPISYNC_TIMEOUT_ABORT=0: the wait raises).
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpisync
+
+kind = sys.argv[1]
+comm = MPI.COMM_WORLD
+victim = comm.rank == comm.size - 1
+if kind == "gradsync":
+    grads = {"layer0.weight": np.ones(1000, np.float32), "layer1.bias": np.ones(10, np.float32)}
+    mpisync.allreduce(grads, comm, timeout=30)  # every rank once: the communicator is set up
+    if not victim:
+        mpisync.allreduce(grads, comm, timeout=3)
+else:
+    import torch
+    import torch.distributed as dist
+
+    import mpisync.torch
+
+    mpisync.torch.init_process_group(timeout=3)
+    tensor = torch.ones(1000)
+    dist.all_reduce(tensor)
+    if not victim:
+        try:
+            dist.all_reduce(tensor)
+        except Exception as exc:  # MPISYNC_TIMEOUT_ABORT=0 only
+            print(f"rank {comm.rank} raised {type(exc).__name__}: {exc}", flush=True)
+            os._exit(3)  # a collective is still pending: MPI_Finalize could wait for it
+time.sleep(60 if victim else 0)
+print(f"rank {comm.rank} finished", flush=True)
