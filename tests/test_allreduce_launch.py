@@ -1,4 +1,5 @@
-"""A rank that never joins an all-reduce ends the job with a diagnostic within a bound, never a hang."""
+"""Jobs with their own mpiexec: the DDP example (plain and through its Slurm script), and a rank
+that never joins an all-reduce, which ends the job with a diagnostic within a bound, never a hang."""
 
 import subprocess
 import sys
@@ -8,7 +9,34 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.launcher
+ROOT = Path(__file__).parent.parent
 JOB = Path(__file__).parent / "jobs" / "allreduce_faults.py"
+SRUN = """#!/bin/bash
+while [ $# -gt 0 ] && [[ "$1" == -* ]]; do shift; done
+exec mpiexec -n "${SLURM_NTASKS:-2}" "$@"
+"""
+
+
+def test_ddp_example_under_mpiexec(bounded_env):
+    pytest.importorskip("torch")
+    proc = subprocess.run(["mpiexec", "-n", "3", sys.executable, "examples/ddp_train.py", "--steps", "6"],
+                          env=bounded_env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("weights identical on every rank: True") == 3, proc.stdout
+    assert "step 6: loss" in proc.stdout
+
+
+def test_ddp_slurm_script(bounded_env, tmp_path):
+    pytest.importorskip("torch")
+    fake = tmp_path / "srun"
+    fake.write_text(SRUN)
+    fake.chmod(0o755)
+    env = dict(bounded_env, PATH=f"{tmp_path}:{bounded_env['PATH']}", STEPS="3", SLURM_NTASKS="2",
+               VENV=str(Path(sys.executable).parent.parent))
+    proc = subprocess.run(["bash", "examples/slurm_ddp.sbatch"], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("weights identical on every rank: True") == 2, proc.stdout
 
 
 def _run(env, kind, timeout=150):
