@@ -71,3 +71,17 @@ def test_backend_missing_rank_raises_when_asked(bounded_env):
     assert proc.returncode != 0, out
     assert "rank 0 raised" in out and "did not complete within 3 s" in out, out
     assert seconds < 50, f"the job took {seconds:.1f} s to end"
+
+
+def test_bench_smoke(bounded_env):
+    pytest.importorskip("torch")
+    proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "mpisync.bench.allreduce", "--max-bytes", "1024",
+                           "--iterations", "2", "--sets", "many-small", "--json"],
+                          env=bounded_env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    result = json.loads(proc.stdout)
+    assert [row["bytes"] for row in result["sweep"]] == [4, 16, 64, 256, 1024]
+    assert result["grads"][0]["workload"] == "many-small" and result["grads"][0]["vs_per_tensor"] > 0
+    assert result["ddp"]["mpisync_ms"] > 0 and result["ddp"]["gloo_ms"] > 0

@@ -80,12 +80,12 @@ def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
     return rows
 
 
-def grads(comm, iterations: int) -> list:
+def grads(comm, iterations: int, sets=_GRAD_SETS) -> list:
     """``GradSync.allreduce`` of gradient-shaped sets against flat and per-tensor ``Allreduce``."""
     from ..allreduce import GradSync
 
     rows = []
-    for name in _GRAD_SETS:
+    for name in sets:
         params = make_params(workload(name), comm.rank)
         for array in params.values():
             array[...] = 0  # sums stay finite over every iteration
@@ -154,7 +154,7 @@ def run(comm, args) -> dict:
     if "sweep" in args.rows:
         out["sweep"] = sweep(comm, groups, args.max_bytes, args.iterations)
     if "grads" in args.rows:
-        out["grads"] = grads(comm, args.iterations)
+        out["grads"] = grads(comm, args.iterations, args.sets)
     if "ddp" in args.rows:
         out["ddp"] = ddp_step(comm, groups, args.iterations)
     if groups is not None:
@@ -187,6 +187,8 @@ def main(argv=None) -> int:
     parser = _argparse.ArgumentParser(prog="python -m mpisync.bench.allreduce", description=__doc__.split("\n")[0])
     parser.add_argument("--rows", nargs="+", default=["sweep", "grads", "ddp"], choices=["sweep", "grads", "ddp"])
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--sets", nargs="+", default=list(_GRAD_SETS), choices=list(_GRAD_SETS),
+                        help="gradient sets of the grads row")
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
