@@ -12,6 +12,7 @@ rank may start, or on the one error every rank raises.
 from __future__ import annotations
 
 import collections.abc as _abc
+import json as _json
 import operator as _operator
 import sys as _sys
 import time as _time
@@ -74,14 +75,13 @@ class _Staging:
 
     def __init__(self, params: list):
         self.params = params
-        self.host = []  # per param: host ArrayViews, master first
+        self.host = []  # per param: host ArrayViews over the pinned buffers, master first
+        self.buffers = []  # per param: the pinned numpy buffers themselves
         for p in params:
-            backend = p.master.backend
-            views = []
-            for r in p.replicas:
-                buffer = backend.pinned(r.nbytes)
-                views.append(ArrayView(memoryview(buffer).cast("B"), r.shape, r.dtype, True))
+            buffers = [p.master.backend.pinned(r.nbytes) for r in p.replicas]
+            views = [ArrayView(memoryview(b).cast("B"), r.shape, r.dtype, True) for b, r in zip(buffers, p.replicas)]
             self.host.append(Param(p.name, views))
+            self.buffers.append(buffers)
 
     def _sync_all(self) -> None:
         for p in self.params:
@@ -89,18 +89,19 @@ class _Staging:
                 r.backend.synchronize(r.device)
 
     def load(self) -> list:
+        """Copy every device replica to its host buffer; return the host parameters."""
         self._sync_all()  # the producers of the device bytes are done
-        for p, h in zip(self.params, self.host):
-            for r, view in zip(p.replicas, h.replicas):
-                r.backend.to_host(view.data.obj if hasattr(view.data, "obj") else view.data, r.data,
-                                  r.backend.stream(r.device))
+        for p, buffers in zip(self.params, self.buffers):
+            for r, buffer in zip(p.replicas, buffers):
+                r.backend.to_host(buffer, r.data, r.backend.stream(r.device))
         self._sync_all()
         return self.host
 
     def store(self) -> None:
-        for p, h in zip(self.params, self.host):
+        """Copy every reduced master back into every device replica, and wait for the copies."""
+        for p, buffers in zip(self.params, self.buffers):
             for r in p.replicas:
-                r.backend.to_device(r.data, h.master.data.obj, r.backend.stream(r.device))
+                r.backend.to_device(r.data, buffers[0], r.backend.stream(r.device))
         self._sync_all()
 
 
@@ -263,8 +264,6 @@ class GradSync:
 
 
 def _json_doc(manifest) -> dict:
-    import json as _json
-
     return _json.loads(manifest.encode())
 
 

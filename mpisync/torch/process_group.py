@@ -17,7 +17,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import config as _config
 from ..allreduce import timed_out
-from ..errors import SyncError, SyncTimeoutError
+from ..errors import SyncTimeoutError
 from ..sync import ParamSync
 from .buffers import ReduceBuffer, byte_view, mpi_reduce_op
 from .progress import Engine
@@ -177,7 +177,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
             raise ValueError(f"mpisync backend: output has {recv.nbytes} bytes, expected "
                              f"{send.nbytes * self._size} ({self._size} x input)")
         return self._submit(lambda comm: [comm.Iallgather(send, recv)], back, output,
-                                         "all_gather_into_tensor")
+                            "all_gather_into_tensor")
 
     _allgather_base = all_gather_single
 
@@ -191,7 +191,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
             raise ValueError(f"mpisync backend: input has {send.array.size} elements, expected "
                              f"{result.array.size * self._size} ({self._size} x output)")
         return self._submit(lambda comm: [comm.Ireduce_scatter_block(send.array, result.array, mpi_op)],
-                                         result.finish, output, "reduce_scatter_tensor")
+                            result.finish, output, "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -210,7 +210,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         """Send ``tensors`` (bytes) to ``dst_rank`` with ``tag``."""
         views = [_host_bytes(t.contiguous())[0] for t in tensors]
         return self._submit(lambda comm: [comm.Isend(v, dst_rank, tag) for v in views], None,
-                                         list(tensors), f"send to {dst_rank}")
+                            list(tensors), f"send to {dst_rank}")
 
     def recv(self, tensors, src_rank: int, tag: int = 0):
         """Receive ``tensors`` (bytes) from ``src_rank`` with ``tag``."""
@@ -221,9 +221,4 @@ class ProcessGroupMPISync(dist.ProcessGroup):
                 if back is not None:
                     back()
         return self._submit(lambda comm: [comm.Irecv(v, src_rank, tag) for v, _ in targets], finish,
-                                         list(tensors), f"recv from {src_rank}")
-
-    def check_usable(self) -> None:
-        """Raise :class:`~mpisync.SyncError` if the group was shut down."""
-        if self._comm is None:
-            raise SyncError("mpisync: this process group is shut down")
+                            list(tensors), f"recv from {src_rank}")
