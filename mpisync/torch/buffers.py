@@ -18,16 +18,22 @@ _HALF = (torch.float16, torch.bfloat16)
 _REFUSED = (torch.bool,)
 
 
+_MPI_OPS: dict = {}
+
+
 def mpi_reduce_op(op) -> tuple:
     """``(MPI op, average)`` for a ``torch.distributed.ReduceOp``; ``ValueError`` for the others."""
-    from torch.distributed import ReduceOp
+    kind = getattr(op, "op", op)  # a ReduceOp wraps its RedOpType (hashable)
+    found = _MPI_OPS.get(kind)
+    if found is None:
+        from torch.distributed import ReduceOp
 
-    table = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PRODUCT: MPI.PROD, ReduceOp.MIN: MPI.MIN,
-             ReduceOp.MAX: MPI.MAX, ReduceOp.BAND: MPI.BAND, ReduceOp.BOR: MPI.BOR, ReduceOp.BXOR: MPI.BXOR}
-    for key, mpi_op in table.items():
-        if op == key:
-            return mpi_op, key == ReduceOp.AVG
-    raise ValueError(f"mpisync backend: reduce op {op} is not supported")
+        table = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PRODUCT: MPI.PROD, ReduceOp.MIN: MPI.MIN,
+                 ReduceOp.MAX: MPI.MAX, ReduceOp.BAND: MPI.BAND, ReduceOp.BOR: MPI.BOR, ReduceOp.BXOR: MPI.BXOR}
+        if kind not in table:
+            raise ValueError(f"mpisync backend: reduce op {op} is not supported")
+        found = _MPI_OPS[kind] = (table[kind], kind == ReduceOp.AVG)
+    return found
 
 
 def byte_view(tensor: torch.Tensor) -> _np.ndarray:

@@ -38,7 +38,7 @@ class _Work(dist._Work):
         return True
 
     def is_completed(self) -> bool:
-        return self._operation.done.is_set()
+        return self._operation.finished()
 
     def get_future(self):
         return self._operation.future

@@ -37,6 +37,10 @@ __all__ = ["Engine", "Operation"]
 # (which cost hundreds of microseconds on a loaded machine). Asynchronous operations start
 # completing this much later; their transfer is already posted.
 _CALLER_HEAD_START = 0.0005
+# An idle progress thread looks for new operations this often, and sleeps until woken after this
+# long without any.
+_IDLE_POLL_SECONDS = 0.0005
+_IDLE_SLEEP_AFTER = 0.2
 
 
 class Operation:
@@ -50,7 +54,22 @@ class Operation:
         # Whoever takes ``claim`` waits for the requests (MPI forbids two threads waiting on one
         # request): the progress thread, or a caller that waits before the thread got to it.
         self.claim = _threading.Lock()
-        self.done = _threading.Event()
+        self.done = _threading.Lock()  # held until the operation completes (a lighter Event)
+        self.done.acquire()
+
+    def finished(self) -> bool:
+        """Whether the operation completed (or failed)."""
+        return not self.done.locked()
+
+    def wait_finished(self) -> None:
+        """Block until the operation completed (or failed)."""
+        with self.done:
+            pass
+
+    def mark_finished(self) -> None:
+        """Release whoever waits in :meth:`wait_finished` (once)."""
+        if self.done.locked():
+            self.done.release()
 
 
 class Engine:
@@ -66,6 +85,12 @@ class Engine:
         self._post_lock = _threading.Lock()  # one poster at a time: the posting order is the issue order
         self._broken = None
         self._closing = False
+        # Waking a thread costs tens of microseconds: submit wakes the progress thread only when it
+        # sleeps untimed (idle for a while; otherwise it polls every _IDLE_POLL_SECONDS), and a
+        # retirement wakes only threads waiting for room or for a drain.
+        self._asleep = False
+        self._waiters = 0
+        self._abort = _abort_on_timeout()
         self.threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self._thread = None
         if self.threaded:
@@ -87,20 +112,23 @@ class Engine:
                 return operation
             with self._cond:
                 while len(self._pending) >= self._capacity and self._broken is None:
+                    self._waiters += 1
                     self._cond.wait()
+                    self._waiters -= 1
                 self._check()
                 operation = Operation(post(self.comm), finish, result, label, future)
                 self._pending.append(operation)
-                self._cond.notify_all()
+                if self._asleep:
+                    self._cond.notify_all()
         return operation
 
     def wait(self, operation: Operation) -> None:
         """Wait for ``operation``: complete it on this thread if the progress thread has not started
         on it (a synchronous call then costs no hand-over between threads), else wait for it."""
         if not operation.claim.acquire(blocking=False):
-            operation.done.wait()
+            operation.wait_finished()
             return
-        if self._timeout is None or _abort_on_timeout():  # the watchdog aborts the job if it never completes
+        if self._timeout is None or self._abort:  # the watchdog aborts the job if it never completes
             MPI.Request.Waitall(operation.requests)
         else:  # polled, so that the caller itself can report the timeout and raise
             deadline = operation.posted + self._timeout
@@ -116,7 +144,9 @@ class Engine:
         """Wait until every operation posted so far has completed."""
         with self._cond:
             while self._pending and self._broken is None:
+                self._waiters += 1
                 self._cond.wait()
+                self._waiters -= 1
         self._check()
 
     def close(self) -> None:
@@ -144,24 +174,33 @@ class Engine:
             operation.future.set_exception(exc)
         else:
             operation.future.set_result(operation.result)
-        operation.done.set()
+        operation.mark_finished()
 
     def _retire(self, operation) -> None:
         with self._cond:
             if self._broken is not None:  # the watchdog already failed this future
                 return
             self._pending.remove(operation)
-            self._cond.notify_all()
+            if self._waiters:
+                self._cond.notify_all()
         self._complete(operation)
 
     def _progress(self) -> None:
         cond, pending = self._cond, self._pending
+        active = _time.monotonic()
         while True:
             with cond:
-                while not pending and not self._closing:
-                    cond.wait()
+                if not pending and not self._closing:
+                    if _time.monotonic() - active < _IDLE_SLEEP_AFTER:
+                        cond.wait(_IDLE_POLL_SECONDS)
+                    else:
+                        self._asleep = True
+                        cond.wait()
+                        self._asleep = False
+                    continue
                 if not pending:
                     return
+                active = _time.monotonic()
                 if self._broken is not None:
                     return
                 operation = pending[0]
@@ -173,7 +212,7 @@ class Engine:
                 MPI.Request.Waitall(operation.requests)  # in MPI, without the GIL
                 self._retire(operation)
             else:  # a caller is completing it
-                operation.done.wait()
+                operation.wait_finished()
 
     def _watch(self) -> None:
         period = min(1.0, self._timeout / 4)
@@ -202,4 +241,4 @@ class Engine:
         for operation in failed:
             if not operation.future.done():
                 operation.future.set_exception(SyncTimeoutError(error))
-            operation.done.set()
+            operation.mark_finished()
