@@ -46,6 +46,16 @@ def _run(env, kind, timeout=150):
     return proc, proc.stdout + proc.stderr, time.monotonic() - start
 
 
+@pytest.mark.parametrize("level", ["multiple", "serialized"])
+def test_backend_at_each_thread_level(bounded_env, level):
+    # Below MPI_THREAD_MULTIPLE no progress thread calls MPI: operations complete on the caller's thread.
+    pytest.importorskip("torch")
+    proc, out, _ = _run(dict(bounded_env, MPI4PY_RC_THREAD_LEVEL=level), "thread-level")
+    assert proc.returncode == 0, out
+    threaded = level == "multiple"
+    assert out.count(f"threaded {threaded}, correct True") == 2, out
+
+
 def test_gradsync_missing_rank_aborts_with_diagnostic(bounded_env):
     proc, out, seconds = _run(bounded_env, "gradsync")
     assert proc.returncode != 0, out

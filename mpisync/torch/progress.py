@@ -107,6 +107,7 @@ class Engine:
             self._check()
             if not self.threaded:  # no progress thread may call MPI: complete here, now
                 operation = Operation((), finish, result, label, future)
+                operation.claim.acquire()  # completed here: nobody waits for its requests again
                 MPI.Request.Waitall(post(self.comm))
                 self._complete(operation)
                 return operation

@@ -1,7 +1,8 @@
 """Faults for the all-reduce and the torch backend: the last rank never joins (run by test_allreduce_faults.py).
 
 ``python allreduce_faults.py KIND``: KIND is ``gradsync`` (mpisync.allreduce), ``backend``
-(torch all_reduce, which aborts) or ``backend-raise`` (MPISYNC_TIMEOUT_ABORT=0: the wait raises).
+(torch all_reduce, which aborts) or ``backend-raise`` (MPISYNC_TIMEOUT_ABORT=0: the wait raises);
+``thread-level`` is no fault: the backend at whatever thread level MPI gave (no rank is left out).
 """
 
 import os
@@ -16,6 +17,22 @@ import mpisync
 kind = sys.argv[1]
 comm = MPI.COMM_WORLD
 victim = comm.rank == comm.size - 1
+if kind == "thread-level":
+    import torch
+    import torch.distributed as dist
+
+    import mpisync.torch
+
+    mpisync.torch.init_process_group()
+    tensors = [torch.full((n,), float(comm.rank + 1)) for n in (10, 100000)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    [w.wait() for w in works]
+    total = sum(range(1, comm.size + 1))
+    ok = all(bool(torch.all(t == total)) for t in tensors)
+    print(f"rank {comm.rank}: thread level {MPI.Query_thread()}, threaded {dist.group.WORLD.threaded}, "
+          f"correct {ok}", flush=True)
+    dist.destroy_process_group()
+    sys.exit(0)
 if kind == "gradsync":
     grads = {"layer0.weight": np.ones(1000, np.float32), "layer1.bias": np.ones(10, np.float32)}
     mpisync.allreduce(grads, comm, timeout=30)  # every rank once: the communicator is set up
