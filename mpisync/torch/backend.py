@@ -15,8 +15,9 @@ __all__ = ["BACKEND_NAME", "init_process_group"]
 BACKEND_NAME = "mpisync"
 
 # The communicator the next default group is made over (init_process_group sets it; torch's own
-# rendezvous leaves it None: MPI.COMM_WORLD).
+# rendezvous leaves it None: MPI.COMM_WORLD), and the timeout init_process_group was given (seconds).
 _base_comm = None
+_timeout_override = None
 
 
 def _seconds(timeout) -> float | None:
@@ -38,11 +39,7 @@ def _create(options, _backend_options) -> ProcessGroupMPISync:
             f"mpisync backend: torch expects rank {options.group_rank} of {options.group_size}, but this process "
             f"is rank {comm.rank} of {comm.size} in MPI; launch with mpiexec/srun and let mpisync.torch."
             "init_process_group() take rank and size from MPI")
-    timeout = _timeout_override if _timeout_override is not None else None
-    return ProcessGroupMPISync(comm, timeout=timeout)
-
-
-_timeout_override = None
+    return ProcessGroupMPISync(comm, timeout=_timeout_override)
 
 
 def _register() -> None:
