@@ -56,6 +56,13 @@ def test_backend_at_each_thread_level(bounded_env, level):
     assert out.count(f"threaded {threaded}, correct True") == 2, out
 
 
+def test_backend_with_torch_rendezvous(bounded_env):
+    pytest.importorskip("torch")
+    proc, out, _ = _run(bounded_env, "torch-rendezvous")
+    assert proc.returncode == 0, out
+    assert out.count("backend mpisync, max [1.0, 1.0, 1.0, 1.0]") == 2, out
+
+
 def test_gradsync_missing_rank_aborts_with_diagnostic(bounded_env):
     proc, out, seconds = _run(bounded_env, "gradsync")
     assert proc.returncode != 0, out

@@ -2,7 +2,8 @@
 
 ``python allreduce_faults.py KIND``: KIND is ``gradsync`` (mpisync.allreduce), ``backend``
 (torch all_reduce, which aborts) or ``backend-raise`` (MPISYNC_TIMEOUT_ABORT=0: the wait raises);
-``thread-level`` is no fault: the backend at whatever thread level MPI gave (no rank is left out).
+``thread-level`` is no fault: the backend at whatever thread level MPI gave; nor is
+``torch-rendezvous``: ``torch.distributed.init_process_group("mpisync")`` with torch's TCP rendezvous.
 """
 
 import os
@@ -31,6 +32,27 @@ if kind == "thread-level":
     ok = all(bool(torch.all(t == total)) for t in tensors)
     print(f"rank {comm.rank}: thread level {MPI.Query_thread()}, threaded {dist.group.WORLD.threaded}, "
           f"correct {ok}", flush=True)
+    dist.destroy_process_group()
+    sys.exit(0)
+if kind == "torch-rendezvous":
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    import mpisync.torch  # noqa: F401  (registers the backend)
+
+    port = np.zeros(1, np.int64)
+    if comm.rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port[0] = probe.getsockname()[1]
+    comm.Bcast(port, 0)
+    dist.init_process_group("mpisync", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=comm.rank,
+                            world_size=comm.size)
+    tensor = torch.full((4,), float(comm.rank))
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    print(f"rank {comm.rank}: backend {dist.get_backend()}, max {tensor.tolist()}", flush=True)
     dist.destroy_process_group()
     sys.exit(0)
 if kind == "gradsync":
