@@ -5,6 +5,7 @@
 >>> report = mpisync.sync_params(model.state_dict(), MPI.COMM_WORLD, root=0)  # doctest: +SKIP
 """
 
+from .allreduce import GradSync, allreduce
 from .errors import (
     InvalidParamError,
     ManifestMismatchError,
@@ -22,6 +23,8 @@ __version__ = "0.1.0"
 __all__ = [
     "sync_params",
     "sync_state",
+    "allreduce",
+    "GradSync",
     "ParamSync",
     "RequestRing",
     "SyncReport",

@@ -1,0 +1,282 @@
+"""``GradSync`` and ``allreduce``: the gradient counterpart of the parameter sync.
+
+Every replica of every name ends up holding the reduction over all replicas
+on all ranks: replicas are combined into the master locally, masters are
+all-reduced across ranks (fused buckets of small tensors, large tensors in
+place, at most ``max_concurrent`` collectives in flight), then the result is
+copied back to every replica. Validation, errors and timeouts are those of
+:func:`mpisync.sync_params`: one all-reduce of a digest agrees that every
+rank may start, or on the one error every rank raises.
+"""
+
+from __future__ import annotations
+
+import collections.abc as _abc
+import json as _json
+import operator as _operator
+import sys as _sys
+import time as _time
+
+from mpi4py import MPI
+
+from . import config as _config
+from . import reduceops as _ops
+from .agreement import agree, diagnose
+from .arrays import ArrayView
+from .crossmemory import host_word
+from .errors import InvalidParamError, SyncError, SyncTimeoutError
+from .manifest import Param, build_manifest
+from .reduceplan import compile_steps, fan_out, local_reduce
+from .report import SyncReport
+from .ring import Expired, TrackedRing, wait_request
+from .speedups import speedups as _speedups
+
+__all__ = ["GradSync", "allreduce"]
+
+# Seconds between writing a timeout diagnostic and aborting, so the launcher forwards the message.
+_ABORT_GRACE_SECONDS = 1.0
+
+
+def _check_comm(comm) -> None:
+    if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+        raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+    if comm.Is_inter():
+        raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
+
+
+def _storage(values: tuple) -> tuple:
+    torch = _sys.modules.get("torch")
+    if torch is None:
+        return ()
+    # ``tensor.data = other`` keeps the object but moves its bytes: compare where they are.
+    return tuple(v.data_ptr() for v in values if isinstance(v, torch.Tensor))
+
+
+def timed_out(comm, phase: str, pending: list, timeout: float) -> None:
+    """Write the diagnostic of a collective that did not complete, then abort the job (default)
+    or raise :class:`~mpisync.SyncTimeoutError` (``MPISYNC_TIMEOUT_ABORT=0``)."""
+    shown = ", ".join(repr(n) for n in pending[:20])
+    if len(pending) > 20:
+        shown += f", ... and {len(pending) - 20} more"
+    message = (f"mpisync: rank {comm.rank} of {comm.size}: the {phase} did not complete within {timeout:g} s; "
+               f"pending: {shown or 'none'}. Another rank may not have called it, may have died, or may be "
+               "stuck elsewhere.")
+    if _config.abort_on_timeout():
+        _sys.stderr.write(f"SyncTimeoutError: {message}\nmpisync: MPI cannot cancel a collective, so rank "
+                          f"{comm.rank} aborts the job (set MPISYNC_TIMEOUT_ABORT=0 to raise instead).\n")
+        _sys.stderr.flush()
+        _time.sleep(_ABORT_GRACE_SECONDS)
+        comm.Abort(1)
+    raise SyncTimeoutError(message)
+
+
+class _Staging:
+    """Device replicas copied to host buffers before the reduction and back after it."""
+
+    def __init__(self, params: list):
+        self.params = params
+        self.host = []  # per param: host ArrayViews over the pinned buffers, master first
+        self.buffers = []  # per param: the pinned numpy buffers themselves
+        for p in params:
+            buffers = [p.master.backend.pinned(r.nbytes) for r in p.replicas]
+            views = [ArrayView(memoryview(b).cast("B"), r.shape, r.dtype, True) for b, r in zip(buffers, p.replicas)]
+            self.host.append(Param(p.name, views))
+            self.buffers.append(buffers)
+
+    def _sync_all(self) -> None:
+        for p in self.params:
+            for r in p.replicas:
+                r.backend.synchronize(r.device)
+
+    def load(self) -> list:
+        """Copy every device replica to its host buffer; return the host parameters."""
+        self._sync_all()  # the producers of the device bytes are done
+        for p, buffers in zip(self.params, self.buffers):
+            for r, buffer in zip(p.replicas, buffers):
+                r.backend.to_host(buffer, r.data, r.backend.stream(r.device))
+        self._sync_all()
+        return self.host
+
+    def store(self) -> None:
+        """Copy every reduced master back into every device replica, and wait for the copies."""
+        for p, buffers in zip(self.params, self.buffers):
+            for r in p.replicas:
+                r.backend.to_device(r.data, buffers[0], r.backend.stream(r.device))
+        self._sync_all()
+
+
+class GradSync:
+    """A reusable all-reduce over ``comm`` (default ``MPI.COMM_WORLD``) with reduction ``op``
+    (``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or ``"prod"``).
+
+    The first call duplicates ``comm``; later calls reuse it, and when the same
+    arrays come back (same keys and objects; torch: same storage) the
+    validation and the compiled buckets too; every call still agrees with the
+    other ranks on the manifest digest. ``close()`` frees everything.
+    """
+
+    def __init__(self, comm=None, *, op="sum", max_concurrent=None, fusion_bytes=None, gpu_transport=None,
+                 timeout=None):
+        self._user_comm = MPI.COMM_WORLD if comm is None else comm
+        self._op = op
+        self._settings_error = None
+        try:
+            self._settings = _config.resolve(max_concurrent, fusion_bytes, gpu_transport, timeout)
+        except InvalidParamError as exc:
+            self._settings_error = str(exc)
+            self._settings = _config.resolve(1, 0, "auto", _config.BUILTIN_DEFAULTS["timeout"])
+        if op not in _ops.OPS:
+            self._settings_error = f"op must be one of {', '.join(map(repr, _ops.OPS))}, got {op!r}"
+        self._values = self._settings.values()
+        self._comm = None
+        self._dup = None
+        self._prepared = None
+        self._closed = False
+        self._broken = None
+
+    @property
+    def settings(self) -> _config.Settings:
+        """The effective settings and where each came from."""
+        return self._settings
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def close(self) -> None:
+        """Free the duplicated communicator and cached buffers; further calls raise."""
+        if self._comm is not None and self._broken is None:
+            self._comm.Free()
+        self._comm = None
+        self._prepared = None
+        self._closed = True
+
+    def allreduce(self, params, *, devices=None) -> SyncReport:
+        """Reduce every replica of every name over all ranks, in place (see :func:`mpisync.allreduce`)."""
+        if self._closed:
+            raise SyncError("mpisync: this GradSync is closed")
+        if self._broken:
+            raise SyncError(f"mpisync: this GradSync is unusable: {self._broken}")
+        start = _time.perf_counter()
+        comm = self._user_comm
+        _check_comm(comm)
+        rank, size = comm.rank, comm.size
+        if size > 1 and self._comm is None and self._dup is None:
+            self._dup = comm.Idup()  # overlaps this rank's manifest building
+        prepared = self._match(params, devices)
+        manifest = prepared[3] if prepared is not None else self._manifest(params, devices, rank, size)
+        timeout = self._values["timeout"]
+        report = SyncReport(tensors=manifest.tensors, replicas=manifest.nreplicas, bytes=manifest.nbytes,
+                            collectives=0, seconds=0.0, transport="host" if size > 1 else "local",
+                            rank=rank, size=size)
+        phase, ring = "validation", None
+        try:
+            if size > 1:
+                deadline = None if timeout is None else _time.monotonic() + timeout
+                call = lambda request: wait_request(request, deadline)  # noqa: E731
+                if self._comm is None:
+                    call(self._dup[1])
+                    self._comm, self._dup = self._dup[0], None
+                agree(self._comm, manifest, call, host=host_word())
+                report.collectives += 1
+            elif manifest.errors:
+                raise diagnose([_json_doc(manifest)])
+            if prepared is None:
+                prepared = self._prepare(params, devices, manifest, size)
+            phase = "all-reduce"
+            ring = self._run(prepared, report, size, timeout)
+        except Expired:
+            pending = [n for label in ring.pending_labels() for n in label] if ring is not None else manifest.names
+            self._broken = f"an all-reduce timed out during the {phase}; its collectives may still be pending"
+            timed_out(comm, f"all-reduce {phase}", pending, timeout)
+        report.seconds = _time.perf_counter() - start
+        return report
+
+    def _manifest(self, params, devices, rank, size):
+        settings = {"op": self._op if isinstance(self._op, str) else repr(self._op),
+                    "fusion_bytes": self._values["fusion_bytes"]}
+        manifest = build_manifest(params, rank=rank, size=size, root=0, devices=devices, settings=settings)
+        if self._settings_error:
+            manifest.errors.append((None, self._settings_error))
+            return manifest
+        for p in manifest.params:
+            problem = _ops.check(p.master.dtype, self._op)
+            if problem is None and not all(r.writable for r in p.replicas):
+                problem = "a replica is read-only, but the all-reduce writes every replica"
+            if problem:
+                manifest.errors.append((p.name, problem))
+        return manifest
+
+    def _match(self, params, devices):
+        prepared = self._prepared
+        if prepared is None or not isinstance(params, _abc.Mapping):
+            return None
+        values, keys, devices_key, _, _, storage = prepared
+        key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
+        if key != devices_key:
+            return None
+        if _speedups is not None and type(params) is dict:
+            if not _speedups.same_items(params, keys, values):
+                return None
+        elif tuple(params) != keys or not all(map(_operator.is_, params.values(), values)):
+            return None
+        return prepared if not storage or _storage(values) == storage else None
+
+    def _prepare(self, params, devices, manifest, size) -> tuple:
+        staging = _Staging(manifest.device_params) if manifest.device_params else None
+        host = manifest.host_params
+        reduced = host + (staging.host if staging is not None else [])
+        steps, arena = compile_steps(reduced, self._op, self._values["fusion_bytes"], size)
+        plan = (reduced, staging, steps, arena, [p for p in reduced if len(p.replicas) > 1])
+        values = tuple(params.values())
+        key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
+        prepared = (values, tuple(params), key, manifest, plan, _storage(values))
+        if manifest.leaves_only:  # a mapping of bare arrays: the same objects may come back
+            self._prepared = prepared
+        return prepared
+
+    def _run(self, prepared, report, size, timeout):
+        _reduced, staging, steps, _arena, replicated = prepared[4]
+        if staging is not None:
+            staging.load()
+            report.transport = "staged"
+        local_reduce(replicated, self._op)
+        ring = TrackedRing(self._values["max_concurrent"], timeout)
+        op = _ops.mpi_op(self._op)
+        for step in steps:
+            ring.make_room()
+            if step.load is not None:
+                step.load()
+            if size > 1:
+                ring.push(self._comm.Iallreduce(MPI.IN_PLACE, step.buffer, op), step.store, step.label)
+            elif step.store is not None:
+                step.store()
+        ring.drain()
+        fan_out(replicated)
+        if staging is not None:
+            staging.store()
+        report.collectives += len(steps) if size > 1 else 0
+        report.fused_buckets = sum(1 for s in steps if s.fused)
+        report.transfers = len(steps)
+        return ring
+
+
+def _json_doc(manifest) -> dict:
+    return _json.loads(manifest.encode())
+
+
+def allreduce(params, comm=None, *, op="sum", devices=None, max_concurrent=None, fusion_bytes=None,
+              gpu_transport=None, timeout=None) -> SyncReport:
+    """Reduce, in place, every replica of every name over all replicas on all ranks of ``comm``.
+
+    ``params`` maps each name to one array, a sequence of replicas, or a
+    mapping of device key to replica, as for :func:`mpisync.sync_params`;
+    ``op`` is ``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or ``"prod"``. Every
+    rank raises the same :class:`~mpisync.SyncError` when any rank's input is
+    bad. See :class:`GradSync` for the reusable form.
+    """
+    with GradSync(comm, op=op, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes,
+                  gpu_transport=gpu_transport, timeout=timeout) as syncer:
+        return syncer.allreduce(params, devices=devices)

@@ -1,0 +1,205 @@
+"""All-reduce benchmark: mpisync's torch backend beside gloo, ``GradSync`` beside plain MPI.
+
+Run under ``mpiexec`` (``mpiexec -n 2 python -m mpisync.bench.allreduce``). Rows, each timed side by
+side with its references in one interleaved loop (:func:`~mpisync.bench.timing.measure_interleaved`:
+medians of the slowest rank's time):
+
+- ``sweep``: OSU-style ``all_reduce`` of float32 tensors, 4 B to ``--max-bytes``: the ``"mpisync"``
+  backend, gloo, and mpi4py's blocking ``Allreduce`` of the same buffer;
+- ``grads``: ``GradSync.allreduce`` of the gradient sets of ResNet-50, BERT-base and 5000 x 400 B,
+  against one flat ``Allreduce`` of the same bytes and (5000 x 400 B) a loop of per-tensor ``Allreduce``;
+- ``ddp``: one DistributedDataParallel training step of an 8-layer 1024 x 1024 MLP (batch 32) on the
+  ``"mpisync"`` backend, on gloo, and the same step without communication.
+
+Every rank runs torch with ``--threads`` intra-op threads (default 1: ranks share the cores).
+"""
+
+from __future__ import annotations
+
+import argparse as _argparse
+import json as _json
+import sys as _sys
+
+import numpy as _np
+from mpi4py import MPI
+
+from .timing import measure_interleaved
+from ..workloads import make_params, workload
+
+__all__ = ["main", "run"]
+
+_GRAD_SETS = ("resnet50", "bert-base", "many-small")
+
+
+def _groups(comm):
+    """``(mpisync group, gloo group)``; the default group is gloo over a TCP store on 127.0.0.1
+    whose port rank 0 shares through MPI (as an int64, never pickled)."""
+    import torch.distributed as dist
+
+    import mpisync.torch  # noqa: F401  (registers the backend)
+
+    port = _np.zeros(1, _np.int64)
+    store = None
+    if comm.rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, comm.size, True, wait_for_workers=False)
+        port[0] = store.port
+    comm.Bcast(port, 0)
+    if comm.rank != 0:
+        store = dist.TCPStore("127.0.0.1", int(port[0]), comm.size, False)
+    dist.init_process_group("gloo", store=store, rank=comm.rank, world_size=comm.size)
+    return dist.new_group(backend="mpisync"), dist.group.WORLD
+
+
+def _sizes(max_bytes: int) -> list:
+    out, size = [], 4
+    while size <= max_bytes:
+        out.append(size)
+        size *= 4
+    for extra in (1 << 20, 25 << 20):  # the targets' sizes
+        if extra <= max_bytes and extra not in out:
+            out.append(extra)
+    return sorted(out)
+
+
+def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
+    """``all_reduce`` latency per size on each backend, and mpi4py's ``Allreduce``."""
+    import torch
+    import torch.distributed as dist
+
+    rows = []
+    for size in _sizes(max_bytes):
+        tensors = {name: torch.zeros(size // 4) for name in ("mpisync", "gloo")}
+        flat = _np.zeros(size // 4, _np.float32)
+        runs = {name: (lambda t=tensors[name], g=groups[name]: dist.all_reduce(t, group=g)) for name in tensors}
+        runs["mpi Allreduce"] = lambda: comm.Allreduce(MPI.IN_PLACE, flat)
+        n = iterations if size < (1 << 20) else max(5, iterations // 4)
+        timings = measure_interleaved(comm, runs, iterations=n, warmup=3)
+        row = {"bytes": size, **{f"{k}_us": v.median * 1e6 for k, v in timings.items()}}
+        row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
+        rows.append(row)
+    return rows
+
+
+def grads(comm, iterations: int, sets=_GRAD_SETS) -> list:
+    """``GradSync.allreduce`` of gradient-shaped sets against flat and per-tensor ``Allreduce``."""
+    from ..allreduce import GradSync
+
+    rows = []
+    for name in sets:
+        params = make_params(workload(name), comm.rank)
+        for array in params.values():
+            array[...] = 0  # sums stay finite over every iteration
+        nbytes = sum(a.nbytes for a in params.values())
+        flat = _np.zeros(nbytes // 4, _np.float32)
+        syncer = GradSync(comm, op="sum")
+        runs = {"GradSync": lambda s=syncer, p=params: s.allreduce(p),
+                "flat Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, flat)}
+        if name == "many-small":
+            views = [a.reshape(-1) for a in params.values()]
+            runs["per-tensor Allreduce"] = lambda: [comm.Allreduce(MPI.IN_PLACE, v) for v in views]
+        timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
+        syncer.close()
+        row = {"workload": name, "tensors": len(params), "bytes": nbytes,
+               **{f"{k}_ms": v.median * 1e3 for k, v in timings.items()}}
+        row["vs_flat"] = timings["flat Allreduce"].median / timings["GradSync"].median
+        if "per-tensor Allreduce" in timings:
+            row["vs_per_tensor"] = timings["per-tensor Allreduce"].median / timings["GradSync"].median
+        rows.append(row)
+    return rows
+
+
+def _mlp(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def ddp_step(comm, groups, iterations: int) -> dict:
+    """One DDP step (forward, backward, SGD) of the MLP on each backend, and without communication."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    batch = torch.randn(32, 1024)
+    models = {name: DistributedDataParallel(_mlp(comm.rank), process_group=g) for name, g in groups.items()}
+    models["no communication"] = _mlp(comm.rank)
+    optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-6) for name, m in models.items()}
+
+    def step(name):
+        model, optimizer = models[name], optimizers[name]
+        optimizer.zero_grad()
+        model(batch).square().mean().backward()
+        optimizer.step()
+    runs = {name: (lambda n=name: step(n)) for name in models}
+    timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
+    row = {f"{k}_ms": v.median * 1e3 for k, v in timings.items()}
+    row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
+    row["compute_fraction"] = timings["no communication"].median / timings["mpisync"].median
+    return row
+
+
+def run(comm, args) -> dict:
+    """Run the rows ``args.rows`` asks for; return them (every rank)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = {"ranks": comm.size}
+    groups = None
+    if {"sweep", "ddp"} & set(args.rows):
+        mpisync_group, gloo_group = _groups(comm)
+        groups = {"mpisync": mpisync_group, "gloo": gloo_group}
+    if "sweep" in args.rows:
+        out["sweep"] = sweep(comm, groups, args.max_bytes, args.iterations)
+    if "grads" in args.rows:
+        out["grads"] = grads(comm, args.iterations, args.sets)
+    if "ddp" in args.rows:
+        out["ddp"] = ddp_step(comm, groups, args.iterations)
+    if groups is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return out
+
+
+def _table(result: dict) -> str:
+    lines = [f"all-reduce bench, {result['ranks']} ranks (medians of the slowest rank)"]
+    for row in result.get("sweep", []):
+        lines.append(f"sweep {row['bytes']:>10} B: mpisync {row['mpisync_us']:9.1f} us  gloo {row['gloo_us']:9.1f} us"
+                     f"  mpi Allreduce {row['mpi Allreduce_us']:9.1f} us  x{row['speedup_vs_gloo']:.2f} vs gloo")
+    for row in result.get("grads", []):
+        extra = f"  per-tensor {row['per-tensor Allreduce_ms']:.2f} ms x{row['vs_per_tensor']:.1f}" \
+            if "vs_per_tensor" in row else ""
+        lines.append(f"grads {row['workload']:>10} ({row['tensors']} tensors, {row['bytes'] / 1e6:.1f} MB): GradSync "
+                     f"{row['GradSync_ms']:.2f} ms  flat {row['flat Allreduce_ms']:.2f} ms x{row['vs_flat']:.2f}{extra}")
+    if "ddp" in result:
+        row = result["ddp"]
+        lines.append(f"ddp step MLP 8x1024^2 batch 32: mpisync {row['mpisync_ms']:.2f} ms  gloo {row['gloo_ms']:.2f} ms "
+                     f"(x{row['speedup_vs_gloo']:.2f})  no communication {row['no communication_ms']:.2f} ms "
+                     f"(compute/step {row['compute_fraction']:.2f})")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Command-line entry point: a table (or ``--json``) on rank 0."""
+    parser = _argparse.ArgumentParser(prog="python -m mpisync.bench.allreduce", description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", nargs="+", default=["sweep", "grads", "ddp"], choices=["sweep", "grads", "ddp"])
+    parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--sets", nargs="+", default=list(_GRAD_SETS), choices=list(_GRAD_SETS),
+                        help="gradient sets of the grads row")
+    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    result = run(comm, args)
+    if comm.rank == 0:
+        print(_json.dumps(result, indent=1) if args.json else _table(result))
+        _sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

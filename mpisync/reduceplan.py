@@ -1,0 +1,143 @@
+"""The all-reduce plan: which bytes every rank reduces in which collective, and the copies around it.
+
+Every rank compiles the same steps from the agreed manifest, so the
+collectives match one to one. Parameters are grouped by the dtype MPI reduces
+in (a fused bucket holds one dtype); within a group, tensors smaller than
+``fusion_bytes`` are packed into buckets of at most ``fusion_bytes`` (the
+broadcast plan's :func:`~mpisync.plan.build_plan`), larger ones are reduced
+in place in their own memory. Half-precision values travel as ``float32``
+(see :mod:`mpisync.reduceops`).
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+
+from . import reduceops as _ops
+from .arena import Arena, copy_list
+from .plan import build_plan
+
+__all__ = ["ReduceStep", "compile_steps", "local_reduce", "fan_out"]
+
+_ALIGN = 64
+_CHUNK_BYTES = 1 << 30  # a multiple of every itemsize: chunks never split a value
+
+
+class ReduceStep:
+    """One all-reduce: ``buffer`` (typed, reduced in place), ``load()`` before it, ``store()`` after."""
+
+    __slots__ = ("buffer", "label", "load", "store", "fused")
+
+    def __init__(self, buffer, label: tuple, load, store, fused: bool):
+        self.buffer, self.label, self.load, self.store, self.fused = buffer, label, load, store, fused
+
+
+def local_reduce(params: list, op: str) -> None:
+    """Combine every parameter's replicas into its master (the local half of the reduction)."""
+    combine = _ops.local_op(op)
+    for p in params:
+        if len(p.replicas) < 2:
+            continue
+        dtype = p.master.dtype
+        if _ops.is_staged(dtype):
+            total = _ops.widen(p.master.data, dtype).copy()
+            for r in p.replicas[1:]:
+                combine(total, _ops.widen(r.data, dtype), out=total)
+            _ops.narrow_into(p.master.data, total, dtype)
+        else:
+            total = _np.frombuffer(p.master.data, dtype)
+            for r in p.replicas[1:]:
+                combine(total, _np.frombuffer(r.data, dtype), out=total)
+
+
+def fan_out(params: list) -> None:
+    """Copy every master into its other replicas."""
+    for p in params:
+        for r in p.replicas[1:]:
+            r.data[:] = p.master.data
+
+
+def _divider(op: str, size: int, params: list, pieces: tuple, buffer, itemsize: int):
+    """``divide()`` for ``avg``: the sum over ``size`` ranks of each piece's replicas, divided by their count."""
+    if op != "avg":
+        return None
+    counts = {size * len(params[i].replicas) for i, _, _, _ in pieces}
+    if len(counts) == 1:
+        count = counts.pop()
+        return lambda: _ops.divide(buffer, count)
+    parts = [(buffer[b // itemsize:(b + n) // itemsize], size * len(params[i].replicas)) for i, _, b, n in pieces]
+    return lambda: [_ops.divide(part, count) for part, count in parts]
+
+
+def _then(first, second):
+    if first is None:
+        return second
+    if second is None:
+        return first
+    return lambda: (first(), second())
+
+
+def _fused_step(params, dtype, pieces, buffer, arena, offset, divide, label) -> ReduceStep:
+    if not _ops.is_staged(dtype):
+        copies = copy_list(offset, [params[i].master.data for i, _, _, _ in pieces])
+        return ReduceStep(buffer, label, lambda: arena.gather(copies),
+                          _then(divide, lambda: arena.scatter(copies)), True)
+    slots = [(params[i].master.data, buffer[b // 4:(b + n) // 4]) for i, _, b, n in pieces]
+
+    def load():
+        for raw, part in slots:
+            _ops.widen(raw, dtype, out=part)
+
+    def store():
+        for raw, part in slots:
+            _ops.narrow_into(raw, part, dtype)
+    return ReduceStep(buffer, label, load, _then(divide, store), True)
+
+
+def _direct_step(params, dtype, piece, rdtype, divide_for, label) -> ReduceStep:
+    index, offset, _, nbytes = piece
+    raw = params[index].master.data
+    if not _ops.is_staged(dtype):
+        buffer = _np.frombuffer(raw, rdtype, nbytes // rdtype.itemsize, offset)
+        return ReduceStep(buffer, label, None, divide_for(buffer), False)
+    # plan bytes count float32 values: the source holds half as many bytes
+    source = raw[offset // 2:(offset + nbytes) // 2]
+    buffer = _np.empty(nbytes // 4, _np.float32)
+    return ReduceStep(buffer, label, lambda: _ops.widen(source, dtype, out=buffer),
+                      _then(divide_for(buffer), lambda: _ops.narrow_into(source, buffer, dtype)), False)
+
+
+def compile_steps(params: list, op: str, fusion_bytes: int, size: int) -> tuple:
+    """``(steps, arena)`` reducing the masters of ``params`` (in their agreed order) over ``size`` ranks."""
+    groups: dict = {}
+    for index, p in enumerate(params):
+        if p.nbytes:
+            groups.setdefault(p.master.dtype, []).append(index)
+    layouts = []
+    arena_bytes = 0
+    for dtype, members in groups.items():
+        rdtype = _ops.reduce_dtype(dtype)
+        scale = rdtype.itemsize / _np.dtype(_np.uint16 if _ops.is_staged(dtype) else dtype).itemsize
+        sizes = [int(params[i].nbytes * scale) for i in members]
+        plan = build_plan(sizes, fusion_bytes, _CHUNK_BYTES)
+        for transfer in plan:
+            offset = -1
+            if transfer.fused:
+                offset, arena_bytes = arena_bytes, arena_bytes + -(-transfer.nbytes // _ALIGN) * _ALIGN
+            layouts.append((dtype, rdtype, members, transfer, offset))
+    arena = Arena(arena_bytes, vectored=False)
+    steps = []
+    for dtype, rdtype, members, transfer, offset in layouts:
+        pieces = tuple((members[i], o, b, n) for i, o, b, n in transfer.pieces)
+        label = tuple(params[i].name for i, _, _, _ in pieces)
+        if transfer.fused:
+            buffer = _np.frombuffer(arena.view, rdtype, transfer.nbytes // rdtype.itemsize, offset)
+            divide = _divider(op, size, params, pieces, buffer, rdtype.itemsize)
+            steps.append(_fused_step(params, dtype, pieces, buffer, arena, offset, divide, label))
+        else:
+            piece = pieces[0]
+            steps.append(_direct_step(
+                params, dtype, piece, rdtype,
+                lambda buffer, p=piece: _divider(op, size, params, ((p[0], 0, 0, buffer.nbytes),), buffer,
+                                                 rdtype.itemsize), label))
+    return steps, arena

@@ -1,0 +1,17 @@
+"""mpisync as a torch.distributed backend.
+
+``import mpisync.torch`` registers the backend ``"mpisync"``;
+:func:`init_process_group` starts torch's default process group on it with
+rank and size taken from MPI (no ``MASTER_ADDR``, ``RANK`` or ``WORLD_SIZE``).
+
+>>> import mpisync.torch
+>>> mpisync.torch.init_process_group()                        # doctest: +SKIP
+>>> model = torch.nn.parallel.DistributedDataParallel(model)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from .backend import BACKEND_NAME, init_process_group
+from .process_group import ProcessGroupMPISync
+
+__all__ = ["BACKEND_NAME", "ProcessGroupMPISync", "init_process_group"]

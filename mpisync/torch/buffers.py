@@ -1,0 +1,76 @@
+"""Host buffers MPI reads and writes for torch tensors, and what to copy back afterwards.
+
+A contiguous CPU tensor is used in place. Anything else (a CUDA tensor, a
+non-contiguous view) goes through a host copy that is written back when the
+operation completes. Reductions of ``float16``/``bfloat16`` (which MPI and
+numpy cannot reduce) run in ``float32`` copies, rounded once on the way back.
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+import torch
+from mpi4py import MPI
+
+__all__ = ["ReduceBuffer", "byte_view", "mpi_reduce_op", "reduced"]
+
+_HALF = (torch.float16, torch.bfloat16)
+_REFUSED = (torch.bool,)
+
+
+_MPI_OPS: dict = {}
+
+
+def mpi_reduce_op(op) -> tuple:
+    """``(MPI op, average)`` for a ``torch.distributed.ReduceOp``; ``ValueError`` for the others."""
+    kind = getattr(op, "op", op)  # a ReduceOp wraps its RedOpType (hashable)
+    found = _MPI_OPS.get(kind)
+    if found is None:
+        from torch.distributed import ReduceOp
+
+        table = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PRODUCT: MPI.PROD, ReduceOp.MIN: MPI.MIN,
+                 ReduceOp.MAX: MPI.MAX, ReduceOp.BAND: MPI.BAND, ReduceOp.BOR: MPI.BOR, ReduceOp.BXOR: MPI.BXOR}
+        if kind not in table:
+            raise ValueError(f"mpisync backend: reduce op {op} is not supported")
+        found = _MPI_OPS[kind] = (table[kind], kind == ReduceOp.AVG)
+    return found
+
+
+def byte_view(tensor: torch.Tensor) -> _np.ndarray:
+    """The bytes of a contiguous CPU tensor, as a writable numpy uint8 array (no copy)."""
+    return tensor.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+def reduced(tensor: torch.Tensor) -> torch.Tensor:
+    """The CPU tensor MPI reduces for ``tensor``: itself when possible, else a (float32) host copy."""
+    if tensor.dtype in _REFUSED:
+        raise ValueError(f"mpisync backend: cannot reduce a {tensor.dtype} tensor")
+    if tensor.dtype in _HALF:
+        return tensor.detach().to("cpu", torch.float32).contiguous()
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return tensor.detach().to("cpu").contiguous()
+    return tensor.detach()
+
+
+class ReduceBuffer:
+    """The host buffer of one reduced tensor: ``array`` for MPI, ``finish()`` once it holds the result."""
+
+    __slots__ = ("tensor", "host", "array", "average")
+
+    def __init__(self, tensor: torch.Tensor, average: int = 0):
+        self.tensor = tensor
+        self.host = reduced(tensor)
+        self.array = self.host.numpy() if self.host.dim() else self.host.reshape(1).numpy()
+        self.average = average  # divide by this many ranks after the sum (0: no division)
+
+    def finish(self) -> None:
+        """Divide for ``avg`` (integers floor, as ``//``), then write the result back where needed."""
+        host = self.host
+        if self.average > 1:
+            if host.is_floating_point() or host.is_complex():
+                host.div_(self.average)
+            else:
+                host.floor_divide_(self.average)
+        if host.data_ptr() != self.tensor.data_ptr():
+            with torch.no_grad():
+                self.tensor.copy_(host)

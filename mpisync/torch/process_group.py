@@ -1,0 +1,224 @@
+"""``ProcessGroupMPISync``: a torch.distributed process group over an MPI communicator.
+
+Collectives are posted on a private duplicate of the communicator through the
+progress engine (:mod:`mpisync.torch.progress`), in the order torch issues
+them. Broadcasts (DDP's start-up and buffer broadcasts among them) go through
+mpisync's fused parameter sync instead, after everything issued before them
+has completed.
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch._C._distributed_c10d import _create_work_from_future
+
+from .. import config as _config
+from ..allreduce import timed_out
+from ..errors import SyncTimeoutError
+from ..sync import ParamSync
+from .buffers import ReduceBuffer, byte_view, mpi_reduce_op
+from .progress import Engine
+
+__all__ = ["ProcessGroupMPISync"]
+
+
+class _Work(dist._Work):
+    """torch's work object for one operation of the engine."""
+
+    def __init__(self, engine, operation):
+        super().__init__()
+        self._engine, self._operation = engine, operation
+
+    def wait(self, timeout=None) -> bool:
+        self._engine.wait(self._operation)
+        self._operation.future.wait()  # raises the operation's error, if any
+        return True
+
+    def is_completed(self) -> bool:
+        return self._operation.finished()
+
+    def get_future(self):
+        return self._operation.future
+
+
+def _work(future) -> object:
+    return _create_work_from_future(future)
+
+
+def _done(result) -> object:
+    future = torch.futures.Future()
+    future.set_result(result)
+    return _work(future)
+
+
+def _host_bytes(tensor: torch.Tensor) -> tuple:
+    """``(uint8 numpy view MPI can use, copy-back or None)`` for any tensor."""
+    if tensor.device.type == "cpu" and tensor.is_contiguous():
+        return byte_view(tensor), None
+    host = tensor.detach().to("cpu").contiguous()
+
+    def back():
+        with torch.no_grad():
+            tensor.copy_(host)
+    return byte_view(host), back
+
+
+class ProcessGroupMPISync(dist.ProcessGroup):
+    """The ``"mpisync"`` backend over ``comm`` (duplicated: its traffic never meets the caller's)."""
+
+    def __init__(self, comm, *, timeout: float | None = None, max_concurrent: int | None = None):
+        super().__init__(comm.rank, comm.size)
+        settings = _config.resolve(max_concurrent, None, None, timeout)
+        self._timeout = settings.timeout.value
+        self._comm = comm.Dup()
+        self._rank, self._size = comm.rank, comm.size
+        self._engine = Engine(self._comm, settings.max_concurrent.value, self._timeout, self._timed_out)
+        self._param_syncs: dict = {}  # root -> ParamSync (each duplicates self._comm on first use)
+
+    # -- identity -----------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return "mpisync"
+
+    def getRank(self) -> int:  # noqa: N802
+        return self._rank
+
+    def getSize(self) -> int:  # noqa: N802
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupMPISync(rank={self._rank}, size={self._size})"
+
+    @property
+    def threaded(self) -> bool:
+        """Whether a progress thread completes operations (MPI_THREAD_MULTIPLE), else the caller does."""
+        return self._engine.threaded
+
+    def shutdown(self) -> None:
+        """Complete what is in flight, stop the progress thread, free the communicators."""
+        if self._comm is None:
+            return
+        self._engine.close()
+        for syncer in self._param_syncs.values():
+            syncer.close()
+        self._comm.Free()
+        self._comm = None
+
+    def abort(self) -> None:
+        """Abort the MPI job (MPI cannot cancel collectives in flight)."""
+        MPI.COMM_WORLD.Abort(1)
+
+    def _timed_out(self, labels: list) -> str:
+        try:
+            timed_out(self._comm, "torch.distributed operation", labels, self._timeout)
+        except SyncTimeoutError as exc:
+            return str(exc)
+        return "timed out"
+
+    def _submit(self, post, finish, result, label) -> _Work:
+        return _Work(self._engine, self._engine.submit(post, finish, result, label))
+
+    # -- collectives ----------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        """All-reduce each tensor of ``tensors`` in place (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)."""
+        op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
+        mpi_op, average = mpi_reduce_op(op)
+        buffers = [ReduceBuffer(t, self._size if average else 0) for t in tensors]
+
+        def post(comm):
+            return [comm.Iallreduce(MPI.IN_PLACE, b.array, mpi_op) for b in buffers]
+
+        def finish():
+            for b in buffers:
+                b.finish()
+        return self._submit(post, finish, list(tensors), "all_reduce")
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        """As :meth:`allreduce`, one collective per tensor."""
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensor_list, opts=None):
+        """Broadcast from ``opts.rootRank`` through mpisync's fused parameter sync (after a drain)."""
+        root = 0 if opts is None else opts.rootRank
+        self._engine.drain()  # collectives issued before this one complete first (MPI ordering rule)
+        syncer = self._param_syncs.get(root)
+        if syncer is None:
+            syncer = self._param_syncs[root] = ParamSync(self._comm, root=root, timeout=self._timeout)
+        syncer.sync({f"{k:08d}": t for k, t in enumerate(tensor_list)})
+        return _done(list(tensor_list))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        """Gather every rank's tensor into ``output_tensors[i][rank]`` (bytes: any dtype)."""
+        parts = []
+        for outputs, tensor in zip(output_tensors, input_tensors):
+            send, _ = _host_bytes(tensor.contiguous())
+            recv = _np.empty(send.nbytes * self._size, _np.uint8)
+            parts.append((send, recv, outputs))
+
+        def post(comm):
+            return [comm.Iallgather(send, recv) for send, recv, _ in parts]
+
+        def finish():
+            with torch.no_grad():
+                for send, recv, outputs in parts:
+                    n = send.nbytes
+                    for r, out in enumerate(outputs):
+                        src = torch.from_numpy(recv[r * n:(r + 1) * n]).view(out.dtype).reshape(out.shape)
+                        out.copy_(src)
+        return self._submit(post, finish, output_tensors, "all_gather")
+
+    def all_gather_single(self, output, input, opts=None):
+        """``all_gather_into_tensor``: every rank's ``input`` laid end to end in ``output``."""
+        recv, back = _host_bytes(output)
+        send, _ = _host_bytes(input.contiguous())
+        if recv.nbytes != send.nbytes * self._size:
+            raise ValueError(f"mpisync backend: output has {recv.nbytes} bytes, expected "
+                             f"{send.nbytes * self._size} ({self._size} x input)")
+        return self._submit(lambda comm: [comm.Iallgather(send, recv)], back, output,
+                            "all_gather_into_tensor")
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        """``reduce_scatter_tensor``: reduce ``input`` over ranks; this rank keeps its ``output``-sized block."""
+        op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
+        mpi_op, average = mpi_reduce_op(op)
+        send = ReduceBuffer(input.contiguous())
+        result = ReduceBuffer(output, self._size if average else 0)
+        if send.array.size != result.array.size * self._size:
+            raise ValueError(f"mpisync backend: input has {send.array.size} elements, expected "
+                             f"{result.array.size * self._size} ({self._size} x output)")
+        return self._submit(lambda comm: [comm.Ireduce_scatter_block(send.array, result.array, mpi_op)],
+                            result.finish, output, "reduce_scatter_tensor")
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        """``reduce_scatter``: ``input_tensors[i][r]`` reduced over ranks lands in rank ``r``'s ``output_tensors[i]``."""
+        works = [self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts)
+                 for out, ins in zip(output_tensors, input_tensors)]
+        future = torch.futures.collect_all([w.get_future() for w in works]).then(lambda _: output_tensors)
+        return _work(future)
+
+    def barrier(self, opts=None):
+        """Complete when every rank has reached it (and everything issued before it has completed)."""
+        return self._submit(lambda comm: [comm.Ibarrier()], None, [], "barrier")
+
+    def send(self, tensors, dst_rank: int, tag: int = 0):
+        """Send ``tensors`` (bytes) to ``dst_rank`` with ``tag``."""
+        views = [_host_bytes(t.contiguous())[0] for t in tensors]
+        return self._submit(lambda comm: [comm.Isend(v, dst_rank, tag) for v in views], None,
+                            list(tensors), f"send to {dst_rank}")
+
+    def recv(self, tensors, src_rank: int, tag: int = 0):
+        """Receive ``tensors`` (bytes) from ``src_rank`` with ``tag``."""
+        targets = [_host_bytes(t) for t in tensors]
+
+        def finish():
+            for _, back in targets:
+                if back is not None:
+                    back()
+        return self._submit(lambda comm: [comm.Irecv(v, src_rank, tag) for v, _ in targets], finish,
+                            list(tensors), f"recv from {src_rank}")

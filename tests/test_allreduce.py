@@ -1,0 +1,154 @@
+"""mpisync.allreduce and GradSync: every op and dtype against numpy, replicas, reuse, errors."""
+
+import numpy as np
+import pytest
+
+import mpisync
+from mpisync.devices.simulated import SimulatedDeviceArray
+from mpiutil import last_rank, need_ranks, raises_everywhere
+
+pytestmark = pytest.mark.mpi
+
+_REFERENCE = {"sum": np.sum, "avg": np.sum, "min": np.min, "max": np.max, "prod": np.prod}
+_DTYPES = ["float32", "float64", "int32", "int64", "uint8", "int8", "float16", "complex64"]
+_SIZES = {"a.tiny": 3, "b.small": 700, "c.large": 20000, "d.scalar": 1}
+
+
+def _values(name: str, rank: int, replica: int, n: int, dtype) -> np.ndarray:
+    # Small values so that products and sums over 4 ranks x 2 replicas stay exact in every dtype.
+    base = (np.arange(n) * 7 + len(name) + rank * 3 + replica) % 3 + 1
+    return base.astype(dtype)
+
+
+def _expected(op: str, name: str, size: int, replicas: int, n: int, dtype) -> np.ndarray:
+    every = np.stack([_values(name, r, k, n, np.float64 if np.dtype(dtype).kind != "c" else np.complex128)
+                      for r in range(size) for k in range(replicas)])
+    out = _REFERENCE[op](every, axis=0)
+    if op == "avg":
+        count = size * replicas
+        out = np.floor_divide(out, count) if np.dtype(dtype).kind in "iu" else out / count
+    return out.astype(dtype)
+
+
+def _params(rank: int, dtype, replicas: int) -> dict:
+    out = {}
+    for name, n in _SIZES.items():
+        arrays = [_values(name, rank, k, n, dtype) for k in range(replicas)]
+        out[name] = arrays[0] if replicas == 1 else arrays
+    return out
+
+
+@pytest.mark.parametrize("dtype", _DTYPES)
+@pytest.mark.parametrize("op", ["sum", "avg", "min", "max", "prod"])
+def test_every_op_and_dtype_matches_numpy(comm, op, dtype):
+    if dtype == "complex64" and op in ("min", "max"):
+        pytest.skip("no ordering for complex values (refused: see test_refused_inputs)")
+    params = _params(comm.rank, dtype, replicas=2)
+    report = mpisync.allreduce(params, comm, op=op, fusion_bytes=4096)
+    assert report.tensors == len(_SIZES) and report.replicas == 2 * len(_SIZES)
+    for name, n in _SIZES.items():
+        expected = _expected(op, name, comm.size, 2, n, dtype)
+        for replica in params[name]:
+            if np.dtype(dtype).kind in "iu":
+                assert np.array_equal(replica, expected), (name, replica[:5], expected[:5])
+            else:
+                assert np.allclose(replica, expected, rtol=1e-3 if dtype == "float16" else 1e-6), name
+
+
+def test_torch_bfloat16_and_float16_reduce_in_float32(comm):
+    torch = pytest.importorskip("torch")
+    half = torch.full((1000,), 1.0 + comm.rank, dtype=torch.bfloat16)
+    small = torch.full((3,), 0.5, dtype=torch.float16)
+    mpisync.allreduce({"half": half, "small": small}, comm, op="sum", fusion_bytes=1024)
+    total = sum(1.0 + r for r in range(comm.size))
+    assert half.dtype == torch.bfloat16 and torch.all(half == total)
+    assert torch.all(small == 0.5 * comm.size)
+
+
+def test_gradsync_reuses_its_plan_and_sees_new_values(comm):
+    params = {f"w{i:03d}": np.zeros(50 + i, np.float32) for i in range(40)}
+    params["big"] = np.zeros(100000, np.float64)
+    with mpisync.GradSync(comm, op="avg", fusion_bytes=2048) as syncer:
+        for step in range(3):
+            for array in params.values():
+                array[...] = comm.rank + step
+            report = syncer.allreduce(params)
+            mean = sum(r + step for r in range(comm.size)) / comm.size
+            assert all(np.allclose(a, mean) for a in params.values()), step
+        assert report.fused_buckets >= 2 and report.transfers == report.fused_buckets + 1
+        assert report.collectives == (report.transfers + 1 if comm.size > 1 else 0)
+    with pytest.raises(mpisync.SyncError, match="closed"):
+        syncer.allreduce(params)
+
+
+def test_mapping_replicas_with_devices_order(comm):
+    params = {"w": {"gpu1": np.full(4, 2.0), "gpu0": np.full(4, 1.0)}}
+    mpisync.allreduce(params, comm, op="max", devices=["gpu0", "gpu1"])
+    assert params["w"]["gpu0"].tolist() == [2.0] * 4 and params["w"]["gpu1"].tolist() == [2.0] * 4
+
+
+def test_simulated_device_replicas_are_staged(comm):
+    replicas = [SimulatedDeviceArray(np.full(300, float(comm.rank + k), np.float32), device=k) for k in range(2)]
+    report = mpisync.allreduce({"w": replicas, "host": np.ones(5)}, comm, op="sum")
+    expected = sum(r + k for r in range(comm.size) for k in range(2))
+    assert report.transport == "staged"
+    for replica in replicas:
+        assert np.all(replica.get() == expected)
+
+
+def test_zero_size_and_zero_dim_arrays(comm):
+    params = {"empty": np.zeros(0, np.float32), "scalar": np.array(comm.rank + 1.0)}
+    mpisync.allreduce(params, comm, op="sum")
+    assert float(params["scalar"]) == sum(r + 1.0 for r in range(comm.size))
+
+
+def test_refused_inputs_raise_everywhere(comm):
+    flags = np.zeros(3, bool)
+    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.allreduce({"f": flags}, comm),
+                      "dtype bool")
+    complex_ = np.zeros(3, np.complex64)
+    raises_everywhere(comm, mpisync.InvalidParamError,
+                      lambda: mpisync.allreduce({"c": complex_}, comm, op="max"), "not defined for complex")
+    raises_everywhere(comm, mpisync.InvalidParamError,
+                      lambda: mpisync.allreduce({"x": np.zeros(2)}, comm, op="mean"), "op must be one of")
+    frozen = np.zeros(4)
+    frozen.flags.writeable = False
+    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.allreduce({"ro": frozen}, comm), "read-only")
+
+
+def test_bad_input_on_one_rank_raises_everywhere_and_writes_nothing(comm):
+    need_ranks(comm, 2)
+    good = np.full(8, float(comm.rank))
+    value = np.zeros((4, 4))[:, 1] if comm.rank == last_rank(comm) else np.zeros(4)
+    raises_everywhere(comm, mpisync.InvalidParamError,
+                      lambda: mpisync.allreduce({"good": good, "bad": value}, comm),
+                      f"rank(s) {last_rank(comm)}", "'bad'")
+    assert np.all(good == comm.rank)
+
+
+def test_mismatched_shapes_raise_everywhere_and_write_nothing(comm):
+    need_ranks(comm, 2)
+    n = 5 if comm.rank == last_rank(comm) else 4
+    grads = {"w": np.full(n, 1.0), "v": np.full(3, float(comm.rank))}
+    raises_everywhere(comm, mpisync.ManifestMismatchError, lambda: mpisync.allreduce(grads, comm),
+                      "'w'", "shape (5,)")
+    assert np.all(grads["v"] == comm.rank) and np.all(grads["w"] == 1.0)
+
+
+def test_mismatched_op_raises_everywhere(comm):
+    need_ranks(comm, 2)
+    op = "max" if comm.rank == last_rank(comm) else "sum"
+    raises_everywhere(comm, mpisync.ManifestMismatchError,
+                      lambda: mpisync.allreduce({"w": np.ones(3)}, comm, op=op), "op")
+
+
+def test_cuda_tensors(comm):
+    torch = pytest.importorskip("torch")
+    from mpiutil import everyone
+
+    if not everyone(comm, torch.cuda.is_available()):
+        pytest.skip("needs a CUDA device on every rank")
+    grad = torch.full((1000,), float(comm.rank), device="cuda")
+    report = mpisync.allreduce({"g": grad}, comm, op="sum")
+    assert report.transport == "staged"
+    assert torch.all(grad.cpu() == sum(range(comm.size)))

@@ -1,0 +1,162 @@
+"""The "mpisync" torch.distributed backend: every collective against numpy, and DDP against one process."""
+
+import numpy as np
+import pytest
+
+from mpiutil import everyone
+
+pytestmark = pytest.mark.mpi
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import mpisync.torch  # noqa: E402  (registers the backend)
+
+_OPS = {"sum": (dist.ReduceOp.SUM, np.sum), "avg": (dist.ReduceOp.AVG, np.sum),
+        "product": (dist.ReduceOp.PRODUCT, np.prod), "min": (dist.ReduceOp.MIN, np.min),
+        "max": (dist.ReduceOp.MAX, np.max)}
+_DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group():
+    from mpi4py import MPI
+
+    mpisync.torch.init_process_group()
+    assert dist.get_backend() == "mpisync"
+    assert (dist.get_rank(), dist.get_world_size()) == (MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def _rank_values(rank: int, n: int) -> np.ndarray:
+    return ((np.arange(n) * 5 + rank * 3) % 4 + 1).astype(np.float64)
+
+
+def _expected(op: str, size: int, n: int, dtype) -> torch.Tensor:
+    every = np.stack([_rank_values(r, n) for r in range(size)])
+    out = _OPS[op][1](every, axis=0)
+    if op == "avg":
+        out = np.floor_divide(out, size) if not dtype.is_floating_point else out / size
+    return torch.from_numpy(out).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+@pytest.mark.parametrize("op", list(_OPS))
+@pytest.mark.parametrize("async_op", [False, True])
+def test_all_reduce_matches_numpy(comm, op, dtype, async_op):
+    tensor = torch.from_numpy(_rank_values(comm.rank, 1000)).to(dtype)
+    work = dist.all_reduce(tensor, op=_OPS[op][0], async_op=async_op)
+    if async_op:
+        assert work.get_future().wait() is not None
+        work.wait()
+        assert work.is_completed()
+    expected = _expected(op, comm.size, 1000, dtype)
+    assert tensor.dtype == dtype
+    assert torch.allclose(tensor.double(), expected.double(), rtol=1e-2 if dtype in (torch.float16, torch.bfloat16)
+                          else 1e-7), (tensor[:5], expected[:5])
+
+
+def test_many_async_all_reduces_complete_in_any_wait_order(comm):
+    tensors = [torch.full((n,), float(comm.rank + 1)) for n in (1, 100, 10000, 300000) * 5]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    for work in reversed(works):
+        work.wait()
+    total = sum(r + 1.0 for r in range(comm.size))
+    assert all(torch.all(t == total) for t in tensors)
+
+
+def test_all_gather_any_dtype(comm):
+    for dtype in (torch.float32, torch.int16, torch.bool, torch.bfloat16):
+        mine = torch.tensor([comm.rank, comm.rank + 1, 0]).to(dtype)
+        outputs = [torch.empty(3, dtype=dtype) for _ in range(comm.size)]
+        dist.all_gather(outputs, mine)
+        for r, out in enumerate(outputs):
+            assert torch.equal(out, torch.tensor([r, r + 1, 0]).to(dtype)), (dtype, r)
+
+
+def test_all_gather_into_tensor_and_reduce_scatter_tensor(comm):
+    gathered = torch.empty(comm.size * 4, dtype=torch.float64)
+    dist.all_gather_into_tensor(gathered, torch.arange(4, dtype=torch.float64) + 10 * comm.rank)
+    assert gathered.tolist() == [float(i + 10 * r) for r in range(comm.size) for i in range(4)]
+    full = torch.arange(comm.size * 3, dtype=torch.float32) * (comm.rank + 1)
+    block = torch.empty(3)
+    dist.reduce_scatter_tensor(block, full, op=dist.ReduceOp.SUM)
+    scale = sum(r + 1 for r in range(comm.size))
+    assert block.tolist() == [float((comm.rank * 3 + i) * scale) for i in range(3)]
+    work = dist.reduce_scatter_tensor(block, full, op=dist.ReduceOp.AVG, async_op=True)
+    work.wait()
+    assert torch.allclose(block, torch.tensor([(comm.rank * 3 + i) * scale / comm.size for i in range(3)]))
+
+
+def test_broadcast_from_last_rank_through_param_sync(comm):
+    root = comm.size - 1
+    for tensor in (torch.full((5,), float(comm.rank)), torch.full((3, 3), comm.rank, dtype=torch.bfloat16)):
+        dist.broadcast(tensor, src=root)
+        assert torch.all(tensor == root)
+    work = dist.broadcast(torch.zeros(2), src=0, async_op=True)
+    work.wait()
+
+
+def test_barrier_and_send_recv_ring(comm):
+    dist.barrier()
+    if comm.size < 2:
+        return
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    out = torch.full((6,), float(comm.rank))
+    got = torch.empty(6)
+    sent = dist.isend(out, right)
+    received = dist.irecv(got, left)
+    sent.wait()
+    received.wait()
+    assert torch.all(got == left)
+
+
+def _net(seed: int):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3))
+
+
+def _batch(rank: int, step: int):
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 6, generator=generator), torch.randn(8, 3, generator=generator)
+
+
+def test_ddp_from_different_weights_matches_single_process_training(comm):
+    model = _net(seed=comm.rank)  # every rank starts elsewhere; DDP broadcasts rank 0's weights
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    reference = _net(seed=0)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for step in range(5):
+        x, y = _batch(comm.rank, step)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+        batches = [_batch(r, step) for r in range(comm.size)]
+        xs, ys = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        reference_optimizer.zero_grad()
+        torch.nn.functional.mse_loss(reference(xs), ys).backward()
+        reference_optimizer.step()
+    for (name, mine), theirs in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(mine, theirs, atol=1e-5, rtol=1e-4), name
+
+
+def test_new_group_of_the_first_ranks(comm):
+    members = list(range(max(1, comm.size - 1)))
+    group = dist.new_group(ranks=members, backend="mpisync")
+    if comm.rank in members:
+        tensor = torch.ones(3)
+        dist.all_reduce(tensor, group=group)
+        assert torch.all(tensor == len(members))
+
+
+def test_cuda_tensors_are_staged(comm):
+    if not everyone(comm, torch.cuda.is_available()):
+        pytest.skip("needs a CUDA device on every rank")
+    tensor = torch.full((1000,), float(comm.rank), device="cuda")
+    dist.all_reduce(tensor)
+    assert torch.all(tensor.cpu() == sum(range(comm.size)))
+    out = [torch.empty(2, device="cuda") for _ in range(comm.size)]
+    dist.all_gather(out, torch.full((2,), float(comm.rank), device="cuda"))
+    assert [o.cpu().tolist() for o in out] == [[float(r)] * 2 for r in range(comm.size)]
