@@ -34,6 +34,7 @@ import mpisync
 from mpisync.workloads import make_params, workload
 
 RX_BYTES = "/sys/class/net/eth0/statistics/rx_bytes"
+COLLECTIVES: dict = {}  # strategy -> collectives of one steady sync (from its SyncReport)
 WORKLOADS = {"torch-resnet50": ("resnet50", "torch"), "resnet50": ("resnet50", "numpy"),
              "many-small": ("many-small", "numpy"), "bert-base": ("bert-base", "numpy"),
              "gpt2-small": ("gpt2-small", "numpy")}
@@ -46,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=9)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--root", type=int, default=0)
-    p.add_argument("--settings", default="", help="extra ParamSync settings, e.g. 1048576/16,4194304/4")
+    p.add_argument("--settings", default="", help="extra ParamSync settings fusion_bytes/max_concurrent[/timeout], e.g. 1048576/16,262144/16/0")
     p.add_argument("--no-loop", action="store_true", help="skip the per-tensor loop")
     p.add_argument("--no-first", action="store_true", help="skip first-sync rows")
     p.add_argument("--sizes", default="", help="also time flat Bcasts of these byte counts (model fitting)")
@@ -119,7 +120,8 @@ def strategies(comm, params: dict, root: int, settings: list, args) -> dict:
 
         steady_syncer = mpisync.ParamSync(comm, root=root, **kwargs)
         for _ in range(3):  # untimed: the first sync and the channel trial
-            steady_syncer.sync(params)
+            report = steady_syncer.sync(params)
+        COLLECTIVES[f"steady{label}"] = report.collectives
         if not args.no_first:
             out[f"first sync{label}"] = (first, close_all)
         out[f"steady{label}"] = (lambda s=steady_syncer: s.sync(params), steady_syncer.close)
@@ -171,8 +173,11 @@ def parse_settings(text: str) -> list:
     """[(label, kwargs)]: the defaults, then each F/C of ``text``."""
     out = [("", {})]
     for item in filter(None, (t.strip() for t in text.split(","))):
-        fusion, concurrent = (int(v) for v in item.split("/"))
-        out.append((f" {fusion >> 10}K/{concurrent}", {"fusion_bytes": fusion, "max_concurrent": concurrent}))
+        fusion, concurrent, *timeout = item.split("/")  # F/C, or F/C/0: no timeout (waits inside MPI)
+        kwargs = {"fusion_bytes": int(fusion), "max_concurrent": int(concurrent)}
+        if timeout:
+            kwargs["timeout"] = float(timeout[0])
+        out.append((f" {int(fusion) >> 10}K/{concurrent}{'/' + timeout[0] if timeout else ''}", kwargs))
     return out
 
 
@@ -195,8 +200,7 @@ def flat_sizes(comm, sizes: list, counter, root: int, iterations: int) -> dict:
     for size in sizes:
         buf = np.ones(size, np.uint8)
         runs[f"bcast {size}"] = ((lambda b=buf: comm.Bcast(b, root)), None)
-    reps = max(3, iterations)
-    res = measure(comm, runs, counter, reps, 1)
+    res = measure(comm, runs, counter, 3 * iterations, 2)
     return {int(k.split()[1]): statistics.median(v[0]) for k, v in res.items()}
 
 
@@ -226,6 +230,7 @@ def main(argv=None) -> int:
         for strategy, (samples, per_rank) in results.items():
             records.append({"label": args.label, "hosts": hosts, "ranks": comm.size, "workload": name,
                             "strategy": strategy, "tensors": len(params), "bytes": payload, "samples": samples,
+                            "collectives": COLLECTIVES.get(strategy),
                             "median": statistics.median(samples),
                             "net_per_byte": net_per_byte(counter, per_rank, args.root, payload)})
     if args.sizes:
