@@ -67,7 +67,8 @@ def fit_layout(rows: list) -> dict:
     - ``beta``: seconds per byte of a set larger than the caches (the 102 MB flat Bcast);
     - ``beta_cached``: seconds per byte of a set that stays in cache (the 2 MB flat Bcast);
     - ``alpha``: seconds per collective of a tensor of MPICH's long sizes (12 KiB and more), back to
-      back: what the ResNet-50 loop takes beyond its small collectives and its bytes.
+      back: what the ResNet-50 loop takes beyond its small collectives and its bytes;
+    - ``beta_pipe``: seconds per byte of collectives in flight (mpisync's ResNet-50 steady state).
     """
     def one(workload, strategy):
         return next(r["median"] for r in rows if r["workload"] == workload and r["strategy"] == strategy)
@@ -77,16 +78,19 @@ def fit_layout(rows: list) -> dict:
     beta_cached = one("many-small", "flat Bcast") / sum(SIZES["many-small"])
     small = sum(s < SHORT_BYTES for s in sizes)
     alpha = (one("torch-resnet50", "per-tensor loop") - sum(sizes) * beta - small * alpha_small) / (len(sizes) - small)
-    return {"alpha_small": alpha_small, "alpha": max(alpha, 0.0), "beta": beta, "beta_cached": beta_cached}
+    # Collectives in flight (mpisync) move bytes at their own pace: a blocking Bcast runs its steps
+    # (and, with several ranks per host, its stages) one after the other, the ones in flight overlap.
+    beta_pipe = one("torch-resnet50", "steady") / sum(sizes)
+    return {"alpha_small": alpha_small, "alpha": max(alpha, 0.0), "beta": beta, "beta_cached": beta_cached,
+            "beta_pipe": beta_pipe}
 
 
-def predict(strategy: str, sizes: list, k: int, fit: dict, overhead: dict, per_host: int = 1) -> float:
+def predict(strategy: str, sizes: list, k: int, fit: dict, overhead: dict) -> float:
     """Seconds of ``strategy`` for tensors of ``sizes`` bytes, ``k`` collectives in mpisync's plan.
 
-    mpisync's own work per tensor (``overhead``, in bytes: what the link moves meanwhile) scales
-    with ``beta``: on these hosts the link and the packing share the same two cores. With several
-    ranks per host, a blocking Bcast runs its stages (across hosts, then within each host) one
-    after the other; collectives in flight overlap them: ``overhead["overlap"]`` of the bytes' time.
+    Collectives in flight (mpisync) move bytes at ``beta_pipe``, a blocking Bcast at ``beta``.
+    mpisync's own work per tensor (``overhead``) is counted in small collectives (``alpha_small``):
+    on these hosts both are CPU work on the same two shared cores, and slow down together.
     """
     n, nbytes = len(sizes), sum(sizes)
     a_small, a = fit["alpha_small"], fit["alpha"]
@@ -96,58 +100,46 @@ def predict(strategy: str, sizes: list, k: int, fit: dict, overhead: dict, per_h
     if strategy == "per-tensor loop":
         return sum(a_small if s < SHORT_BYTES else a for s in sizes) + nbytes * b
     latency = math.ceil(k / MAX_CONCURRENT) * (a if max(sizes) >= SHORT_BYTES else a_small)
-    overlap = overhead.get("overlap", 0.0) if per_host > 1 else 0.0
-    steady = latency + nbytes * b * (1 - overlap) + n * overhead["steady"] * fit["beta"]
+    b_pipe = b * fit["beta_pipe"] / fit["beta"]
+    steady = latency + nbytes * b_pipe + n * overhead["steady"] * fit["alpha_small"]
     if strategy == "steady":
         return steady
-    return steady + 2 * a_small + n * overhead["first"] * fit["beta"]  # + the validation all-reduce, set-up
+    return steady + 2 * a_small + n * overhead["first"] * fit["alpha_small"]  # + the validation all-reduce, set-up
 
 
 def fit_overheads(groups: dict, fits: dict, plans: dict) -> dict:
-    """mpisync's per-tensor work beyond the collectives, in bytes of link time (``steady``; ``first``:
-    what a first sync adds), and ``overlap`` (see :func:`predict`): one value each for every layout
-    and run, least squares on relative error (steady rows, then first-sync rows)."""
-    out = {"steady": 0.0, "first": 0.0, "overlap": 0.0}
-    xs, ys = [], []
-    for key, rows in groups.items():
-        per_host = int(key[1].split("x")[1])
-        for r in rows:
-            if r["strategy"] == "steady":
-                sizes = SIZES[r["workload"]]
-                base = predict("steady", sizes, plans[r["workload"]], fits[key], out, per_host)
-                b = fits[key]["beta_cached"] if sum(sizes) <= CACHED_BYTES else fits[key]["beta"]
-                xs.append([r["tensors"] * fits[key]["beta"] / r["median"],
-                           -(per_host > 1) * sum(sizes) * b / r["median"]])
-                ys.append((r["median"] - base) / r["median"])
-    (out["steady"], out["overlap"]), *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
-    xs, ys = [], []
-    for key, rows in groups.items():
-        per_host = int(key[1].split("x")[1])
-        for r in rows:
-            if r["strategy"] == "first sync":
-                base = predict("first sync", SIZES[r["workload"]], plans[r["workload"]], fits[key], out, per_host)
-                xs.append(r["tensors"] * fits[key]["beta"] / r["median"])
-                ys.append((r["median"] - base) / r["median"])
-    out["first"] = max(0.0, float(np.dot(xs, ys) / np.dot(xs, xs)))
-    return {k: float(v) for k, v in out.items()}
+    """mpisync's per-tensor work beyond the collectives, in small collectives (``steady``; ``first``:
+    what a first sync adds): one value each for every layout and run, least squares on relative
+    error over the many-small rows (the ResNet-50 ones hardly depend on it)."""
+    out = {"steady": 0.0, "first": 0.0}
+    for which, strategy in (("steady", "steady"), ("first", "first sync")):
+        xs, ys = [], []
+        for key, rows in groups.items():
+            for r in rows:
+                if r["strategy"] == strategy and r["workload"] == "many-small":
+                    base = predict(strategy, SIZES[r["workload"]], plans[r["workload"]], fits[key], out)
+                    xs.append(r["tensors"] * fits[key]["alpha_small"] / r["median"])
+                    ys.append((r["median"] - base) / r["median"])
+        out[which] = max(0.0, float(np.dot(xs, ys) / np.dot(xs, xs))) if xs else 0.0
+    return out
 
 
 def check_table(groups: dict, fits: dict, overhead: dict, plans: dict) -> list:
     """Markdown rows: measured vs model for every layout and run; the worst error per layout."""
-    lines = ["| layout | run | alpha small us | alpha us | GB/s | GB/s cached | workload | strategy "
-             "| measured ms | model ms | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| layout | run | alpha small us | alpha us | GB/s | GB/s cached | GB/s in flight | workload | strategy "
+             "| measured ms | model ms | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     worst: dict = {}
     for key in sorted(groups, key=lambda k: (k[1], k[0])):
         fit, (label, layout) = fits[key], key
         for r in sorted(groups[key], key=lambda r: (r["workload"], r["strategy"])):
-            if r["strategy"] not in ("steady", "first sync"):
+            if r["strategy"] not in ("steady", "first sync") or (r["workload"], r["strategy"]) == ("torch-resnet50", "steady"):
                 continue
-            model = predict(r["strategy"], SIZES[r["workload"]], plans[r["workload"]], fit, overhead,
-                            int(layout.split("x")[1]))
+            model = predict(r["strategy"], SIZES[r["workload"]], plans[r["workload"]], fit, overhead)
             err = model / r["median"] - 1
             worst[layout] = max(worst.get(layout, 0.0), abs(err))
             lines.append(f"| {layout} | {label} | {fit['alpha_small'] * 1e6:.1f} | {fit['alpha'] * 1e6:.0f} "
-                         f"| {1 / fit['beta'] / 1e9:.2f} | {1 / fit['beta_cached'] / 1e9:.2f} | {r['workload']} "
+                         f"| {1 / fit['beta'] / 1e9:.2f} | {1 / fit['beta_cached'] / 1e9:.2f} | {1 / fit['beta_pipe'] / 1e9:.2f} "
+                         f"| {r['workload']} "
                          f"| {r['strategy']} | {r['median'] * 1e3:.2f} | {model * 1e3:.2f} | {err * 100:+.0f}% |")
     lines.append("")
     lines.append("Largest error per layout, over every run: " + ", ".join(f"{k} {v * 100:.0f}%" for k, v in sorted(worst.items())))
@@ -242,12 +234,11 @@ def main(argv=None) -> int:
     plans = {name: len(plan_sizes(sizes)) for name, sizes in SIZES.items()}
     overhead = fit_overheads(groups, fits, plans)
     # In seconds for the projection: at 2x1, the one layout where no rank waits for a core.
-    beta_2x1 = statistics.median(f["beta"] for (_, layout), f in fits.items() if layout == "2x1")
-    per_tensor = {k: overhead[k] * beta_2x1 for k in ("steady", "first")}
-    print(f"Per-tensor work of mpisync (fitted over every layout and run), in bytes of link time: "
-          f"steady {overhead['steady']:.0f} B, first sync {overhead['first']:.0f} B more; stages overlapped "
-          f"with 2 ranks per host: {overhead['overlap'] * 100:.0f}% of the bytes' time; at 2x1 "
-          f"({1 / beta_2x1 / 1e9:.2f} GB/s): {per_tensor['steady'] * 1e6:.2f} us and {per_tensor['first'] * 1e6:.2f} us")
+    small_2x1 = statistics.median(f["alpha_small"] for (_, layout), f in fits.items() if layout == "2x1")
+    per_tensor = {k: overhead[k] * small_2x1 for k in ("steady", "first")}
+    print(f"Per-tensor work of mpisync (fitted over every layout and run), in small collectives: "
+          f"steady {overhead['steady']:.3f}, first sync {overhead['first']:.3f} more; at 2x1 "
+          f"({small_2x1 * 1e6:.1f} us each): {per_tensor['steady'] * 1e6:.2f} us and {per_tensor['first'] * 1e6:.2f} us")
     print()
     print("\n".join(check_table(groups, fits, overhead, plans)))
     print()

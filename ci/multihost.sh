@@ -71,7 +71,7 @@ for i in $(seq 1 "$hosts") 254; do
     for j in $(seq 1 "$hosts"); do echo "10.77.0.$j $prefix-h$j"; done; } > "/etc/netns/$ns/hosts"
   [ "$i" != 254 ] || continue
   # The holder: PID 1 of the host's PID namespace, in its own UTS, IPC and mount namespaces,
-  # with a private /dev/shm as on real nodes. It writes its PID as seen from outside, for nsenter.
+  # with a private /dev/shm as on real nodes; once ready it touches a file, and nsenter targets its PID.
   ip netns exec "$ns" unshare --uts --ipc --mount --pid --fork --mount-proc --kill-child sh -c \
     "mount -t tmpfs -o size=512m tmpfs /dev/shm && hostname $ns && touch $state/$ns.ready && exec sleep infinity" &
   holders+=($!); disown $!   # no "Killed" notice when cleanup ends it
@@ -81,7 +81,8 @@ for i in "${!names[@]}"; do
   for _ in $(seq 100); do [ -e "$state/$ns.ready" ] && break; sleep 0.1; done
   [ -e "$state/$ns.ready" ] || { echo "multihost: host $ns did not start"; exit 1; }
   # unshare --fork: the holder is the only child of the unshare process started above.
-  child=$(cat "/proc/${holders[$i]}/task/${holders[$i]}/children" | awk '{print $1}')
+  child=$(cat "/proc/${holders[$i]}/task/${holders[$i]}/children" 2>/dev/null || pgrep -P "${holders[$i]}" || true)
+  child=$(echo $child | awk '{print $1}')
   [ -n "$child" ] || { echo "multihost: no holder process for $ns"; exit 1; }
   echo "$child" > "$state/$ns.pid"
 done
