@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import mpisync
-from mpiutil import same_bytes
+from mpiutil import everyone, same_bytes
 
 pytestmark = pytest.mark.mpi
 
@@ -64,6 +64,7 @@ def _sync_and_count(comm, syncer, params, root_here: bool):
     """Bytes each host's eth0 received during one sync; rows (received, root's host?) of every rank."""
     comm.Barrier()
     before = _rx_bytes()
+    comm.Barrier()  # nobody sends before every host has read its counter
     report = syncer.sync(params)
     comm.Barrier()
     row = np.array([_rx_bytes() - before, int(root_here)], np.int64)
@@ -74,7 +75,7 @@ def _sync_and_count(comm, syncer, params, root_here: bool):
 
 def test_sync_bytes_cross_the_network(comm):
     """Every host but root's receives at least the payload on eth0, once per host (not once per rank)."""
-    if _expected_nodes() < 2 or not all(comm.allgather(os.path.exists(RX_BYTES))):
+    if _expected_nodes() < 2 or not everyone(comm, os.path.exists(RX_BYTES)):
         pytest.skip("only meaningful under ci/multihost.sh")
     root = comm.size - 1  # on the last host
     shapes = {f"w{i}": (1 << 20,) for i in range(8)}  # 8 x 4 MiB of float32 ...
@@ -83,7 +84,7 @@ def test_sync_bytes_cross_the_network(comm):
     payload = sum(a.nbytes for a in params.values())
     node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        root_here = bool(node_comm.allreduce(int(comm.rank == root), op=MPI.MAX))
+        root_here = not everyone(node_comm, comm.rank != root)
     finally:
         node_comm.Free()
     with mpisync.ParamSync(comm, root=root) as syncer:
