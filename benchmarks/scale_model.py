@@ -175,10 +175,10 @@ def mpisync_time(sizes: list, nodes: int, overhead: dict, fusion: int, concurren
     """Projected (steady, first) seconds of mpisync with ``fusion`` and ``concurrent``."""
     terms = [bcast_terms(s, nodes) for s in plan_sizes(sizes, fusion)]
     # Up to ``concurrent`` collectives in flight: their latencies overlap, their bytes share the links.
-    steady = (sum(t[0] for t in terms) / concurrent + max(t[0] for t in terms) + sum(t[1] for t in terms)
+    agreement = 2 * math.ceil(math.log2(nodes)) * LATENCY_S  # one small all-reduce before the data, every sync
+    steady = (agreement + sum(t[0] for t in terms) / concurrent + max(t[0] for t in terms) + sum(t[1] for t in terms)
               + len(sizes) * overhead["steady"])
-    validation = 2 * math.ceil(math.log2(nodes)) * LATENCY_S
-    return steady, steady + validation + len(sizes) * overhead["first"], len(terms)
+    return steady, steady + agreement + len(sizes) * overhead["first"], len(terms)
 
 
 def project(name: str, nodes: int, overhead: dict) -> dict:
