@@ -5,7 +5,8 @@
 Rows (medians of the slowest rank, interleaved in a shuffled order): one flat ``Bcast`` of the
 2 MB; the 8 ``Ibcast``s of 256 KiB that mpisync's plan issues for it, through a ``RequestRing``
 of 16 and with ``Waitall``; one 32-byte ``Allreduce`` (the size of the agreement a repeated sync
-runs before its data); and ``ParamSync`` steady state (and with ``timeout=0``, which waits inside
+runs before its data), then the Ibcasts, or in flight with them (``Iallreduce``: what a sync that
+overlapped its agreement with its data could take); and ``ParamSync`` steady state (and with ``timeout=0``, which waits inside
 MPI instead of polling).
 """
 
@@ -45,7 +46,10 @@ def main(iterations: int = 25) -> int:
             f"{len(buckets)} x 256 KiB Ibcast, ring of 16": ring,
             f"{len(buckets)} x 256 KiB Ibcast, Waitall": lambda: MPI.Request.Waitall(
                 [comm.Ibcast(b, 0) for b in buckets]),
-            "Allreduce 32 B": lambda: comm.Allreduce(MPI.IN_PLACE, word, op=MPI.MAX)}
+            "Allreduce 32 B": lambda: comm.Allreduce(MPI.IN_PLACE, word, op=MPI.MAX),
+            "Allreduce 32 B, then the Ibcasts": lambda: (comm.Allreduce(MPI.IN_PLACE, word, op=MPI.MAX), ring()),
+            "Iallreduce 32 B with the Ibcasts": lambda: MPI.Request.Waitall(
+                [comm.Iallreduce(MPI.IN_PLACE, word, op=MPI.MAX)] + [comm.Ibcast(b, 0) for b in buckets])}
     runs.update({name: (lambda s=s: s.sync(params)) for name, s in syncers.items()})
     samples = {name: [] for name in runs}
     for i in range(iterations):
