@@ -46,5 +46,7 @@ if [ "${MPISYNC_SKIP_MULTIHOST:-0}" != 1 ]; then
   for layout in "2 1" "2 2" "3 1" "3 2"; do
     bash ci/multihost.sh $layout
   done
+  echo "== the multi-host bench runs (one iteration; docs/multihost.md)"
+  bash ci/multihost.sh 2 2 --bench --iterations 1 --warmup 0
 fi
 echo "== all test passes green in $((SECONDS - started)) s"
