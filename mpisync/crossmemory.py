@@ -152,14 +152,17 @@ class CrossMemory:
         ok = bool(table[:, 0].all()) and bool((table[:, 4] == host).all())
         peers = [r for r in range(size) if r != rank] if rank == root else [root]
         probe = _np.zeros(2, dtype=_np.int64)
-        for peer in peers if ok else ():
-            probe[:] = 0
-            pairs = [(probe.ctypes.data, int(table[peer, 1]), 16)]
-            if not Copies.run_batches(_batches(_CALLS[0], int(table[peer, 0]), pairs)):
-                ok = False
-            if not ok or not _np.array_equal(probe, table[peer, 2:4]):  # another process under that pid
-                ok = False
-                break
+        try:
+            for peer in peers if ok else ():
+                probe[:] = 0
+                pairs = [(probe.ctypes.data, int(table[peer, 1]), 16)]
+                if not Copies.run_batches(_batches(_CALLS[0], int(table[peer, 0]), pairs)):
+                    ok = False
+                if not ok or not _np.array_equal(probe, table[peer, 2:4]):  # another process under that pid
+                    ok = False
+                    break
+        except Exception:  # noqa: BLE001 - any local failure: every rank learns it below and keeps MPI
+            ok = False
         everyone = _np.zeros(1, dtype=_np.int64)
         # Every rank's token stays alive until here: nobody leaves before every read is done.
         call(comm.Iallreduce(_np.array([int(ok)], dtype=_np.int64), everyone, op=MPI.MIN))

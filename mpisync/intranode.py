@@ -136,7 +136,7 @@ class NodeSegment:
                 geometry[:] = (len(name), slots, slot_bytes)
                 message[:len(name)] = _np.frombuffer(name, _np.uint8)
                 message[_NAME_BYTES:] = _np.frombuffer(token, _np.uint8)
-        except OSError:
+        except Exception:  # noqa: BLE001 - any local failure: every rank learns it below and keeps MPI
             fd, mapping = _close(fd, mapping)
             geometry[0] = 0
         packed = _np.concatenate([geometry.view(_np.uint8), message])
@@ -154,13 +154,16 @@ class NodeSegment:
                     mapping = _mmap.mmap(fd, nbytes)
                     if mapping[:16] != packed[24 + _NAME_BYTES:].tobytes():  # another node's file of that name
                         raise OSError("token differs")
-                except (OSError, ValueError, UnicodeDecodeError):
+                except Exception:  # noqa: BLE001 - any local failure: every rank learns it below
                     fd, mapping = _close(fd, mapping)
             ok = _np.array([1 if mapping is not None else 0], dtype=_np.int64)
             call(comm.Iallreduce(ok, everyone, op=MPI.MIN))
         finally:  # also when a wait times out: the mappings keep the file, /dev/shm keeps nothing
             if path is not None:
-                _os.unlink(path)
+                try:
+                    _os.unlink(path)
+                except OSError:  # already removed (a cleaner): the mappings hold the memory
+                    pass
         if not everyone[0]:
             _close(fd, mapping)
             return None

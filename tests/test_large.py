@@ -34,8 +34,8 @@ def test_one_3gib_tensor(comm):
             data[start:start + step] = _pattern(start, min(step, N - start))
     report = mpisync.sync_params({"huge": data}, comm, root=root, verify=True)
     assert report.bytes == N and report.verified
-    assert report.transfers == 4 and report.channel == "mpi"  # a first sync uses MPI
-    assert report.collectives == 1 + 1 + 4 + 1  # Idup, validation, 4 chunks of <= 1 GiB, verification
+    assert report.transfers == 4 and report.channel in ("mpi", "cross-memory")  # chunks of at most 1 GiB
+    assert report.collectives == 8  # MPI: Idup, validation, facts, 4 chunks, verification (cross-memory: 8 too)
     for start in range(0, N, step):  # compared chunk by chunk: no second 3 GiB copy
         assert np.array_equal(data[start:start + step], _pattern(start, min(step, N - start))), start
 

@@ -262,16 +262,16 @@ def test_shared_memory_setting_is_every_set_never_or_small_sets(monkeypatch):
 def test_all_smaller_than_fusion_bytes_on_both_manifests():
     from mpisync.bulk import scan
     from mpisync.manifest import build_manifest
-    from mpisync.sync import _all_smaller
+    from mpisync.prepared import all_smaller
 
     for arrays, expected in (({"a": np.zeros(10), "b": np.zeros(127, np.uint8)}, True),
                              ({"a": np.zeros(10), "b": np.zeros(128, np.uint8)}, False),
                              ({}, False)):
         general = build_manifest(arrays, rank=0, size=2, root=0, settings={})
-        assert _all_smaller(general, 128, False) is expected
+        assert all_smaller(general, 128) is expected
         bulk = scan(arrays, rank=0, size=2, root=0, devices=None, settings={})
         if bulk is not None:
-            assert _all_smaller(bulk, 128, True) is expected
+            assert all_smaller(bulk, 128) is expected
 
 
 def test_cross_memory_byte_ranges_cut_pieces_at_the_share():

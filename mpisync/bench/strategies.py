@@ -73,23 +73,15 @@ def evict_caches() -> None:
 def paramsync(channel: str | None = None, **settings):
     """Repeated ``ParamSync.sync`` (validation, plan and buffers reused), with ``settings``.
 
-    ``channel=None``: the syncer's own choice, timed after its channel trial
-    (see :mod:`mpisync.channels`); else host bytes take ``channel`` ("mpi",
-    "cross-memory", "shared memory") from the first sync on, where every rank can.
-    The trial's syncs are run with the caches evicted in between: timed syncs
-    take turns with the other strategies, as syncs in a training loop take
-    turns with training steps, and a trial timed back to back (warm caches)
-    picked cross-memory copies for many-small, which then ran 1.3x slower
-    than MPI in the timed runs.
+    ``channel=None``: the syncer's own choice (see :mod:`mpisync.selection`);
+    else host bytes take ``channel`` ("mpi", "cross-memory", "shared memory")
+    where every rank can. One untimed sync sets the syncer up.
     """
     def factory(comm, params, root):
         syncer = mpisync.ParamSync(comm, root=root, **settings)
         if channel is not None:
             syncer._prefer(channel)
-        # Untimed: the channel trial (three syncs per channel every rank can use; see mpisync.channels).
-        while channel is None and not syncer._trial.settled(syncer._channels()):
-            syncer.sync(params)
-            evict_caches()
+        syncer.sync(params)
 
         def run():
             run.channel = syncer.sync(params).channel  # which channel the syncer settled on

@@ -96,8 +96,7 @@ def _memory_row(comm, params, root) -> dict:
     # tracemalloc sees Python and numpy allocations made while it runs: a repeated sync's buffers
     # (made before) are added whole; a cold sync's only where they are mappings it cannot see.
     syncer = mpisync.ParamSync(comm, root=root)
-    while not syncer._trial.settled(syncer._channels()):  # past the channel trial: the winner's buffers only
-        syncer.sync(params)
+    syncer.sync(params)  # set up: its transport's buffers
     repeated = _memory.traced_peak(lambda: syncer.sync(params)) + syncer.buffer_bytes
     syncer.close()
     buffers = []
