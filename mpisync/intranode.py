@@ -104,6 +104,8 @@ class NodeSegment:
         self.arena = Arena.over(fd, mapping, header, slots * slot_bytes)
         self.nbytes = header + slots * slot_bytes
         self._others = [self._ack[r] for r in range(size) if r != root]
+        self.size = size
+        self.token = int.from_bytes(bytes(mapping[:8]), "little", signed=True)  # root's random token: names it
         self.next_id = 0  # chunks moved so far; every rank counts the same
 
     @classmethod

@@ -13,13 +13,15 @@ docs/performance.md.
 
 from __future__ import annotations
 
+import array as _array
 import typing as _typing
+
+from mpi4py import MPI as _MPI
 
 from . import crossmemory as _crossmemory
 from . import intranode as _intranode
-from .agreement import max_and_min
 
-__all__ = ["Facts", "Choice", "gather_facts", "choose", "MPI", "CROSS", "SHARED", "CHANNELS"]
+__all__ = ["Facts", "Choice", "FactsExchange", "gather_facts", "choose", "MPI", "CROSS", "SHARED", "CHANNELS"]
 
 MPI = "mpi"
 CROSS = "cross-memory"
@@ -36,6 +38,7 @@ class Facts(_typing.NamedTuple):
     segment: bool  # the node's shared segment possible on every rank
     shared_setting: bool | None  # MPISYNC_SHARED_MEMORY: True any set, False never, None small sets
     tuned: tuple = (None, None)  # the tuning file's channel for small sets and for the rest (mpisync.tuning)
+    spare: bool = False  # every rank holds the same spare shared segment, usable at these ranks and root
 
     def layout(self) -> str:
         """The rank layout a tuning entry is for: ``"<size>x1"`` on one node, else ``"<size>-ranks-multinode"``."""
@@ -49,7 +52,7 @@ class Choice(_typing.NamedTuple):
     why: str
 
 
-def local_facts(size: int) -> tuple:
+def local_facts(size: int, spare: tuple = (0, 0)) -> tuple:
     """This rank's words for :func:`gather_facts`: node, cross-memory permitted, segment possible,
     its ``MPISYNC_SHARED_MEMORY`` setting (0 unset, 1 on, 2 off), and the tuning file's channels
     for small sets and the rest (as if every rank were on this node: entries apply only then)."""
@@ -57,17 +60,36 @@ def local_facts(size: int) -> tuple:
 
     setting = _intranode.setting()
     return (_crossmemory.host_word(), int(_crossmemory.enabled()), int(_intranode.available()),
-            0 if setting is None else 1 if setting else 2, *tuned_words(f"{size}x1"))
+            0 if setting is None else 1 if setting else 2, *tuned_words(f"{size}x1"), *spare)
+
+
+class FactsExchange:
+    """The facts all-reduce, posted early (with the communicator's duplication, so its round trip
+    overlaps the manifest's construction) and completed by :meth:`result`."""
+
+    def __init__(self, comm, words: tuple | None = None, spare: tuple = (0, 0)):
+        words = [int(w) for w in (local_facts(comm.size, spare) if words is None else words)]
+        self.size, self.count = comm.size, len(words)
+        # MAX of the words and of their complements: max and min in one all-reduce (see agreement).
+        self.send = _array.array("q", words + [~w for w in words])
+        self.recv = _array.array("q", bytes(len(self.send) * 8))
+        self.request = comm.Iallreduce(self.send, self.recv, op=_MPI.MAX)
+
+    def result(self, call) -> Facts:
+        """Wait (``call(request)``) and return the facts."""
+        call(self.request)
+        n = self.count
+        high, low = self.recv[:n].tolist(), [~w for w in self.recv[n:]]
+        # A setting or a tuning entry that differs between ranks counts as unset: every rank decides alike.
+        setting = None if high[3] != low[3] or low[3] == 0 else low[3] == 1
+        tuned = tuple(CHANNELS[h] if h == lo and h >= 0 else None for h, lo in zip(high[4:6], low[4:6]))
+        spare = n > 7 and high[6] == low[6] != 0 and high[7] == 0
+        return Facts(self.size, high[0] == low[0], bool(low[1]), bool(low[2]), setting, tuned, spare)
 
 
 def gather_facts(comm, call, words: tuple | None = None) -> Facts:
     """The facts every rank of ``comm`` shares, from one all-reduce (``call`` waits for it)."""
-    words = local_facts(comm.size) if words is None else words
-    high, low = max_and_min(comm, words, call)
-    # A setting or a tuning entry that differs between ranks counts as unset: every rank decides alike.
-    setting = None if high[3] != low[3] or low[3] == 0 else low[3] == 1
-    tuned = tuple(CHANNELS[h] if h == lo and h >= 0 else None for h, lo in zip(high[4:6], low[4:6]))
-    return Facts(comm.size, high[0] == low[0], bool(low[1]), bool(low[2]), setting, tuned)
+    return FactsExchange(comm, words).result(call)
 
 
 def choose(facts: Facts, small: bool, preferred: str | None = None, unavailable: tuple = ()) -> Choice:

@@ -33,8 +33,9 @@ from .plan import DEFAULT_CHUNK_BYTES
 from .prepared import Prepared, all_smaller, find_manifest, keep_values
 from .report import SyncReport
 from .ring import Expired
-from .selection import CROSS, MPI as MPI_CHANNEL, SHARED, choose, gather_facts
-from .transports import Context, CrossTransport, MpiTransport, SegmentTransport, host_plan, quarantine
+from .selection import CROSS, MPI as MPI_CHANNEL, SHARED, FactsExchange, choose
+from .transports import (Context, CrossTransport, MpiTransport, SegmentTransport, host_plan, offer_spare_segment,
+                         quarantine, spare_words, take_spare_segment)
 from .verify import verify as _verify
 
 __all__ = ["ParamSync", "sync_params"]
@@ -94,9 +95,10 @@ class ParamSync:
         self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
         self._comm = None
         self._dup = None  # (communicator, request) of an Idup posted and not yet waited for
-        self._facts = None  # selection.Facts, gathered at the first collective sync
+        self._facts = None  # selection.Facts (a FactsExchange until the first collective sync waits for it)
         self._transports: dict = {}  # channel -> transport, or None where its set-up failed on some rank
         self._device = None
+        self._spare = None  # a spare shared segment offered in the facts exchange (see transports)
         self._prepared = None
         self._preferred = None  # a channel asked for (tests, the bench): see _prefer
         self._closed = False
@@ -139,6 +141,8 @@ class ParamSync:
         After a timed-out sync the buffers are kept alive but never used again:
         collectives still pending may write into them."""
         broken = self._broken is not None
+        if broken:  # requests still pending may write into these
+            quarantine(self._facts, self._dup)
         if self._comm is not None and not broken:
             self._comm.Free()
         self._comm = None
@@ -150,7 +154,13 @@ class ParamSync:
                     and not _spare_arenas):
                 _spare_arenas.append(transport.arena)  # for the next sync_params call
                 transport.arena = Arena(0)
-            transport.close(broken)
+            if channel == SHARED:
+                transport.close(broken, keep=True)
+            else:
+                transport.close(broken)
+        if self._spare is not None and not broken:  # offered, not adopted: back to the pool
+            offer_spare_segment(self._spare)
+        self._spare = None
         self._transports.clear()
         if self._device is not None:
             if broken:
@@ -258,8 +268,6 @@ class ParamSync:
             same_layout, anyone_fresh = agree(self._comm, manifest, deadline.wait, layout.digest, prepared is None)
             runs = layout.runs if same_layout else ()
             phase = "transport set-up"
-            if self._facts is None:
-                self._facts = gather_facts(self._comm, deadline.wait)
             small = prepared.small if prepared is not None else all_smaller(manifest, values["fusion_bytes"])
             host_bytes = (prepared.host_bytes if prepared is not None
                           else manifest.nbytes if bulk else sum(p.nbytes for p in manifest.host_params))
@@ -321,6 +329,9 @@ class ParamSync:
         """Set ``channel`` up on every rank (collective), or None on every rank."""
         if channel == MPI_CHANNEL:
             return MpiTransport(self._comm, self._root, _take_spare_arena() if self._one_shot else None)
+        if channel == SHARED and self._facts.spare and self._spare.slot_bytes >= self._values["fusion_bytes"]:
+            spare, self._spare = self._spare, None  # the same segment on every rank (the facts agreed)
+            return SegmentTransport(self._comm, self._root, spare)
         if channel == SHARED:
             return SegmentTransport.open(self._comm, self._root, deadline.wait, self._values["max_concurrent"],
                                          self._values["fusion_bytes"], self._facts.shared_setting is True
@@ -348,6 +359,12 @@ class ParamSync:
         # overlaps that work (it is waited for, under the timeout, by _ensure_comm).
         if self._comm is None and self._dup is None:
             self._dup = self._user_comm.Idup()
+            if self._facts is None:
+                # Posted on the caller's communicator right after the Idup, in the same order on every
+                # rank, so its round trip too overlaps the manifest's construction.
+                self._spare = take_spare_segment()
+                self._facts = FactsExchange(self._user_comm,
+                                            spare=spare_words(self._spare, self._user_comm, self._root))
 
     def _ensure_comm(self, call) -> None:
         if self._comm is None:
@@ -355,6 +372,8 @@ class ParamSync:
             dup, request = self._dup
             call(request)
             self._comm, self._dup = dup, None
+        if isinstance(self._facts, FactsExchange):
+            self._facts = self._facts.result(call)
 
     def _collective_exchange(self, phase: str, pending: list, exchange):
         """Run ``exchange(comm, call)`` on the library's communicator under this sync's timeout.

@@ -159,6 +159,33 @@ class MpiTransport(Transport):
         self.arena = Arena(0)
 
 
+# One segment left by a closed syncer (sync_params' included), offered to the next syncer of the same
+# ranks: mapping a fresh segment costs more than a sync of many small tensors (docs/performance.md).
+_spare_segments: list = []
+
+
+def take_spare_segment():
+    """The spare segment (removed from the pool), or None."""
+    try:
+        return _spare_segments.pop()
+    except IndexError:
+        return None
+
+
+def offer_spare_segment(segment) -> None:
+    """Put ``segment`` in the pool (one at most; a second is dropped)."""
+    if segment is not None and not _spare_segments:
+        _spare_segments.append(segment)
+
+
+def spare_words(segment, comm, root: int) -> tuple:
+    """``(token, mismatch)`` for the facts all-reduce: a spare is adopted only when every rank holds the
+    same one (equal tokens) at the same rank, with the same root and size (no mismatch anywhere)."""
+    if segment is None:
+        return (0, 0)
+    return (segment.token, int(segment.rank != comm.rank or segment.root != root or segment.size != comm.size))
+
+
 class SegmentTransport(Transport):
     """The node's shared segment: root copies into slots, the others copy out (no MPI data movement)."""
 
@@ -167,6 +194,7 @@ class SegmentTransport(Transport):
     def __init__(self, comm, root: int, segment: NodeSegment):
         super().__init__(comm, root)
         self.segment = segment
+        self.clean = True  # the last run completed: every rank's counters agree, so it may serve again
 
     @classmethod
     def open(cls, comm, root: int, call, capacity: int, fusion: int, every_set: bool) -> SegmentTransport | None:
@@ -201,12 +229,17 @@ class SegmentTransport(Transport):
             def log(k, chunk):
                 logger.debug("slot %d/%d: %d bytes through shared memory: %s", k + 1, len(program), chunk.nbytes,
                              _names(chunk.label))
+        self.clean = False
         self.segment.run(program, deadline.at, timeline.active, log)
+        self.clean = True
         timeline.span("broadcast", start, chunks=len(program), channel="shared memory")
 
-    def close(self, broken: bool = False) -> None:
+    def close(self, broken: bool = False, keep: bool = False) -> None:
+        """``keep``: offer the segment to the next syncer of these ranks (when its last run completed)."""
         if broken:
             quarantine(self.segment)
+        elif keep and self.clean:
+            offer_spare_segment(self.segment)
         self.segment = None
 
 

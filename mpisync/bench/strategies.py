@@ -58,6 +58,15 @@ def sync_params_cold(comm, params, root):
     return run, _noop
 
 
+def paramsync_first(comm, params, root):
+    """The first sync of a new ``ParamSync`` with default settings (what a job that syncs a handful of
+    times gets): communicator duplication, validation, transport set-up and plan from scratch each run."""
+    def run():
+        with mpisync.ParamSync(comm, root=root) as syncer:
+            run.channel = syncer.sync(params).channel
+    return run, _noop
+
+
 _EVICTION_BYTES = 64 << 20  # twice the 32 MiB last-level cache of the development machine
 _eviction = None
 
@@ -107,7 +116,7 @@ def paramsync_one_buffer(comm, params, root):
 
 def flat_buffer(comm, params, root):
     """One ``Bcast`` of a single contiguous buffer of the same bytes: the ideal."""
-    flat = _np.ones(sum(a.nbytes for a in params.values()), dtype=_np.uint8)
+    flat = _np.ones(sum(int(a.nbytes) for a in params.values()), dtype=_np.uint8)
 
     def run():
         comm.Bcast(flat, root)
@@ -164,11 +173,15 @@ def torch_gloo_ddp(comm, params, root):
     return run, _noop
 
 
+#: The strategies that take torch tensors as they are (the torch workloads run only these).
+TORCH_STRATEGIES = ("per-tensor Bcast", "sync_params cold", "ParamSync first sync", "ParamSync", "flat Bcast (ideal)")
+
 STRATEGIES = {
     "per-tensor Bcast": per_tensor_bcast,
     "Ibcast unbounded": ibcast_unbounded,
     "Ibcast ring": None,  # filled with the default capacity at run time
     "sync_params cold": sync_params_cold,
+    "ParamSync first sync": paramsync_first,
     "ParamSync": paramsync(),
     "ParamSync, MPI only": paramsync("mpi"),
     "ParamSync, one buffer": paramsync_one_buffer,
