@@ -25,6 +25,7 @@ from .arena import Arena
 from .clock import Deadline, Trace
 from .devicepath import DeviceTransport
 from .staged import DEFAULT_DEVICE_CHUNK_BYTES
+from .intranode import setting as segment_setting
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
 from .layout import NO_RUNS, host_layout
 from .bulk import BulkManifest
@@ -35,7 +36,7 @@ from .report import SyncReport
 from .ring import Expired
 from .selection import CROSS, MPI as MPI_CHANNEL, SHARED, FactsExchange, choose
 from .transports import (Context, CrossTransport, MpiTransport, SegmentTransport, host_plan, offer_spare_segment,
-                         quarantine, spare_words, take_spare_segment)
+                         quarantine, segment_geometry, spare_words, take_spare_segment)
 from .verify import verify as _verify
 
 __all__ = ["ParamSync", "sync_params"]
@@ -329,16 +330,19 @@ class ParamSync:
         """Set ``channel`` up on every rank (collective), or None on every rank."""
         if channel == MPI_CHANNEL:
             return MpiTransport(self._comm, self._root, _take_spare_arena() if self._one_shot else None)
-        if channel == SHARED and self._facts.spare and self._spare.slot_bytes >= self._values["fusion_bytes"]:
+        if channel == SHARED and self._facts.spare:
             spare, self._spare = self._spare, None  # the same segment on every rank (the facts agreed)
             return SegmentTransport(self._comm, self._root, spare)
         if channel == SHARED:
-            return SegmentTransport.open(self._comm, self._root, deadline.wait, self._values["max_concurrent"],
-                                         self._values["fusion_bytes"], self._facts.shared_setting is True
-                                         or self._preferred == SHARED)
+            return SegmentTransport.open(self._comm, self._root, deadline.wait,
+                                         self._segment_geometry(self._facts.shared_setting is True))
         fallback = self._transports.get(MPI_CHANNEL) or MpiTransport(self._comm, self._root)
         self._transports.setdefault(MPI_CHANNEL, fallback)
         return CrossTransport.open(self._comm, self._root, deadline.wait, fallback)
+
+    def _segment_geometry(self, every_set: bool) -> tuple:
+        return segment_geometry(self._values["max_concurrent"], self._values["fusion_bytes"],
+                                every_set or self._preferred == SHARED)
 
     def _prepare(self, params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx) -> Prepared:
         """Plan and compile for these arrays and ``channel``; kept for the next sync when eligible."""
@@ -363,8 +367,8 @@ class ParamSync:
                 # Posted on the caller's communicator right after the Idup, in the same order on every
                 # rank, so its round trip too overlaps the manifest's construction.
                 self._spare = take_spare_segment()
-                self._facts = FactsExchange(self._user_comm,
-                                            spare=spare_words(self._spare, self._user_comm, self._root))
+                self._facts = FactsExchange(self._user_comm, spare=spare_words(
+                    self._spare, self._user_comm, self._root, self._segment_geometry(segment_setting() is True)))
 
     def _ensure_comm(self, call) -> None:
         if self._comm is None:

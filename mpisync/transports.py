@@ -178,12 +178,24 @@ def offer_spare_segment(segment) -> None:
         _spare_segments.append(segment)
 
 
-def spare_words(segment, comm, root: int) -> tuple:
+def segment_geometry(capacity: int, fusion: int, every_set: bool) -> tuple:
+    """``(slots, slot bytes)`` of a shared segment. For sets of small tensors only:
+    :data:`~mpisync.intranode.SMALL_SLOTS` slots of one bucket; for any set (``every_set``)
+    slots of at least ``SLOT_BYTES`` within ``capacity x fusion`` (two at least)."""
+    if every_set:
+        slot_bytes = max(SLOT_BYTES, fusion)
+        return max(2, capacity * fusion // slot_bytes), slot_bytes
+    return min(SMALL_SLOTS, max(2, capacity)), max(fusion, 1)
+
+
+def spare_words(segment, comm, root: int, geometry: tuple) -> tuple:
     """``(token, mismatch)`` for the facts all-reduce: a spare is adopted only when every rank holds the
-    same one (equal tokens) at the same rank, with the same root and size (no mismatch anywhere)."""
+    same one (equal tokens) at the same rank, with the same root, size and ``geometry`` (no mismatch
+    anywhere), so a syncer never holds more than its own settings allow."""
     if segment is None:
         return (0, 0)
-    return (segment.token, int(segment.rank != comm.rank or segment.root != root or segment.size != comm.size))
+    return (segment.token, int(segment.rank != comm.rank or segment.root != root or segment.size != comm.size
+                               or (segment.slots, segment.slot_bytes) != tuple(geometry)))
 
 
 class SegmentTransport(Transport):
@@ -197,16 +209,10 @@ class SegmentTransport(Transport):
         self.clean = True  # the last run completed: every rank's counters agree, so it may serve again
 
     @classmethod
-    def open(cls, comm, root: int, call, capacity: int, fusion: int, every_set: bool) -> SegmentTransport | None:
-        """Set the segment up on every rank, or None on every rank. For sets of small tensors only:
-        :data:`~mpisync.intranode.SMALL_SLOTS` slots of one bucket; for any set (``every_set``)
-        slots of at least ``SLOT_BYTES`` within ``capacity x fusion``."""
-        if every_set:
-            slot_bytes = max(SLOT_BYTES, fusion)
-            slots = max(2, capacity * fusion // slot_bytes)
-        else:
-            slots, slot_bytes = min(SMALL_SLOTS, max(2, capacity)), fusion
-        segment = NodeSegment.open(comm, root, slots, max(slot_bytes, 1), call, True)
+    def open(cls, comm, root: int, call, geometry: tuple) -> SegmentTransport | None:
+        """Set the segment up on every rank (root's ``geometry``: see :func:`segment_geometry`), or
+        None on every rank."""
+        segment = NodeSegment.open(comm, root, *geometry, call, True)
         return cls(comm, root, segment) if segment is not None else None
 
     @property
