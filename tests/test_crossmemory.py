@@ -99,6 +99,7 @@ def test_one_rank_without_cross_memory_makes_every_rank_use_mpi(comm, monkeypatc
     if comm.size == 1:
         pytest.skip("no peers")
     monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0" if comm.rank == last_rank(comm) else "1")
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # the next choice after cross-memory, where it is on
     params = _make(comm)
     with mpisync.ParamSync(comm, fusion_bytes=64 << 10) as syncer:
         syncer._prefer("cross-memory")
@@ -111,6 +112,7 @@ def test_one_rank_without_cross_memory_makes_every_rank_use_mpi(comm, monkeypatc
 def test_failed_copies_on_one_rank_are_redone_through_mpi_on_every_rank(comm, monkeypatch, caplog):
     if comm.size == 1:
         pytest.skip("no peers")
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # the next choice after cross-memory, where it is on
     cross = everyone(comm, crossmemory.enabled()) and _one_node(comm)
     params = _make(comm)
     with mpisync.ParamSync(comm, fusion_bytes=64 << 10) as syncer:
