@@ -14,19 +14,16 @@ import collections.abc as _abc
 import gc as _gc
 import json as _json
 import logging as _logging
-import sys as _sys
 import time as _time
 
 from mpi4py import MPI
 
 from . import config as _config
 from .agreement import agree, diagnose
-from .arena import Arena
-from .clock import Deadline, Trace
+from .clock import Deadline, Trace, timed_out
 from .devicepath import DeviceTransport
 from .staged import DEFAULT_DEVICE_CHUNK_BYTES
-from .intranode import setting as segment_setting
-from .errors import InvalidParamError, SyncError, SyncTimeoutError
+from .errors import InvalidParamError, SyncError
 from .layout import NO_RUNS, host_layout
 from .bulk import BulkManifest
 from .observe import configure_logging, logger, timeline_for
@@ -34,17 +31,12 @@ from .plan import DEFAULT_CHUNK_BYTES
 from .prepared import Prepared, all_smaller, find_manifest, keep_values
 from .report import SyncReport
 from .ring import Expired
-from .selection import CROSS, MPI as MPI_CHANNEL, SHARED, FactsExchange, choose
-from .transports import (Context, CrossTransport, MpiTransport, SegmentTransport, host_plan, offer_spare_segment,
-                         quarantine, segment_geometry, spare_words, take_spare_segment)
+from .hostpath import HostTransports
+from .selection import MPI as MPI_CHANNEL
+from .transports import Context, host_plan, quarantine
 from .verify import verify as _verify
 
 __all__ = ["ParamSync", "sync_params"]
-
-# Seconds between writing a timeout diagnostic and aborting, so the launcher
-# forwards the message before it tears the job down.
-_ABORT_GRACE_SECONDS = 1.0
-
 
 def _check_comm(comm):
     if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
@@ -53,16 +45,36 @@ def _check_comm(comm):
         raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
 
 
-# A one-shot syncer (sync_params) hands its fusion arena on to the next call: a fresh arena's
-# first page touches cost more than a cold sync of many small tensors (docs/performance.md).
-_spare_arenas: list = []
+def _sync_alone(manifest, report, verify, trace, t_validate, device) -> None:
+    """One rank: no peers, only the local fan-out (and verification of it)."""
+    if manifest.errors:
+        raise diagnose([_json.loads(manifest.encode())])
+    trace.span("validate", t_validate, tensors=manifest.tensors)
+    t_fan_out = trace.now()
+    for param in manifest.host_params:
+        for replica in param.replicas[1:]:
+            replica.data[:] = param.master.data
+    if manifest.device_params:
+        device.fan_out_local(manifest.device_params)
+    trace.span("fan-out", t_fan_out, replicas=manifest.nreplicas - manifest.tensors)
+    if verify:
+        _verify_on(None, manifest, 0, None, trace, device)
+    report.transport, report.verified = "local", bool(verify)
 
 
-def _take_spare_arena():
-    try:
-        return _spare_arenas.pop()
-    except IndexError:  # none, or another thread took it
-        return None
+def _verify_on(comm, manifest, root, call, trace, device) -> None:
+    start = trace.now()
+    _verify(comm, manifest, root, call, device.to_host if manifest.device_params else None)
+    trace.span("verify", start, tensors=manifest.tensors)
+
+
+def _pending(expired, phase, ctx, manifest) -> list:
+    """The names a timed-out wait was for: the waiting chunk's, the ring's in flight, or all."""
+    if getattr(expired, "pending", None) is not None:  # the shared segment, the device pipeline
+        return list(dict.fromkeys(expired.pending))
+    if phase == "broadcast" and ctx is not None and ctx.pending is not None:
+        return [n for label in ctx.pending() for n in label]
+    return list(manifest.names)
 
 
 class ParamSync:
@@ -96,34 +108,34 @@ class ParamSync:
         self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
         self._comm = None
         self._dup = None  # (communicator, request) of an Idup posted and not yet waited for
-        self._facts = None  # selection.Facts (a FactsExchange until the first collective sync waits for it)
-        self._transports: dict = {}  # channel -> transport, or None where its set-up failed on some rank
+        self._facts = None  # the facts all-reduce in flight (selection.FactsExchange), until waited for
+        self._host = HostTransports(root, self._values["max_concurrent"], self._values["fusion_bytes"])
         self._device = None
-        self._spare = None  # a spare shared segment offered in the facts exchange (see transports)
         self._prepared = None
-        self._preferred = None  # a channel asked for (tests, the bench): see _prefer
         self._closed = False
         self._broken = None
         self._one_shot = False  # sync_params: one sync, then close
         self._where = None  # (rank, size, trace) of the caller's communicator, once it passed the check
-        self.last_choice = None  # the selection.Choice of the last sync (``mpisync info``, tests)
 
     def _prefer(self, channel: str) -> None:
         # For the bench and tests: host bytes take ``channel`` wherever every rank can use it.
-        self._preferred = channel
+        self._host.preferred = channel
+
+    @property
+    def last_choice(self):
+        """How host bytes moved in the last sync and why (a :class:`mpisync.selection.Choice`), or None."""
+        return self._host.last_choice
 
     @property
     def buffer_bytes(self) -> int:
         """Bytes of host buffers this syncer holds between syncs (fusion arena, shared segment);
         device staging is not counted."""
-        return sum(t.nbytes for t in self._transports.values() if t is not None)
+        return self._host.nbytes
 
     @property
     def _mapped_bytes(self) -> int:
         # For the bench's memory row: buffers tracemalloc does not see (the segment, an arena on a file).
-        mpi = self._transports.get(MPI_CHANNEL)
-        traced = len(mpi.arena) if mpi is not None and not mpi.arena.mapped else 0
-        return self.buffer_bytes - traced
+        return self._host.nbytes - self._host.traced_bytes
 
     @property
     def settings(self) -> _config.Settings:
@@ -148,21 +160,7 @@ class ParamSync:
             self._comm.Free()
         self._comm = None
         self._prepared = None
-        for channel, transport in self._transports.items():
-            if transport is None:
-                continue
-            if (channel == MPI_CHANNEL and self._one_shot and not broken and len(transport.arena)
-                    and not _spare_arenas):
-                _spare_arenas.append(transport.arena)  # for the next sync_params call
-                transport.arena = Arena(0)
-            if channel == SHARED:
-                transport.close(broken, keep=True)
-            else:
-                transport.close(broken)
-        if self._spare is not None and not broken:  # offered, not adopted: back to the pool
-            offer_spare_segment(self._spare)
-        self._spare = None
-        self._transports.clear()
+        self._host.close(broken)
         if self._device is not None:
             if broken:
                 quarantine(self._device)
@@ -212,7 +210,7 @@ class ParamSync:
         report = SyncReport(tensors=manifest.tensors, replicas=manifest.nreplicas, bytes=manifest.nbytes,
                             collectives=0, seconds=0.0, transport="host", rank=rank, size=size, root=self._root)
         if size == 1:
-            self._sync_alone(manifest, report, verify, trace, t_validate)
+            _sync_alone(manifest, report, verify, trace, t_validate, self._device_transport())
         else:
             self._sync_collective(params, devices_key, manifest, prepared, report, verify, trace, t_validate)
         report.seconds = _time.perf_counter() - start
@@ -232,28 +230,6 @@ class ParamSync:
         # For tests/test_devices.py: the device transport's staging slots, once made.
         return self._device._slots if self._device is not None else None
 
-    def _sync_alone(self, manifest, report, verify, trace, t_validate) -> None:
-        """One rank: no peers, only the local fan-out (and verification of it)."""
-        if manifest.errors:
-            raise diagnose([_json.loads(manifest.encode())])
-        trace.span("validate", t_validate, tensors=manifest.tensors)
-        t_fan_out = trace.now()
-        for param in manifest.host_params:
-            for replica in param.replicas[1:]:
-                replica.data[:] = param.master.data
-        if manifest.device_params:
-            self._device_transport().fan_out_local(manifest.device_params)
-        trace.span("fan-out", t_fan_out, replicas=manifest.nreplicas - manifest.tensors)
-        if verify:
-            self._verify(None, manifest, None, trace)
-        report.transport, report.verified = "local", bool(verify)
-
-    def _verify(self, comm, manifest, call, trace) -> None:
-        start = trace.now()
-        to_host = self._device_transport().to_host if manifest.device_params else None
-        _verify(comm, manifest, self._root if comm is not None else 0, call, to_host)
-        trace.span("verify", start, tensors=manifest.tensors)
-
     # -- the collective part ------------------------------------------------
 
     def _sync_collective(self, params, devices_key, manifest, prepared, report, verify, trace, t_validate):
@@ -272,13 +248,13 @@ class ParamSync:
             small = prepared.small if prepared is not None else all_smaller(manifest, values["fusion_bytes"])
             host_bytes = (prepared.host_bytes if prepared is not None
                           else manifest.nbytes if bulk else sum(p.nbytes for p in manifest.host_params))
-            channel = self._transport_for(small, deadline) if host_bytes else MPI_CHANNEL
+            channel = self._host.choose(self._comm, small, deadline.wait) if host_bytes else MPI_CHANNEL
             ctx = Context(self._comm, self._root, deadline, report, trace, values["max_concurrent"],
-                          self._facts.one_node)
+                          self._host.facts.one_node)
             reused = prepared is not None and prepared.runs == runs and prepared.channel == channel
             if not reused:
                 prepared = self._prepare(params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx)
-            transport = self._transports.get(channel) if host_bytes else None
+            transport = self._host.get(channel) if host_bytes else None
             if transport is not None and (anyone_fresh or not reused):
                 # Peers copy to and from this rank's arrays: every rank binds again when any rank prepared.
                 phase = "address exchange"
@@ -296,59 +272,16 @@ class ParamSync:
                     report, trace)
             if verify:
                 phase = "verification"
-                self._verify(self._comm, manifest, deadline.wait, trace)
+                _verify_on(self._comm, manifest, self._root, deadline.wait, trace, self._device_transport())
                 report.verified = True
         except Expired as expired:
-            self._timed_out(phase, self._pending(expired, phase, ctx, manifest), values["timeout"])
-
-    @staticmethod
-    def _pending(expired, phase, ctx, manifest) -> list:
-        if getattr(expired, "pending", None) is not None:  # the shared segment, the device pipeline
-            return list(dict.fromkeys(expired.pending))
-        if phase == "broadcast" and ctx is not None and ctx.pending is not None:
-            return [n for label in ctx.pending() for n in label]
-        return list(manifest.names)
-
-    def _transport_for(self, small: bool, deadline) -> str:
-        """The channel for host bytes (set up on first use; the same on every rank: every input is)."""
-        while True:
-            unavailable = tuple(c for c, t in self._transports.items() if t is None)
-            choice = choose(self._facts, small, self._preferred, unavailable)
-            self.last_choice = choice
-            channel = choice.channel
-            if channel in self._transports:
-                transport = self._transports[channel]
-                if not (channel == CROSS and transport.failed):
-                    return channel
-                self._transports[channel] = None  # a copy failed on some rank: MPI from now on
-                continue
-            self._transports[channel] = self._open(channel, deadline)
-            if self._transports[channel] is not None:
-                return channel
-
-    def _open(self, channel: str, deadline):
-        """Set ``channel`` up on every rank (collective), or None on every rank."""
-        if channel == MPI_CHANNEL:
-            return MpiTransport(self._comm, self._root, _take_spare_arena() if self._one_shot else None)
-        if channel == SHARED and self._facts.spare:
-            spare, self._spare = self._spare, None  # the same segment on every rank (the facts agreed)
-            return SegmentTransport(self._comm, self._root, spare)
-        if channel == SHARED:
-            return SegmentTransport.open(self._comm, self._root, deadline.wait,
-                                         self._segment_geometry(self._facts.shared_setting is True))
-        fallback = self._transports.get(MPI_CHANNEL) or MpiTransport(self._comm, self._root)
-        self._transports.setdefault(MPI_CHANNEL, fallback)
-        return CrossTransport.open(self._comm, self._root, deadline.wait, fallback)
-
-    def _segment_geometry(self, every_set: bool) -> tuple:
-        return segment_geometry(self._values["max_concurrent"], self._values["fusion_bytes"],
-                                every_set or self._preferred == SHARED)
+            self._timed_out(phase, _pending(expired, phase, ctx, manifest), values["timeout"])
 
     def _prepare(self, params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx) -> Prepared:
         """Plan and compile for these arrays and ``channel``; kept for the next sync when eligible."""
         fusion = manifest.settings["fusion_bytes"]
         plan = host_plan(manifest, fusion, self._chunk_bytes, runs) if host_bytes else []
-        program = self._transports[channel].compile(manifest, plan, fusion, ctx) if host_bytes else ()
+        program = self._host.get(channel).compile(manifest, plan, fusion, ctx) if host_bytes else ()
         device_steps = self._device_transport().compile(manifest.device_params) if manifest.device_params else []
         keep = not self._one_shot  # sync_params' syncer never syncs again
         values, keys, state = keep_values(params, manifest) if keep else ((), (), None)
@@ -363,12 +296,10 @@ class ParamSync:
         # overlaps that work (it is waited for, under the timeout, by _ensure_comm).
         if self._comm is None and self._dup is None:
             self._dup = self._user_comm.Idup()
-            if self._facts is None:
+            if self._host.facts is None:
                 # Posted on the caller's communicator right after the Idup, in the same order on every
                 # rank, so its round trip too overlaps the manifest's construction.
-                self._spare = take_spare_segment()
-                self._facts = FactsExchange(self._user_comm, spare=spare_words(
-                    self._spare, self._user_comm, self._root, self._segment_geometry(segment_setting() is True)))
+                self._facts = self._host.post_facts(self._user_comm)
 
     def _ensure_comm(self, call) -> None:
         if self._comm is None:
@@ -376,8 +307,8 @@ class ParamSync:
             dup, request = self._dup
             call(request)
             self._comm, self._dup = dup, None
-        if isinstance(self._facts, FactsExchange):
-            self._facts = self._facts.result(call)
+        if self._facts is not None:
+            self._host.facts, self._facts = self._facts.result(call), None
 
     def _collective_exchange(self, phase: str, pending: list, exchange):
         """Run ``exchange(comm, call)`` on the library's communicator under this sync's timeout.
@@ -395,25 +326,8 @@ class ParamSync:
             self._timed_out(phase, pending, deadline.timeout)
 
     def _timed_out(self, phase: str, pending: list, timeout: float) -> None:
-        comm = self._user_comm
-        shown = ", ".join(repr(n) for n in pending[:20])
-        if len(pending) > 20:
-            shown += f", ... and {len(pending) - 20} more"
-        message = (
-            f"mpisync: rank {comm.rank} of {comm.size}: the {phase} did not complete within "
-            f"{timeout:g} s; pending parameter(s): {shown or 'none'}. Another rank may not have "
-            "called sync, may have died, or may be stuck elsewhere."
-        )
         self._broken = f"a sync timed out during the {phase}; its collectives may still be pending"
-        if _config.abort_on_timeout():
-            _sys.stderr.write(
-                f"SyncTimeoutError: {message}\nmpisync: MPI cannot cancel a collective, so rank "
-                f"{comm.rank} aborts the job (set MPISYNC_TIMEOUT_ABORT=0 to raise instead).\n"
-            )
-            _sys.stderr.flush()
-            _time.sleep(_ABORT_GRACE_SECONDS)
-            comm.Abort(1)
-        raise SyncTimeoutError(message, phase=phase, pending=list(pending))
+        timed_out(self._user_comm, phase, pending, timeout)
 
 
 def sync_params(params, comm=None, *, root=0, devices=None, max_concurrent=None, fusion_bytes=None,
@@ -428,5 +342,5 @@ def sync_params(params, comm=None, *, root=0, devices=None, max_concurrent=None,
     """
     with ParamSync(comm, root=root, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes,
                    gpu_transport=gpu_transport, timeout=timeout) as syncer:
-        syncer._one_shot = True
+        syncer._one_shot = syncer._host.one_shot = True
         return syncer.sync(params, devices=devices, verify=verify)

@@ -133,7 +133,7 @@ def test_a_timed_out_sync_never_hands_its_buffers_on(comm, monkeypatch):
     need_ranks(comm, 2)
     import time
 
-    from mpisync import sync as sync_module
+    from mpisync import hostpath as sync_module
     from mpisync import transports
 
     monkeypatch.setenv("MPISYNC_TIMEOUT_ABORT", "0")

@@ -185,7 +185,7 @@ def test_buckets_take_turns_in_two_arena_slots_with_many_collectives_in_flight(c
 def test_sync_params_calls_hand_their_fusion_arena_on(comm, monkeypatch):
     # Fresh pages cost microseconds each to touch, so one sync_params call leaves its arena to the
     # next; a call that needs a larger one makes its own. Every call's bytes are root's.
-    from mpisync import sync as sync_module
+    from mpisync import hostpath as sync_module
 
     monkeypatch.setattr(sync_module, "_spare_arenas", [])  # none left by earlier tests
     monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # small sets: the arena, not the node's segment
