@@ -281,7 +281,7 @@ class CrossTransport(Transport):
 
     def run(self, program, ctx: Context) -> None:
         timeline = ctx.timeline
-        begin = timeline.now()
+        begin = started = timeline.now()
         copied = program.copies is not None and program.copies.run()
         timeline.span("cross-memory", begin, tensors=len(program.direct) + len(program.small))
         everyone = _np.zeros(1, dtype=_np.int64)
@@ -293,6 +293,9 @@ class CrossTransport(Transport):
             for dst, src in program.fan_out:
                 dst[:] = src
             timeline.span("fan-out", begin, copies=len(program.fan_out))
+            logger.debug("cross-memory: %d direct transfers and %d small tensors copied process to process",
+                         len(program.direct), len(program.small))
+            timeline.span("broadcast", started, channel="cross-memory")
             return
         logger.warning("rank %d: cross-memory copies failed on some rank; every rank redoes them through MPI "
                        "now and keeps MPI", self.comm.rank)

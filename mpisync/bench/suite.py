@@ -30,7 +30,7 @@ def _torch_available() -> bool:
 
 
 _TORCH = ",resnet50-torch" if _torch_available() else ""
-QUICK = {"workloads": "resnet50,many-small" + _TORCH, "iterations": 5, "warmup": 1, "osu_max": 1 << 20,
+QUICK = {"workloads": "resnet50,many-small", "iterations": 5, "warmup": 1, "osu_max": 1 << 20,
          "osu_scale": 0.05, "sweep_concurrency": "1,4,16", "sweep_fusion": "0,65536,1048576"}
 FULL = {"workloads": ",".join(WORKLOADS) + _TORCH, "iterations": 11, "warmup": 2, "osu_max": 1 << 26,
         "osu_scale": 1.0, "sweep_concurrency": "1,2,4,8,16,32",
@@ -180,7 +180,7 @@ def run(comm, args) -> dict:
                                "channel": channel[k]}
                               for k, t in timings.items() if not isinstance(k, str)]
         results["workloads"].append({"workload": name, "tensors": len(params), "bytes": nbytes, "results": rows,
-                                     "memory": None if torch_set else _memory_row(comm, params, args.root)})
+                                     "memory": _memory_row(comm, params, args.root)})
         progress.step(f"{name}: memory")
         del params, runs
     progress.close()
