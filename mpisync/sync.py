@@ -32,7 +32,7 @@ from .prepared import Prepared, all_smaller, find_manifest, keep_values
 from .report import SyncReport
 from .ring import Expired
 from .hostpath import HostTransports
-from .selection import MPI as MPI_CHANNEL
+from .selection import CROSS, MPI as MPI_CHANNEL
 from .transports import Context, host_plan, quarantine
 from .verify import verify as _verify
 
@@ -262,7 +262,7 @@ class ParamSync:
             trace.span("validate", t_validate, tensors=manifest.tensors, reused=reused)
             report.fused_buckets, report.transfers, report.channel = (prepared.fused_buckets, prepared.transfers,
                                                                        channel)
-            phase = "broadcast"
+            phase = "cross-memory copies" if channel == CROSS else "broadcast"
             if transport is not None:
                 transport.run(prepared.program, ctx)
             if prepared.device_steps:
