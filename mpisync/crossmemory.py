@@ -191,34 +191,11 @@ class CrossMemory:
         d = len(direct)
         total = int(mine[:d, 1].sum())
         if self.fraction is None and total:
-            # An even split leaves root last to finish at first; 0.8 of it was the best fixed share on
-            # ResNet-50 at 2 ranks here. :meth:`rebalance` then follows the measured copy times.
+            # An even split leaves root last to finish; a fixed share of 0.8 of it is used (figures in
+            # docs/performance.md). Nothing measured rides in the validation exchange to move it.
             self.fraction = min(1.0, 0.8 * int(mine[:, 1].sum()) / (size * total))
         regions = [] if self.rank == self.root else _regions(mine[d:], table[self.root, d:], self._scratch.ctypes.data)
         return Copies(self, mine[:d], table[:, :d], int(mine[d:, 1].sum()), regions)
-
-    def rebalance(self, root_us: int, receiver_us: int) -> bool:
-        """Move :attr:`fraction` towards equal copy times from the last sync's ``root_us`` (root's copies)
-        and ``receiver_us`` (the slowest receiver's), agreed by every rank; True when it changed.
-
-        Every rank computes the same value from the same agreed numbers, so the split stays the same
-        on every rank; half the way each time, so one noisy sync does not swing it.
-        """
-        size, x = len(self.pids), self.fraction
-        direct, everything = self.last
-        if x is None or not direct or root_us <= 0 or receiver_us <= 0:
-            return False
-        rest = everything - x * direct  # bytes each receiver copied itself
-        pushed = (size - 1) * x * direct  # bytes root copied
-        if pushed <= 0 or rest <= 0:
-            return False
-        push_us, pull_us = root_us / pushed, receiver_us / rest  # per byte
-        balanced = (everything * pull_us) / (direct * ((size - 1) * push_us + pull_us))
-        target = min(0.95, max(0.05, x + (balanced - x) / 2))
-        if abs(target - x) < 0.02:
-            return False
-        self.fraction = target
-        return True
 
 
 class Copies:

@@ -301,20 +301,6 @@ def test_cross_memory_regions_read_gaps_under_a_page_into_scratch():
     assert [(remote_iov[i].base, remote_iov[i].len) for i in range(nremote)] == [(1000, 210), (9000, 8)]
 
 
-def test_cross_memory_split_moves_half_way_to_equal_copy_times():
-    from mpisync.crossmemory import CrossMemory
-
-    cross = CrossMemory([11, 12], rank=0, root=0)
-    cross.fraction, cross.last = 0.4, (100, 110)  # 100 bytes of large tensors, 10 of small ones
-    # root wrote 40 bytes in 10 us, the receiver read 70 in 10 us: already balanced
-    assert not cross.rebalance(10, 10) and cross.fraction == 0.4
-    # the receiver took 70 us: balanced at 0.88 of the large bytes for root; half the way there
-    assert cross.rebalance(10, 70) and abs(cross.fraction - 0.64) < 1e-9
-    assert not cross.rebalance(0, 70)  # no measurement (the last sync took another channel)
-    cross.fraction = 0.9
-    assert cross.rebalance(1, 10_000) and cross.fraction == 0.95  # clamped: both sides keep a part
-
-
 def test_attribute_runs_merges_consecutive_identical_values():
     speedups = _speedups_or_skip()
     f4, f8 = np.dtype("float32"), np.dtype("float64")
