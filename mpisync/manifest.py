@@ -108,17 +108,23 @@ class Manifest:
 
 
 def params_digest(names: list, dtype_runs: list, shapes: bytes, count_runs: list, kind_runs: list) -> bytes:
-    """16 bytes over what every rank's parameters must share, in sorted order: ``names`` (each
-    name's length, then the names one after another: no two lists of names encode alike, whatever
-    characters they hold), ``shapes`` (int64 words: ndim, then the extents, per parameter), and as
+    """16 bytes over what every rank's parameters must share, in sorted order: ``names`` (joined by
+    NUL when no name holds one, else each name's length and then the names: no two lists of names
+    encode alike, whatever characters they hold), ``shapes`` (int64 words: ndim, then the extents, per parameter), and as
     ``[value, how many in a row]`` runs (see :func:`runs`) the dtype names, replica counts and
     placements (``"h"`` or ``"d"``). Computed alike from a manifest's parameters and from
     :mod:`mpisync.bulk`'s scan, so ranks on either path compare equal. SHA-256 (hardware-assisted
     on current CPUs) over about 40 bytes a tensor."""
     h = _hashlib.sha256()
     h.update(_struct.pack("=q", len(names)))
-    h.update(_array.array("q", map(len, names)).tobytes())  # lengths in characters: the text is one string
-    h.update("".join(names).encode("utf-8", "surrogatepass"))  # lone surrogates are valid str, not UTF-8
+    joined = "\x00".join(names)
+    if joined.count("\x00") == max(len(names) - 1, 0):  # no name holds a NUL: the separators are the bounds
+        h.update(b"J")
+    else:  # each name's length (in characters), then the names: unambiguous whatever they hold
+        h.update(b"L")
+        h.update(_array.array("q", map(len, names)).tobytes())
+        joined = "".join(names)
+    h.update(joined.encode("utf-8", "surrogatepass"))  # lone surrogates are valid str, not UTF-8
     h.update(_json.dumps([dtype_runs, count_runs, kind_runs]).encode())
     h.update(_struct.pack("=q", len(shapes)))
     h.update(shapes)

@@ -80,4 +80,4 @@ def keep_values(params, manifest) -> tuple:
     if not manifest.leaves_only:
         return (), (), None
     values = tuple(params.values())
-    return values, tuple(params), snapshot(values)
+    return values, tuple(params), snapshot(values, all_numpy=isinstance(manifest, BulkManifest))

@@ -46,11 +46,13 @@ class Snapshot:
         self.others = others  # (index, state) for everything the C loop does not read
 
 
-def snapshot(values: tuple) -> Snapshot:
-    """Record each array's address, shape, strides, dtype and writability."""
+def snapshot(values: tuple, all_numpy: bool = False) -> Snapshot:
+    """Record each array's address, shape, strides, dtype and writability (``all_numpy``: the caller
+    knows every value is exactly a ``numpy.ndarray``, so none needs the Python form)."""
     if _speedups is not None:
         words = _speedups.array_states(values, _np.ndarray)
-        others = tuple((i, _state(v)) for i, v in enumerate(values) if type(v) is not _np.ndarray)
+        others = () if all_numpy else tuple((i, _state(v)) for i, v in enumerate(values)
+                                            if type(v) is not _np.ndarray)
         return Snapshot(words, others)
     return Snapshot(None, tuple((i, _state(v)) for i, v in enumerate(values)))
 
