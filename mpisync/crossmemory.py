@@ -23,6 +23,7 @@ through MPI (see :mod:`mpisync.sync`) and keep MPI afterwards.
 from __future__ import annotations
 
 import ctypes as _ctypes
+import functools as _functools
 import hashlib as _hashlib
 import os as _os
 import secrets as _secrets
@@ -69,9 +70,10 @@ def enabled(requested: bool | None = None) -> bool:
     return bool(requested) and _CALLS is not None
 
 
+@_functools.lru_cache(maxsize=1)
 def host_word() -> int:
     """This rank's node, as MPI names it (``Get_processor_name``), hashed to a signed 64-bit word:
-    ranks compare words to learn whether they all share one node."""
+    ranks compare words to learn whether they all share one node. Computed once per process."""
     digest = _hashlib.blake2b(MPI.Get_processor_name().encode(), digest_size=8).digest()
     return int.from_bytes(digest, _sys.byteorder, signed=True)
 
