@@ -266,14 +266,17 @@ class CrossTransport(Transport):
         return cls(comm, root, cross, fallback) if cross is not None else None
 
     def compile(self, manifest, plan: list, fusion: int, ctx: Context):
+        # Every rank's lists must have the same lengths (bind all-gathers them with one count), and
+        # ranks may hold the same set on different paths: empty tensors are left out on both.
         if isinstance(manifest, BulkManifest):
-            values = manifest.values
-            direct = [_byte_view(values[i])[off:off + n] for fused, i, off, n in plan if not fused]
-            small = [_byte_view(values[i]) for fused, first, last, _ in plan if fused for i in range(first, last)]
+            values, sizes = manifest.values, manifest.sizes
+            direct = [_byte_view(values[i])[off:off + n] for fused, i, off, n in plan if not fused and n]
+            small = [_byte_view(values[i]) for fused, first, last, _ in plan if fused
+                     for i in range(first, last) if sizes[i]]
             return _CrossProgram(manifest, plan, fusion, direct, small, ())
         host = manifest.host_params
-        direct = [transfer_buffer(host, t) for t in plan if not t.fused]
-        small = [host[i].master.data for t in plan if t.fused for i, _, _, _ in t.pieces]
+        direct = [b for b in (transfer_buffer(host, t) for t in plan if not t.fused) if len(b)]
+        small = [host[i].master.data for t in plan if t.fused for i, _, _, _ in t.pieces if host[i].nbytes]
         return _CrossProgram(manifest, plan, fusion, direct, small, replica_copies(host, range(len(host))))
 
     def bind(self, program, ctx: Context) -> None:
