@@ -56,20 +56,18 @@ def allgather_bytes(comm, payload: bytes, call) -> list:
     return [recv[d : d + n].tobytes() for d, n in zip(displs.tolist(), lengths.tolist())]
 
 
-def agree(comm, manifest, call, layout: bytes = bytes(8), timings: tuple = (0,), fresh: bool = False,
-          host: int = 0) -> tuple:
+def agree(comm, manifest, call, layout: bytes = bytes(8), fresh: bool = False) -> tuple:
     """Raise the same error on every rank if any rank's manifest is bad or differs; else return
-    ``(layouts equal, hosts equal, max timings, any fresh)``: whether every rank passed the same
-    8-byte ``layout`` digest, the same 64-bit ``host`` word, the largest of each of ``timings`` over
-    the ranks (a tuple), and whether any rank passed ``fresh``. All ride in the same all-reduce.
+    ``(layouts equal, any fresh)``: whether every rank passed the same 8-byte ``layout`` digest, and
+    whether any rank passed ``fresh`` (it prepared its arrays again). One all-reduce, nothing else in it.
 
     ``call(request)`` waits for one request; it enforces the timeout.
     """
     words = [1 if manifest.errors else 0, *_struct.unpack("=2q", manifest.digest()), *_struct.unpack("=q", layout),
-             host, *timings, int(fresh)]
+             int(fresh)]
     high, low = max_and_min(comm, words, call)
     if high[0] == 0 and high[1:3] == low[1:3]:  # no rank's input is bad, and the manifest digests agree
-        return high[3] == low[3], high[4] == low[4], tuple(high[5:-1]), bool(high[-1])
+        return high[3] == low[3], bool(high[4])
     docs = [_json.loads(raw) for raw in allgather_bytes(comm, manifest.encode(), call)]
     raise diagnose(docs)
 

@@ -24,10 +24,11 @@ from mpi4py import MPI
 
 from .arrays import UnsupportedArray, _byte_view, _dtype_name
 from .manifest import build_manifest, params_digest, settings_digest
+from .intranode import Chunk
 from .program import Step
 from .speedups import speedups as _speedups
 
-__all__ = ["BulkManifest", "bulk_plan", "compile_bulk", "scan"]
+__all__ = ["BulkManifest", "bulk_plan", "compile_bulk", "compile_bulk_chunks", "scan"]
 
 
 class BulkManifest:
@@ -96,7 +97,7 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
         return None
     try:
         names = sorted(params)
-        joined = "\x00".join(names)  # also proves every name is a str
+        "".join(names)  # proves every name is a str (the general path words the error otherwise)
     except TypeError:
         return None
     keys = list(params)
@@ -119,7 +120,7 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
     except UnsupportedArray:
         return None
     count = len(names)
-    digest = params_digest(joined, runs, held.shapes(), [[1, count]], [["h", count]])
+    digest = params_digest(names, runs, held.shapes(), [[1, count]], [["h", count]])
     agreed = dict(settings)
     agreed["root"] = root
     return BulkManifest(params, names, values, held, digest, agreed, rank, size, root)
@@ -171,3 +172,23 @@ def compile_bulk(manifest: BulkManifest, plan: list, *, receiving: bool, arena, 
             view = _byte_view(values[first])[last:last + nbytes]
             steps.append(Step([view, MPI.BYTE], (), (), (), (names[first],), False))
     return steps
+
+
+def compile_bulk_chunks(manifest: BulkManifest, plan: list, *, receiving: bool, slots: int, slot_bytes: int) -> list:
+    """The :class:`~mpisync.intranode.Chunk` list carrying out ``plan`` on ``manifest``'s arrays through
+    a shared segment of ``slots`` slots: buckets copied by ``BufferList`` parts, large tensors in pieces."""
+    names, values, chunks = manifest.names, manifest.values, []
+    for fused, first, last, nbytes in plan:
+        offset = (len(chunks) % slots) * slot_bytes
+        if fused:
+            copies = ((offset, (), nbytes, manifest.held.part(first, last)),)
+            chunks.append(Chunk(offset, nbytes, pack=() if receiving else copies,
+                                unpack=copies if receiving else (), label=tuple(names[first:last])))
+            continue
+        view = memoryview(_byte_view(values[first])).cast("B")
+        for start in range(last, last + nbytes, slot_bytes):
+            piece = view[start:min(start + slot_bytes, last + nbytes)]
+            chunks.append(Chunk((len(chunks) % slots) * slot_bytes, piece.nbytes,
+                                source=None if receiving else piece, target=piece if receiving else None,
+                                label=(names[first],)))
+    return chunks

@@ -1,4 +1,4 @@
-"""The ``mpisync`` command: ``info``, ``stage-checkpoint`` and ``bench``."""
+"""The ``mpisync`` command: ``info``, ``stage-checkpoint``, ``bench`` and ``tune``."""
 
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ def _bench(args, rest) -> int:
     from .bench import main as bench_main
 
     return bench_main(rest)
+
+
+def _tune(args, rest) -> int:
+    from mpi4py import MPI
+
+    from .tuning import main as tune_main
+
+    return tune_main(MPI.COMM_WORLD, rest)
 
 
 def _stage(args) -> int:
@@ -84,6 +92,8 @@ def _parser() -> _argparse.ArgumentParser:
     stage.set_defaults(func=_stage)
     bench = sub.add_parser("bench", add_help=False, help="the microbenchmark suite (run under mpiexec)")
     bench.set_defaults(func=_bench)
+    tune = sub.add_parser("tune", add_help=False, help="measure the transports here, write a tuning file (under mpiexec)")
+    tune.set_defaults(func=_tune)
     return parser
 
 
@@ -91,7 +101,7 @@ def main(args=None) -> int:
     """Run the command line with ``args`` (default: ``sys.argv[1:]``); return the exit status."""
     argv = list(_sys.argv[1:] if args is None else args)
     parsed, rest = _parser().parse_known_args(argv)
-    if parsed.command == "bench":  # the bench has its own parser (``mpisync bench --help``)
+    if parsed.command in ("bench", "tune"):  # each has its own parser (``mpisync bench --help``)
         return parsed.func(parsed, rest)
     if rest:
         _parser().error(f"unrecognized arguments: {' '.join(rest)}")

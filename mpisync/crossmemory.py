@@ -23,6 +23,7 @@ through MPI (see :mod:`mpisync.sync`) and keep MPI afterwards.
 from __future__ import annotations
 
 import ctypes as _ctypes
+import functools as _functools
 import hashlib as _hashlib
 import os as _os
 import secrets as _secrets
@@ -69,9 +70,10 @@ def enabled(requested: bool | None = None) -> bool:
     return bool(requested) and _CALLS is not None
 
 
+@_functools.lru_cache(maxsize=1)
 def host_word() -> int:
     """This rank's node, as MPI names it (``Get_processor_name``), hashed to a signed 64-bit word:
-    ranks compare words to learn whether they all share one node."""
+    ranks compare words to learn whether they all share one node. Computed once per process."""
     digest = _hashlib.blake2b(MPI.Get_processor_name().encode(), digest_size=8).digest()
     return int.from_bytes(digest, _sys.byteorder, signed=True)
 
@@ -152,14 +154,17 @@ class CrossMemory:
         ok = bool(table[:, 0].all()) and bool((table[:, 4] == host).all())
         peers = [r for r in range(size) if r != rank] if rank == root else [root]
         probe = _np.zeros(2, dtype=_np.int64)
-        for peer in peers if ok else ():
-            probe[:] = 0
-            pairs = [(probe.ctypes.data, int(table[peer, 1]), 16)]
-            if not Copies.run_batches(_batches(_CALLS[0], int(table[peer, 0]), pairs)):
-                ok = False
-            if not ok or not _np.array_equal(probe, table[peer, 2:4]):  # another process under that pid
-                ok = False
-                break
+        try:
+            for peer in peers if ok else ():
+                probe[:] = 0
+                pairs = [(probe.ctypes.data, int(table[peer, 1]), 16)]
+                if not Copies.run_batches(_batches(_CALLS[0], int(table[peer, 0]), pairs)):
+                    ok = False
+                if not ok or not _np.array_equal(probe, table[peer, 2:4]):  # another process under that pid
+                    ok = False
+                    break
+        except Exception:  # noqa: BLE001 - any local failure: every rank learns it below and keeps MPI
+            ok = False
         everyone = _np.zeros(1, dtype=_np.int64)
         # Every rank's token stays alive until here: nobody leaves before every read is done.
         call(comm.Iallreduce(_np.array([int(ok)], dtype=_np.int64), everyone, op=MPI.MIN))
@@ -188,34 +193,11 @@ class CrossMemory:
         d = len(direct)
         total = int(mine[:d, 1].sum())
         if self.fraction is None and total:
-            # An even split leaves root last to finish at first; 0.8 of it was the best fixed share on
-            # ResNet-50 at 2 ranks here. :meth:`rebalance` then follows the measured copy times.
+            # An even split leaves root last to finish; a fixed share of 0.8 of it is used (figures in
+            # docs/performance.md). Nothing measured rides in the validation exchange to move it.
             self.fraction = min(1.0, 0.8 * int(mine[:, 1].sum()) / (size * total))
         regions = [] if self.rank == self.root else _regions(mine[d:], table[self.root, d:], self._scratch.ctypes.data)
         return Copies(self, mine[:d], table[:, :d], int(mine[d:, 1].sum()), regions)
-
-    def rebalance(self, root_us: int, receiver_us: int) -> bool:
-        """Move :attr:`fraction` towards equal copy times from the last sync's ``root_us`` (root's copies)
-        and ``receiver_us`` (the slowest receiver's), agreed by every rank; True when it changed.
-
-        Every rank computes the same value from the same agreed numbers, so the split stays the same
-        on every rank; half the way each time, so one noisy sync does not swing it.
-        """
-        size, x = len(self.pids), self.fraction
-        direct, everything = self.last
-        if x is None or not direct or root_us <= 0 or receiver_us <= 0:
-            return False
-        rest = everything - x * direct  # bytes each receiver copied itself
-        pushed = (size - 1) * x * direct  # bytes root copied
-        if pushed <= 0 or rest <= 0:
-            return False
-        push_us, pull_us = root_us / pushed, receiver_us / rest  # per byte
-        balanced = (everything * pull_us) / (direct * ((size - 1) * push_us + pull_us))
-        target = min(0.95, max(0.05, x + (balanced - x) / 2))
-        if abs(target - x) < 0.02:
-            return False
-        self.fraction = target
-        return True
 
 
 class Copies:

@@ -4,6 +4,8 @@ Every error that depends on what another rank holds is raised on *every* rank
 of the communicator, with the same type and message.
 """
 
+from __future__ import annotations
+
 __all__ = [
     "SyncError",
     "ManifestMismatchError",
@@ -26,7 +28,13 @@ class InvalidParamError(SyncError, ValueError):
 
 
 class SyncTimeoutError(SyncError):
-    """A collective did not complete within the timeout."""
+    """A collective did not complete within the timeout: ``phase`` says which step of the sync
+    waited, ``pending`` the parameter names still in flight."""
+
+    def __init__(self, message: str = "", *, phase: str = "", pending: list | None = None):
+        super().__init__(message)
+        self.phase = phase
+        self.pending = list(pending or ())
 
 
 class VerificationError(SyncError):

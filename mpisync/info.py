@@ -55,6 +55,7 @@ def collect_info() -> dict:
         "shared_memory": _shared_memory_line(),
         "cross_memory": _cross_memory_line(),
         "speedups": _speedups_line(),
+        "host_transport": __import__("mpisync.tuning", fromlist=["describe"]).describe(MPI.COMM_WORLD.size, True),
     }
 
 
@@ -67,8 +68,8 @@ def _cross_memory_line() -> str:
     from .crossmemory import enabled
 
     return _switch_line(enabled,
-                        "on (MPISYNC_CROSS_MEMORY=0 turns it off): a ParamSync tries process-to-process copies "
-                        "on its 4th to 6th syncs, where every rank is on one node",
+                        "on (MPISYNC_CROSS_MEMORY=0 turns it off): process-to-process copies for sets with large "
+                        "tensors, where every rank is on one node (see host_transport)",
                         "off (MPISYNC_CROSS_MEMORY=0)",
                         "not available here (needs Linux process_vm_readv/process_vm_writev)")
 
@@ -90,8 +91,7 @@ def _shared_memory_line() -> str:
         return "not available here (needs x86-64, /dev/shm, preadv/pwritev)"
     wanted = setting()
     if wanted is None:
-        return ("small sets (MPISYNC_SHARED_MEMORY=1: every set, =0: never): a ParamSync whose tensors are all "
-                "smaller than fusion_bytes tries the node's shared segment after MPI and cross-memory copies, "
-                "three syncs each")
-    return ("on here (MPISYNC_SHARED_MEMORY=1): a ParamSync tries the node's shared segment after MPI "
-            "and cross-memory copies, three syncs each" if wanted else "off (MPISYNC_SHARED_MEMORY=0)")
+        return ("small sets (MPISYNC_SHARED_MEMORY=1: every set, =0: never): sets whose tensors are all "
+                "smaller than fusion_bytes move through the node's shared segment, where every rank is on one node")
+    return ("on here (MPISYNC_SHARED_MEMORY=1): every set moves through the node's shared segment, where every "
+            "rank is on one node" if wanted else "off (MPISYNC_SHARED_MEMORY=0)")

@@ -9,18 +9,12 @@ other ranks copy them out, each slot released when every receiver has acked
 it: one memory copy on each side, pipelined. Buckets of small tensors are
 packed and unpacked with one ``pwritev``/``preadv`` each.
 
-By default a :class:`~mpisync.ParamSync` tries it only for parameter sets
-whose tensors are all smaller than ``fusion_bytes`` (every byte in fused
-buckets), in :data:`SMALL_SLOTS` slots of one bucket: there it took 0.25-0.97x
-the time of MPI's path in each of 14 bench runs here (5000 x 400 B; 0.25-0.48x
-with root's streaming stores), root packing the next bucket while the others
-unpack the last. For any set it takes
-``MPISYNC_SHARED_MEMORY=1`` (``0``: never): on the 2-core virtual machine it
-was built on, sets with large tensors ran at 0.9-1.1x a flat ``Bcast`` in most
-runs and at 0.2-0.3x in others (one side's copies slowed 3-4x while both
-copied at once for tens of milliseconds; the cause was not found), while MPI's
-path held at 0.5-0.85x. Either way the channel trial (:mod:`mpisync.channels`)
-keeps it only if it moved the bytes faster.
+By default (:mod:`mpisync.selection`) it carries parameter sets whose
+tensors are all smaller than ``fusion_bytes`` (every byte in fused buckets),
+in :data:`SMALL_SLOTS` slots of one bucket, root packing the next bucket
+while the others unpack the last; ``MPISYNC_SHARED_MEMORY=1`` puts every set
+through it (slots of at least :data:`SLOT_BYTES`), ``0`` never. Why large
+sets are not sent this way by default, with the figures: docs/performance.md.
 
 The slot handshake uses plain loads and stores of 64-bit counters in the
 mapping, which is correct where stores are seen in program order by other
@@ -48,13 +42,11 @@ from .ring import Expired
 __all__ = ["NodeSegment", "Chunk", "compile_chunks", "enabled", "available", "setting", "SLOT_BYTES",
            "SMALL_SLOTS"]
 
-#: Bytes of one slot: one copy on each side per slot, so large enough that the
-#: handshake is cheap, small enough that slots stay in cache (1 MiB x 4 was
-#: fastest in a sweep on ResNet-50, BERT-base and GPT-2 parameter sets).
+#: Bytes of one slot for sets with large tensors: one copy on each side per slot, so large enough
+#: that the handshake is cheap, small enough that slots stay in cache (docs/performance.md).
 SLOT_BYTES = 1 << 20
-#: Slots for sets of small tensors only: one fused bucket each. Four let root pack ahead while the
-#: others unpack; 5000 x 400 B took 0.19-0.21 ms with 4 x 256 KiB, 0.20-0.22 with 4 x 1 MiB,
-#: 0.20-0.24 with 3 x 256 KiB and 0.27-0.30 with 2 x 256 KiB (flat Bcast 0.36-0.44 alongside).
+#: Slots for sets of small tensors only: one fused bucket each; four let root pack ahead while the
+#: others unpack (the geometries compared are in docs/performance.md).
 SMALL_SLOTS = 4
 _LINE = 64  # each counter on its own cache line: no false sharing between ranks
 _WORD = _LINE // 8  # the same line, counted in 64-bit words
@@ -104,6 +96,8 @@ class NodeSegment:
         self.arena = Arena.over(fd, mapping, header, slots * slot_bytes)
         self.nbytes = header + slots * slot_bytes
         self._others = [self._ack[r] for r in range(size) if r != root]
+        self.size = size
+        self.token = int.from_bytes(bytes(mapping[:8]), "little", signed=True)  # root's random token: names it
         self.next_id = 0  # chunks moved so far; every rank counts the same
 
     @classmethod
@@ -136,7 +130,7 @@ class NodeSegment:
                 geometry[:] = (len(name), slots, slot_bytes)
                 message[:len(name)] = _np.frombuffer(name, _np.uint8)
                 message[_NAME_BYTES:] = _np.frombuffer(token, _np.uint8)
-        except OSError:
+        except Exception:  # noqa: BLE001 - any local failure: every rank learns it below and keeps MPI
             fd, mapping = _close(fd, mapping)
             geometry[0] = 0
         packed = _np.concatenate([geometry.view(_np.uint8), message])
@@ -154,13 +148,16 @@ class NodeSegment:
                     mapping = _mmap.mmap(fd, nbytes)
                     if mapping[:16] != packed[24 + _NAME_BYTES:].tobytes():  # another node's file of that name
                         raise OSError("token differs")
-                except (OSError, ValueError, UnicodeDecodeError):
+                except Exception:  # noqa: BLE001 - any local failure: every rank learns it below
                     fd, mapping = _close(fd, mapping)
             ok = _np.array([1 if mapping is not None else 0], dtype=_np.int64)
             call(comm.Iallreduce(ok, everyone, op=MPI.MIN))
         finally:  # also when a wait times out: the mappings keep the file, /dev/shm keeps nothing
             if path is not None:
-                _os.unlink(path)
+                try:
+                    _os.unlink(path)
+                except OSError:  # already removed (a cleaner): the mappings hold the memory
+                    pass
         if not everyone[0]:
             _close(fd, mapping)
             return None

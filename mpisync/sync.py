@@ -1,46 +1,42 @@
-"""``ParamSync`` and ``sync_params``: validate, broadcast in a capped ring, fan out, verify."""
+"""``ParamSync`` and ``sync_params``: validate -> plan -> move -> fan out -> verify.
+
+Each step is a module: :mod:`~mpisync.prepared` and :mod:`~mpisync.manifest`
+(what this rank holds), :mod:`~mpisync.agreement` (one all-reduce), the plan
+(:mod:`~mpisync.plan`, :mod:`~mpisync.bulk`), a transport chosen by
+:mod:`~mpisync.selection` (:mod:`~mpisync.transports`, :mod:`~mpisync.devicepath`),
+and :mod:`~mpisync.verify`. The replicas' fan-out runs inside each program,
+after the bytes of a transfer arrived.
+"""
 
 from __future__ import annotations
 
 import collections.abc as _abc
-import dataclasses as _dc
-import functools as _functools
 import gc as _gc
 import json as _json
 import logging as _logging
-import operator as _operator
-import sys as _sys
 import time as _time
 
-import numpy as _np
 from mpi4py import MPI
 
 from . import config as _config
 from .agreement import agree, diagnose
-from .bulk import BulkManifest, bulk_plan, compile_bulk, scan
-from .errors import InvalidParamError, SyncError, SyncTimeoutError
-from .channels import CROSS_CHANNEL, MPI_CHANNEL, SHARED_CHANNEL, ChannelTrial
-from .crossmemory import CrossMemory, host_word
-from .intranode import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_chunks, setting as segment_setting
-from .layout import NO_RUNS, Layout, host_layout
-from .manifest import build_manifest, replica_copies
+from .clock import Deadline, Trace, timed_out
+from .devicepath import DeviceTransport
+from .staged import DEFAULT_DEVICE_CHUNK_BYTES
+from .errors import InvalidParamError, SyncError
+from .layout import NO_RUNS, host_layout
+from .bulk import BulkManifest
 from .observe import configure_logging, logger, timeline_for
-from .plan import DEFAULT_CHUNK_BYTES, build_plan
-from .arena import Arena
-from .program import arena_slots, compile_program, fused_slots, transfer_buffer
+from .plan import DEFAULT_CHUNK_BYTES
+from .prepared import Prepared, all_smaller, find_manifest, keep_values
 from .report import SyncReport
-from .speedups import speedups as _speedups
-from .ring import Expired, TrackedRing, wait_request
-from .staged import DEFAULT_DEVICE_CHUNK_BYTES, DeviceSlots, compile_device_steps, device_to_host, run_device_steps
+from .ring import Expired
+from .hostpath import HostTransports
+from .selection import CROSS, MPI as MPI_CHANNEL
+from .transports import Context, host_plan, quarantine
 from .verify import verify as _verify
 
 __all__ = ["ParamSync", "sync_params"]
-
-# Seconds between writing a timeout diagnostic and aborting, so the launcher
-# forwards the message before it tears the job down.
-_ABORT_GRACE_SECONDS = 1.0
-_PLAN_CACHE_SIZE = 8
-
 
 def _check_comm(comm):
     if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
@@ -49,85 +45,51 @@ def _check_comm(comm):
         raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
 
 
-@_dc.dataclass
-class _Prepared:
-    """A validated manifest and its compiled steps, reusable while the same arrays come back."""
-
-    values: tuple  # the arrays prepared, compared by identity (held, so never recycled)
-    keys: tuple
-    devices: object
-    torch_indices: tuple
-    torch_storage: tuple
-    manifest: object
-    layout: Layout  # this rank's runs of parameters end to end in memory
-    runs: tuple  # the runs the steps send as spans: layout.runs when every rank's layout agreed, else ()
-    channel: str  # how host bytes move: steps (MPI), steps and copies (cross-memory), chunks (shared segment)
-    steps: list
-    chunks: list
-    fused_buckets: int
-    transfers: int  # host plan steps; device steps are added when they run
-    device_steps: list
-    host_bytes: int
-    cross: tuple = ()  # cross-memory: (direct transfer buffers, fused tensors' masters, fan-out pairs)
-    small: bool = False  # every host tensor smaller than fusion_bytes (see ParamSync._channels)
-    copies: object = None  # cross-memory: this rank's copies (crossmemory.Copies), bound to every rank's
-    version: tuple = (None, -1)  # (the dict last matched, its version tag): see matches
-
-    def matches(self, params, devices) -> bool:
-        """Whether ``params`` holds exactly the arrays (and, for torch, the storage) prepared."""
-        if devices != self.devices:
-            return False
-        if _speedups is not None and type(params) is dict:
-            # The dict's version tag is unchanged only if no entry changed: then the walk over
-            # its entries (60 us for 5000 with cold caches) is skipped.
-            version = _speedups.dict_version(params)
-            if version == -1 or version != self.version[1] or params is not self.version[0]:
-                if not _speedups.same_items(params, self.keys, self.values):
-                    return False
-                self.version = (params, version)
-        elif tuple(params) != self.keys or not all(map(_operator.is_, params.values(), self.values)):
-            return False
-        return not self.torch_indices or _torch_storage(tuple(params.values()), self.torch_indices) == self.torch_storage
+def _sync_alone(manifest, report, verify, trace, t_validate, device) -> None:
+    """One rank: no peers, only the local fan-out (and verification of it)."""
+    if manifest.errors:
+        raise diagnose([_json.loads(manifest.encode())])
+    trace.span("validate", t_validate, tensors=manifest.tensors)
+    t_fan_out = trace.now()
+    for param in manifest.host_params:
+        for replica in param.replicas[1:]:
+            replica.data[:] = param.master.data
+    if manifest.device_params:
+        device.fan_out_local(manifest.device_params)
+    trace.span("fan-out", t_fan_out, replicas=manifest.nreplicas - manifest.tensors)
+    if verify:
+        _verify_on(None, manifest, 0, None, trace, device)
+    report.transport, report.verified = "local", bool(verify)
 
 
-# sync_params' syncer lives for one sync, and the arena it frees would come back to the next call
-# as fresh pages: first touches cost about 6 us a page here (back to back, a cold sync_params of
-# 5000 x 400 B took 1.5-1.8 ms with a new 512 KiB arena, 1.0-1.15 ms with the last call's). So a
-# one-shot syncer hands its arena on to the next: one spare, of 2 x fusion_bytes at the defaults.
-_spare_arenas: list = []
+def _verify_on(comm, manifest, root, call, trace, device) -> None:
+    start = trace.now()
+    _verify(comm, manifest, root, call, device.to_host if manifest.device_params else None)
+    trace.span("verify", start, tensors=manifest.tensors)
 
 
-def _take_spare_arena():
-    try:
-        return _spare_arenas.pop()
-    except IndexError:  # none, or another thread took it
-        return None
-
-
-def _all_smaller(manifest, fusion_bytes: int, bulk: bool) -> bool:
-    """Whether every host tensor of ``manifest`` is smaller than ``fusion_bytes`` (there is one at least)."""
-    if bulk:
-        return bool(len(manifest.sizes)) and int(manifest.sizes.max()) < fusion_bytes
-    host = manifest.host_params
-    return bool(host) and all(p.nbytes < fusion_bytes for p in host)
-
-
-def _torch_storage(values: tuple, indices: tuple) -> tuple:
-    # ``tensor.data = other`` keeps the object but moves its bytes: check where they are.
-    return tuple((values[i].data_ptr(), values[i].shape) for i in indices)
+def _pending(expired, phase, ctx, manifest) -> list:
+    """The names a timed-out wait was for: the waiting chunk's, the ring's in flight, or all."""
+    if getattr(expired, "pending", None) is not None:  # the shared segment, the device pipeline
+        return list(dict.fromkeys(expired.pending))
+    if phase == "broadcast" and ctx is not None and ctx.pending is not None:
+        return [n for label in ctx.pending() for n in label]
+    return list(manifest.names)
 
 
 class ParamSync:
     """A reusable parameter sync over ``comm`` (default ``MPI.COMM_WORLD``).
 
     The first ``sync`` duplicates ``comm`` (so mpisync's traffic never matches
-    the caller's); later syncs reuse that communicator, the broadcast plan and
-    the fusion buffers. When a mapping of bare arrays comes back with the same
-    keys and the same array objects (torch: the same storage), its validation
-    and compiled copies are reused too; every sync still agrees with the other
-    ranks on the manifest digest. ``close()`` frees everything.
-    Settings left ``None`` come from ``MPISYNC_*`` environment variables, else
-    built-in defaults (see ``mpisync info``).
+    the caller's) and decides, the same way on every rank, how host bytes
+    move (see :mod:`mpisync.selection`); later syncs reuse the communicator,
+    the transport and its buffers. When a mapping of bare arrays comes back
+    with the same array objects, each still at the same address with the same
+    shape, strides, dtype and writability, its validation and compiled copies
+    are reused too; every sync still agrees with the other ranks on the
+    manifest digest. ``close()`` frees everything. Settings left ``None`` come
+    from ``MPISYNC_*`` environment variables, else built-in defaults (see
+    ``mpisync info``).
     """
 
     def __init__(self, comm=None, *, root=0, max_concurrent=None, fusion_bytes=None,
@@ -144,47 +106,36 @@ class ParamSync:
         self._values = self._settings.values()  # read-only: the settings are fixed for the syncer's life
         self._chunk_bytes = DEFAULT_CHUNK_BYTES
         self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
-        self._device_slots = None
         self._comm = None
         self._dup = None  # (communicator, request) of an Idup posted and not yet waited for
-        self._plans: dict = {}
-        self._arena = Arena(0)
+        self._facts = None  # the facts all-reduce in flight (selection.FactsExchange), until waited for
+        self._host = HostTransports(root, self._values["max_concurrent"], self._values["fusion_bytes"])
+        self._device = None
         self._prepared = None
-        self._node = None  # the node's shared segment: None until tried, False if unavailable or slower
-        self._cross = None  # cross-memory copies: None until tried, False if unavailable, slower or failed
-        self._cross_memory = None  # None: MPISYNC_CROSS_MEMORY decides
-        self._copy_us = 0  # this rank's cross-memory copies in the last sync, sent with the next validation
-        self._trial = ChannelTrial()
-        # The node's shared segment: True for every set (MPISYNC_SHARED_MEMORY=1, or _prefer), False never
-        # (=0), None (unset) for sets of small tensors only (see _channels).
-        self._shared_memory = segment_setting()
-        self._small = False  # whether the last sync's host tensors were all smaller than fusion_bytes
         self._closed = False
         self._broken = None
         self._one_shot = False  # sync_params: one sync, then close
-        self._where = None  # (rank, size, timeline) of the caller's communicator, once it passed the check
-        self._host = 0  # this rank's node, as a word of the validation all-reduce (crossmemory.host_word)
-        self._one_node = False  # whether the last validation found every rank on one node
+        self._where = None  # (rank, size, trace) of the caller's communicator, once it passed the check
 
     def _prefer(self, channel: str) -> None:
-        # For the bench and tests: skip the channel trial; host bytes take ``channel`` from the first
-        # sync on where every rank can use it, else MPI (as if ``channel`` had won the trial).
-        self._trial.prefer(channel, (MPI_CHANNEL, CROSS_CHANNEL, SHARED_CHANNEL))
-        if channel == SHARED_CHANNEL:
-            self._shared_memory = True  # as with MPISYNC_SHARED_MEMORY=1
+        # For the bench and tests: host bytes take ``channel`` wherever every rank can use it.
+        self._host.preferred = channel
+
+    @property
+    def last_choice(self):
+        """How host bytes moved in the last sync and why (a :class:`mpisync.selection.Choice`), or None."""
+        return self._host.last_choice
 
     @property
     def buffer_bytes(self) -> int:
-        """Bytes of host buffers this syncer holds between syncs: the fusion arena, or the slots
-        (and their counters) of the node's shared segment; device staging is not counted."""
-        node = self._node.nbytes if self._node else 0
-        return len(self._arena) + node
+        """Bytes of host buffers this syncer holds between syncs (fusion arena, shared segment);
+        device staging is not counted."""
+        return self._host.nbytes
 
     @property
     def _mapped_bytes(self) -> int:
-        # For the bench's memory row: the buffers tracemalloc does not see (memory mappings: the node's
-        # segment, an arena on a memory file); a plain-memory arena is traced like any numpy array.
-        return self.buffer_bytes - (0 if self._arena.mapped else len(self._arena))
+        # For the bench's memory row: buffers tracemalloc does not see (the segment, an arena on a file).
+        return self._host.nbytes - self._host.traced_bytes
 
     @property
     def settings(self) -> _config.Settings:
@@ -198,18 +149,23 @@ class ParamSync:
         self.close()
 
     def close(self) -> None:
-        """Free the duplicated communicator and the cached buffers; further syncs raise."""
-        if self._comm is not None and self._broken is None:
+        """Free the duplicated communicator and the cached buffers; further syncs raise.
+
+        After a timed-out sync the buffers are kept alive but never used again:
+        collectives still pending may write into them."""
+        broken = self._broken is not None
+        if broken:  # requests still pending may write into these
+            quarantine(self._facts, self._dup)
+        if self._comm is not None and not broken:
             self._comm.Free()
         self._comm = None
-        self._plans.clear()
         self._prepared = None
-        if self._one_shot and len(self._arena) and not _spare_arenas:
-            _spare_arenas.append(self._arena)  # for the next sync_params call (see _take_spare_arena)
-        self._arena = Arena(0)
-        self._node = None
-        self._cross = None
-        self._device_slots = None
+        self._host.close(broken)
+        if self._device is not None:
+            if broken:
+                quarantine(self._device)
+            self._device.close()
+        self._device = None
         self._closed = True
 
     def sync(self, params, *, devices=None, verify=False) -> SyncReport:
@@ -219,9 +175,8 @@ class ParamSync:
         same names, shapes, dtypes and replica counts; otherwise every rank
         raises the same :class:`~mpisync.SyncError` and nothing is written.
         """
-        # A cold sync creates a few objects per tensor and no reference cycles; left
-        # on, the cyclic collector walks the whole heap several times meanwhile
-        # (about 40% of a cold sync of 5000 tensors).
+        # A cold sync creates a few objects per tensor and no reference cycles; left on, the
+        # cyclic collector walks the whole heap several times meanwhile.
         collecting = _gc.isenabled()
         _gc.disable()
         try:
@@ -236,233 +191,115 @@ class ParamSync:
         if self._broken:
             raise SyncError(f"mpisync: this ParamSync is unusable: {self._broken}")
         start = _time.perf_counter()
-        where = self._where
-        if where is None:  # the first sync (or every one until the caller's communicator passes the check)
+        if self._where is None:  # until the caller's communicator passes the check
             comm = self._user_comm
             _check_comm(comm)
-            # MPISYNC_TIMELINE is read once per syncer: the lookup alone costs 10 us of a repeated sync.
-            where = self._where = (comm.rank, comm.size, timeline_for(comm.rank))
-            self._host = host_word()
-        rank, size, timeline = where
+            # MPISYNC_TIMELINE is read once per syncer: the lookup costs 10 us of a repeated sync.
+            self._where = (comm.rank, comm.size, Trace(timeline_for(comm.rank)))
+        rank, size, trace = self._where
         if size > 1:
             self._start_dup()
         configure_logging(rank)
-        t_validate = timeline.now() if timeline is not None else 0
-        values = self._values
-        agreed = {"fusion_bytes": values["fusion_bytes"], "chunk_bytes": self._chunk_bytes,
-                  "device_chunk_bytes": self._device_chunk_bytes, "verify": bool(verify), "root": self._root}
+        t_validate = trace.now()
+        agreed = {"fusion_bytes": self._values["fusion_bytes"], "chunk_bytes": self._chunk_bytes,
+                  "device_chunk_bytes": self._device_chunk_bytes, "verify": bool(verify),
+                  "root": self._root}
         devices_key = tuple(devices) if devices is not None and isinstance(devices, _abc.Sequence) else devices
-        prepared = self._prepared
-        if prepared is not None and (type(params) is dict or isinstance(params, _abc.Mapping)) and prepared.matches(
-                params, devices_key):
-            manifest = prepared.manifest
-            if manifest.settings != agreed:
-                manifest.settings = agreed
-        else:
-            prepared = None
-            manifest = None if self._settings_error else scan(params, rank=rank, size=size, root=self._root,
-                                                               devices=devices, settings=agreed)
-            if manifest is None:
-                manifest = build_manifest(params, rank=rank, size=size, root=self._root, devices=devices,
-                                          settings=agreed)
-                if self._settings_error:
-                    manifest.errors.append((None, self._settings_error))
-        report = SyncReport(tensors=manifest.tensors, replicas=manifest.nreplicas,
-                            bytes=manifest.nbytes, collectives=0, seconds=0.0, transport="host",
-                            rank=rank, size=size, root=self._root)
+        manifest, prepared = find_manifest(params, devices, devices_key, self._prepared, rank=rank, size=size,
+                                           root=self._root, settings=agreed, settings_error=self._settings_error)
+        report = SyncReport(tensors=manifest.tensors, replicas=manifest.nreplicas, bytes=manifest.nbytes,
+                            collectives=0, seconds=0.0, transport="host", rank=rank, size=size, root=self._root)
         if size == 1:
-            if manifest.errors:
-                raise diagnose([_json.loads(manifest.encode())])
-            if timeline is not None:
-                timeline.span("validate", t_validate, tensors=manifest.tensors)
-            t_fan_out = timeline.now() if timeline is not None else 0
-            for param in manifest.host_params:
-                for replica in param.replicas[1:]:
-                    replica.data[:] = param.master.data
-            if manifest.device_params:  # no peers: the device plan runs its fan-out only
-                self._local_device_fan_out(manifest)
-            if timeline is not None:
-                timeline.span("fan-out", t_fan_out, replicas=manifest.nreplicas - manifest.tensors)
-            if verify:
-                self._verify(None, manifest, None, timeline)
-            report.transport, report.verified = "local", bool(verify)
+            _sync_alone(manifest, report, verify, trace, t_validate, self._device_transport())
         else:
-            self._run_collective(params, devices_key, manifest, prepared, report, values, verify,
-                                 timeline, t_validate)
+            self._sync_collective(params, devices_key, manifest, prepared, report, verify, trace, t_validate)
         report.seconds = _time.perf_counter() - start
-        if timeline is not None:
-            timeline.flush()
+        trace.flush()
         if logger.isEnabledFor(_logging.INFO):
             logger.info(report.summary())
         return report
 
-    def _slots(self) -> DeviceSlots:
-        if self._device_slots is None:
-            chunk = max(self._device_chunk_bytes, self._settings.fusion_bytes.value)
-            self._device_slots = DeviceSlots(self._settings.max_concurrent.value, chunk)
-        return self._device_slots
+    def _device_transport(self) -> DeviceTransport:
+        if self._device is None:
+            self._device = DeviceTransport(self._values["max_concurrent"], self._values["fusion_bytes"],
+                                           self._device_chunk_bytes)
+        return self._device
 
-    def _local_device_fan_out(self, manifest) -> None:
-        """Copy each device master into its other replicas (peer copies across devices)."""
-        touched = {(r.backend, r.device) for p in manifest.device_params for r in p.replicas}
-        for backend, device in touched:  # producers of the masters are done
-            backend.synchronize(device)
-        slots = self._slots()
-        for param in manifest.device_params:
-            master = param.master
-            stream = slots.stream(master.backend, master.device)
-            for replica in param.replicas[1:]:
-                master.backend.copy(replica.data, master.data, stream)
-        for backend, device in touched:  # the copies are done before the caller's next kernel
-            backend.synchronize(device)
-
-    def _verify(self, comm, manifest, call, timeline) -> None:
-        start = timeline.now() if timeline is not None else 0
-        to_host = (lambda view: device_to_host(view, self._slots())) if manifest.device_params else None
-        _verify(comm, manifest, self._root if comm is not None else 0, call, to_host)
-        if timeline is not None:
-            timeline.span("verify", start, tensors=manifest.tensors)
+    @property
+    def _device_slots(self):
+        # For tests/test_devices.py: the device transport's staging slots, once made.
+        return self._device._slots if self._device is not None else None
 
     # -- the collective part ------------------------------------------------
 
-    def _run_collective(self, params, devices_key, manifest, prepared, report, values, verify,
-                        timeline, t_validate) -> None:
-        timeout = values["timeout"]
-        call = self._caller(report, timeout)
-        phase, ring = "communicator duplication", None
+    def _sync_collective(self, params, devices_key, manifest, prepared, report, verify, trace, t_validate):
+        values = self._values
+        deadline = Deadline(values["timeout"], report)
+        ctx = None
+        phase = "communicator duplication"
         try:
-            self._ensure_comm(call)
+            self._ensure_comm(deadline.wait)
             phase = "validation exchange"
-            bulk = isinstance(manifest, BulkManifest)  # plain numpy arrays, end to end with none of the others
+            bulk = isinstance(manifest, BulkManifest)
             layout = prepared.layout if prepared is not None else NO_RUNS if bulk else host_layout(manifest.host_params)
-            trial = self._trial
-            is_root = self._comm.rank == self._root
-            copy_us = (self._copy_us, 0) if is_root else (0, self._copy_us)  # root's, then the receivers'
-            self._copy_us = 0
-            same_layout, self._one_node, (slowest_us, root_us, receiver_us), anyone_fresh = agree(
-                self._comm, manifest, call, layout.digest, (trial.elapsed_us,) + copy_us, prepared is None,
-                self._host)
+            same_layout, anyone_fresh = agree(self._comm, manifest, deadline.wait, layout.digest, prepared is None)
             runs = layout.runs if same_layout else ()
-            trial.record(slowest_us)
-            host_bytes = (prepared.host_bytes if prepared is not None else manifest.nbytes if bulk
-                          else sum(p.nbytes for p in manifest.host_params))
-            # Agreed like the rest of the manifest: every rank offers the segment alike.
-            self._small = (prepared.small if prepared is not None
-                           else _all_smaller(manifest, values["fusion_bytes"], bulk))
-            channel, possible = MPI_CHANNEL, (MPI_CHANNEL,)
-            while host_bytes:  # every rank takes the same turns: the trial's inputs are agreed
-                possible = self._channels()
-                channel = trial.choose(possible)
-                if channel == SHARED_CHANNEL and self._node is None:
-                    phase = "shared-memory set-up"  # once, on the same sync on every rank
-                    self._node = NodeSegment.open(self._comm, self._root, *self._segment_geometry(values), call,
-                                                  True) or False
-                elif channel == CROSS_CHANNEL and self._cross is None:
-                    phase = "cross-memory set-up"
-                    self._cross = CrossMemory.open(self._comm, self._root, call, self._cross_memory) or False
-                else:
-                    break
-            if host_bytes and trial.settled(possible):  # keep only the winner's buffers
-                if channel == SHARED_CHANNEL and len(self._arena):
-                    self._arena = Arena(0)
-                if channel != SHARED_CHANNEL and self._node:
-                    self._node = False
-                if channel != CROSS_CHANNEL and self._cross:
-                    self._cross = False
+            phase = "transport set-up"
+            small = prepared.small if prepared is not None else all_smaller(manifest, values["fusion_bytes"])
+            host_bytes = (prepared.host_bytes if prepared is not None
+                          else manifest.nbytes if bulk else sum(p.nbytes for p in manifest.host_params))
+            channel = self._host.choose(self._comm, small, deadline.wait) if host_bytes else MPI_CHANNEL
+            ctx = Context(self._comm, self._root, deadline, report, trace, values["max_concurrent"],
+                          self._host.facts.one_node)
             reused = prepared is not None and prepared.runs == runs and prepared.channel == channel
             if not reused:
-                prepared = self._prepare(params, devices_key, manifest, values["max_concurrent"], layout, runs,
-                                         channel, host_bytes)
-                prepared.small = self._small
-            if channel == CROSS_CHANNEL:
-                # Every rank moves the split the same way: the copy times it follows were agreed.
-                rebalanced = self._cross.rebalance(root_us, receiver_us)
-                if anyone_fresh or not reused:
-                    # Every rank binds again when any rank's arrays may have moved: peers copy to and from them.
-                    phase = "cross-memory address exchange"
-                    prepared.copies = self._cross.bind(self._comm, *prepared.cross[:2], call)
-                elif rebalanced:
-                    prepared.copies.split()
-            if timeline is not None:
-                timeline.span("validate", t_validate, tensors=manifest.tensors, reused=reused)
-            phase = "broadcast"
-            report.fused_buckets = prepared.fused_buckets
-            report.transfers = prepared.transfers
-            report.channel = channel
-            started = _time.perf_counter()
-            if channel == SHARED_CHANNEL:
-                self._broadcast_node(prepared.chunks, timeout, timeline)
-            elif channel == CROSS_CHANNEL:
-                phase = "cross-memory copies"
-                self._broadcast_cross(prepared, call, values, report, timeline)
-            else:
-                ring = TrackedRing(values["max_concurrent"], timeout)
-                self._broadcast(prepared.steps, ring, report, timeline)
-            if host_bytes:
-                trial.moved(channel, host_bytes, _time.perf_counter() - started)
+                prepared = self._prepare(params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx)
+            transport = self._host.get(channel) if host_bytes else None
+            if transport is not None and (anyone_fresh or not reused):
+                # Peers copy to and from this rank's arrays: every rank binds again when any rank prepared.
+                phase = "address exchange"
+                transport.bind(prepared.program, ctx)
+            trace.span("validate", t_validate, tensors=manifest.tensors, reused=reused)
+            report.fused_buckets, report.transfers, report.channel = (prepared.fused_buckets, prepared.transfers,
+                                                                       channel)
+            phase = "cross-memory copies" if channel == CROSS else "broadcast"
+            if transport is not None:
+                transport.run(prepared.program, ctx)
             if prepared.device_steps:
                 phase = "device broadcast"
-                report.transport = self._broadcast_devices(prepared.device_steps, values, report, timeline)
+                report.transport = self._device_transport().run(
+                    self._comm, self._root, prepared.device_steps, values["gpu_transport"], values["timeout"],
+                    report, trace)
             if verify:
                 phase = "verification"
-                self._verify(self._comm, manifest, call, timeline)
+                _verify_on(self._comm, manifest, self._root, deadline.wait, trace, self._device_transport())
                 report.verified = True
         except Expired as expired:
-            if getattr(expired, "pending", None) is not None:  # the shared segment, the device pipeline
-                pending = list(dict.fromkeys(expired.pending))
-            elif phase == "broadcast":
-                pending = [n for label in ring.pending_labels() for n in label]
-            else:
-                pending = manifest.names
-            self._timed_out(phase, pending, timeout)
+            self._timed_out(phase, _pending(expired, phase, ctx, manifest), values["timeout"])
 
-    def _broadcast_cross(self, prepared, call, values, report, timeline) -> None:
-        """Run this rank's cross-memory copies, agree that every rank's succeeded, then fan out;
-        else every rank redoes the whole host plan through MPI."""
-        begin = timeline.now() if timeline is not None else 0
-        start = _time.perf_counter()
-        copied = prepared.copies.run()
-        self._copy_us = max(1, int((_time.perf_counter() - start) * 1e6))  # steers the split (rebalance)
-        if timeline is not None:
-            timeline.span("cross-memory", begin, tensors=len(prepared.cross[0]) + len(prepared.cross[1]))
-        everyone = _np.zeros(1, dtype=_np.int64)
-        # Root's masters must not change before every receiver has read them, nor a receiver's
-        # before root has written them: nobody leaves the sync before this all-reduce.
-        call(self._comm.Iallreduce(_np.array([int(bool(copied))], dtype=_np.int64), everyone, op=MPI.MIN))
-        if everyone[0]:
-            begin = timeline.now() if timeline is not None else 0
-            for dst, src in prepared.cross[2]:
-                dst[:] = src
-            if timeline is not None:
-                timeline.span("fan-out", begin, copies=len(prepared.cross[2]))
-            logger.debug("cross-memory: %d direct transfers and %d small tensors copied process to process",
-                         len(prepared.cross[0]), len(prepared.cross[1]))
-            return
-        logger.warning("rank %d: cross-memory copies failed on some rank; every rank redoes them through MPI "
-                       "now and keeps MPI", self._comm.rank)
-        self._cross = False
-        self._broadcast(prepared.steps, TrackedRing(values["max_concurrent"], values["timeout"]), report, timeline)
-
-    def _channels(self) -> tuple:
-        """The channels host bytes may take on the next sync, MPI first (the same on every rank)."""
-        segment = self._node is not False and (self._shared_memory or (self._shared_memory is None and self._small))
-        return ((MPI_CHANNEL,) + ((CROSS_CHANNEL,) if self._cross is not False else ())
-                + ((SHARED_CHANNEL,) if segment else ()))
-
-    @staticmethod
-    def _caller(report, timeout):
-        """``call(request)``: wait for one collective within ``timeout``, counting it in ``report``."""
-        def call(request):
-            if report is not None:
-                report.collectives += 1
-            wait_request(request, None if timeout is None else _time.monotonic() + timeout)
-        return call
+    def _prepare(self, params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx) -> Prepared:
+        """Plan and compile for these arrays and ``channel``; kept for the next sync when eligible."""
+        fusion = manifest.settings["fusion_bytes"]
+        plan = host_plan(manifest, fusion, self._chunk_bytes, runs) if host_bytes else []
+        program = self._host.get(channel).compile(manifest, plan, fusion, ctx) if host_bytes else ()
+        device_steps = self._device_transport().compile(manifest.device_params) if manifest.device_params else []
+        keep = not self._one_shot  # sync_params' syncer never syncs again
+        values, keys, state = keep_values(params, manifest) if keep else ((), (), None)
+        fused = sum(1 for t in plan if (t[0] if isinstance(t, tuple) else t.fused))
+        prepared = Prepared(values, keys, devices_key, state, manifest, runs, layout, channel, program, fused,
+                            len(plan), device_steps, host_bytes, small)
+        self._prepared = prepared if keep and state is not None else None
+        return prepared
 
     def _start_dup(self) -> None:
         # The duplicate is posted before this rank builds its manifest, so the Idup's round trip
         # overlaps that work (it is waited for, under the timeout, by _ensure_comm).
         if self._comm is None and self._dup is None:
             self._dup = self._user_comm.Idup()
+            if self._host.facts is None:
+                # Posted on the caller's communicator right after the Idup, in the same order on every
+                # rank, so its round trip too overlaps the manifest's construction.
+                self._facts = self._host.post_facts(self._user_comm)
 
     def _ensure_comm(self, call) -> None:
         if self._comm is None:
@@ -470,6 +307,8 @@ class ParamSync:
             dup, request = self._dup
             call(request)
             self._comm, self._dup = dup, None
+        if self._facts is not None:
+            self._host.facts, self._facts = self._facts.result(call), None
 
     def _collective_exchange(self, phase: str, pending: list, exchange):
         """Run ``exchange(comm, call)`` on the library's communicator under this sync's timeout.
@@ -479,172 +318,16 @@ class ParamSync:
         """
         if self._closed or self._broken:
             raise SyncError("mpisync: this ParamSync is closed or unusable")
-        timeout = self._settings.timeout.value
-        call = self._caller(None, timeout)
+        deadline = Deadline(self._settings.timeout.value)
         try:
-            self._ensure_comm(call)
-            return exchange(self._comm, call)
+            self._ensure_comm(deadline.wait)
+            return exchange(self._comm, deadline.wait)
         except Expired:
-            self._timed_out(phase, pending, timeout)
-
-    def _broadcast_devices(self, steps, values, report, timeline) -> str:
-        """Run the device plan with the chosen transport; return ``"staged"`` or ``"cuda-aware"``."""
-        from .devices.detect import choose_transport
-
-        transport, why = choose_transport(values["gpu_transport"])
-        logger.debug("device buffers: transport %s (%s)", transport, why)
-        start = timeline.now() if timeline is not None else 0
-        run_device_steps(self._comm, self._root, steps, self._slots(), staged=transport == "staged",
-                         timeout=values["timeout"])
-        report.collectives += len(steps)
-        report.transfers += len(steps)
-        report.fused_buckets += sum(1 for s in steps if s.fused)
-        if timeline is not None:
-            timeline.span(transport, start, collectives=len(steps), bytes=sum(s.nbytes for s in steps))
-        return transport
-
-    def _plan(self, params, fusion: int, chunk: int, runs: tuple = ()) -> list:
-        sizes = tuple(p.nbytes for p in params)
-        key = (sizes, fusion, chunk, runs)
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= _PLAN_CACHE_SIZE:
-                self._plans.pop(next(iter(self._plans)))
-            plan = build_plan(list(sizes), fusion, chunk, runs)
-            self._plans[key] = plan
-        return plan
-
-    def _segment_geometry(self, values) -> tuple:
-        """Slots and slot bytes of the shared segment: within ``max_concurrent x fusion_bytes``
-        (at least two slots), each slot large enough for a fused bucket; for sets of small
-        tensors only (the segment's default use), :data:`~mpisync.intranode.SMALL_SLOTS` slots
-        of one bucket each."""
-        fusion = values["fusion_bytes"]
-        if not self._shared_memory:
-            return min(SMALL_SLOTS, max(2, values["max_concurrent"])), fusion
-        slot_bytes = max(SLOT_BYTES, fusion)
-        return max(2, values["max_concurrent"] * fusion // slot_bytes), slot_bytes
-
-    def _prepare(self, params, devices_key, manifest, capacity: int, layout: Layout, runs: tuple,
-                 channel: str, host_bytes: int) -> _Prepared:
-        """Compile the steps for these arrays and ``channel``; keep them for the fast path when eligible."""
-        fusion = manifest.settings["fusion_bytes"]
-        receiving = self._comm.rank != self._root
-        if isinstance(manifest, BulkManifest) and channel == MPI_CHANNEL:
-            plan = bulk_plan(manifest.sizes, fusion, self._chunk_bytes)
-            fused = sum(1 for t in plan if t[0])
-            self._ensure_arena(fused_slots(capacity, fused, self._one_node) * fusion)
-            steps = compile_bulk(manifest, plan, receiving=receiving, arena=self._arena, fusion_bytes=fusion)
-            # sync_params' syncer never syncs again: the snapshot for the reuse check would go unused.
-            keep = not self._one_shot
-            prepared = _Prepared(tuple(params.values()) if keep else (), tuple(params) if keep else (), devices_key,
-                                 (), (), manifest, layout, runs, channel, steps, [], fused, len(plan), [], host_bytes)
-            self._prepared = prepared if keep else None
-            return prepared
-        host = manifest.host_params
-        plan = self._plan(host, fusion, self._chunk_bytes, runs)
-        steps, chunks = [], []
-        cross = ()
-        if channel == SHARED_CHANNEL:
-            chunks = compile_chunks(plan, host, receiving=receiving, slots=self._node.slots,
-                                    slot_bytes=self._node.slot_bytes)
-        else:
-            self._ensure_arena(arena_slots(plan, capacity, self._one_node) * fusion)
-            steps = compile_program(host, plan, receiving=receiving, arena=self._arena,
-                                    fusion_bytes=fusion)  # with cross-memory copies: run only if they fail
-            if channel == CROSS_CHANNEL:
-                cross = ([transfer_buffer(host, t) for t in plan if not t.fused],
-                         [host[i].master.data for t in plan if t.fused for i, _, _, _ in t.pieces],
-                         replica_copies(host, range(len(host))))
-        device_params = manifest.device_params
-        device_steps = []
-        if device_params:
-            device_plan = self._plan(device_params, fusion, max(self._device_chunk_bytes, fusion))
-            device_steps = compile_device_steps(device_params, device_plan)
-        values = tuple(params.values()) if manifest.leaves_only else ()
-        torch_module = _sys.modules.get("torch")
-        torch_indices = tuple(i for i, v in enumerate(values)
-                              if torch_module is not None and isinstance(v, torch_module.Tensor))
-        prepared = _Prepared(values, tuple(params) if values else (), devices_key, torch_indices,
-                             _torch_storage(values, torch_indices), manifest, layout, runs, channel, steps, chunks,
-                             sum(1 for t in plan if t.fused), len(plan), device_steps,
-                             host_bytes, cross)
-        if manifest.leaves_only:
-            self._prepared = prepared
-        return prepared
-
-    def _ensure_arena(self, needed: int) -> None:
-        """A fusion arena of at least ``needed`` bytes. Where the C loops are built it is plain memory;
-        elsewhere a memory file, so a bucket packs with one ``pwritev`` (see :mod:`mpisync.arena`)."""
-        if len(self._arena) < needed:
-            self._prepared = None  # its steps point into the old arena
-            spare = _take_spare_arena() if self._one_shot else None
-            self._arena = (spare if spare is not None and len(spare) >= needed
-                           else Arena(needed, vectored=False if _speedups is not None else None))
-
-    def _broadcast_node(self, chunks, timeout, timeline) -> None:
-        """Move the host chunks through the node's shared segment (no MPI data movement)."""
-        start = timeline.now() if timeline is not None else 0
-        clock, root = _time.monotonic, self._root
-
-        def log(k, chunk):
-            names = ", ".join(chunk.label[:5]) + (f", ... ({len(chunk.label)} tensors)" if len(chunk.label) > 5 else "")
-            logger.debug("slot %d/%d: %d bytes from root %d through shared memory, %s: %s", k + 1, len(chunks),
-                         chunk.nbytes, root, "fused" if chunk.pack or chunk.unpack else "direct", names)
-
-        self._node.run(chunks, (lambda: None) if timeout is None else (lambda: clock() + timeout), timeline,
-                       log if logger.isEnabledFor(_logging.DEBUG) else None)
-        if timeline is not None:
-            timeline.span("broadcast", start, chunks=len(chunks), channel="shared memory")
-
-    def _broadcast(self, steps, ring, report, timeline) -> None:
-        """Post every step through ``ring``."""
-        comm, root = self._comm, self._root
-        debug = logger.isEnabledFor(_logging.DEBUG)
-        start = timeline.now() if timeline is not None else 0
-        for k, step in enumerate(steps):
-            ring.make_room()
-            if step.after >= 0:  # the bucket that used this arena slot before is done and unpacked
-                ring.retire_through(step.after)
-            step.start(timeline)
-            if debug:
-                names = ", ".join(step.label[:5]) + (f", ... ({len(step.label)} tensors)" if len(step.label) > 5 else "")
-                logger.debug("Ibcast %d/%d: %d bytes from root %d, %s: %s", k + 1, len(steps),
-                             len(step.buffer[0]), root, "fused" if step.fused else "direct", names)
-            request = comm.Ibcast(step.buffer, root)
-            if not (step.unpack or step.fan_out):
-                done = None
-            elif timeline is not None:
-                done = _functools.partial(step.finish, timeline)
-            else:
-                done = step.finish
-            ring.push(request, done, step.label)
-        ring.drain()
-        if timeline is not None:
-            timeline.span("broadcast", start, collectives=len(steps),
-                          bytes=sum(len(s.buffer[0]) for s in steps))
-        report.collectives += len(steps)
+            self._timed_out(phase, pending, deadline.timeout)
 
     def _timed_out(self, phase: str, pending: list, timeout: float) -> None:
-        comm = self._user_comm
-        shown = ", ".join(repr(n) for n in pending[:20])
-        if len(pending) > 20:
-            shown += f", ... and {len(pending) - 20} more"
-        message = (
-            f"mpisync: rank {comm.rank} of {comm.size}: the {phase} did not complete within "
-            f"{timeout:g} s; pending parameter(s): {shown or 'none'}. Another rank may not have "
-            "called sync, may have died, or may be stuck elsewhere."
-        )
         self._broken = f"a sync timed out during the {phase}; its collectives may still be pending"
-        if _config.abort_on_timeout():
-            _sys.stderr.write(
-                f"SyncTimeoutError: {message}\nmpisync: MPI cannot cancel a collective, so rank "
-                f"{comm.rank} aborts the job (set MPISYNC_TIMEOUT_ABORT=0 to raise instead).\n"
-            )
-            _sys.stderr.flush()
-            _time.sleep(_ABORT_GRACE_SECONDS)
-            comm.Abort(1)
-        raise SyncTimeoutError(message)
+        timed_out(self._user_comm, phase, pending, timeout)
 
 
 def sync_params(params, comm=None, *, root=0, devices=None, max_concurrent=None, fusion_bytes=None,
@@ -655,9 +338,9 @@ def sync_params(params, comm=None, *, root=0, devices=None, max_concurrent=None,
     mapping of device key to replica (master: ``devices[0]`` if given, else
     the first). Names are processed in ``sorted()`` order. Raises the same
     :class:`~mpisync.SyncError` on every rank when any rank's input is bad.
-    See :class:`ParamSync` for the reusable form.
+    See :class:`ParamSync` for the reusable form; both use the same transports.
     """
     with ParamSync(comm, root=root, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes,
                    gpu_transport=gpu_transport, timeout=timeout) as syncer:
-        syncer._one_shot = True
+        syncer._one_shot = syncer._host.one_shot = True
         return syncer.sync(params, devices=devices, verify=verify)

@@ -52,7 +52,7 @@ def _check(params, root, step):
 
 
 @pytest.mark.parametrize("where", ["first", "last"])
-def test_mpi_first_then_cross_memory_then_the_faster(comm, where, monkeypatch):
+def test_large_tensors_on_one_node_take_cross_memory_from_the_first_sync(comm, where, monkeypatch):
     if comm.size == 1:
         pytest.skip("no peers")
     monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "1")
@@ -62,14 +62,12 @@ def test_mpi_first_then_cross_memory_then_the_faster(comm, where, monkeypatch):
     params = _make(comm)
     channels = []
     with mpisync.ParamSync(comm, root=root, fusion_bytes=64 << 10) as syncer:
-        for step in range(8):
+        for step in range(4):
             _fill(params, comm, step)
             report = syncer.sync(params, verify=True)
             channels.append(report.channel)
             _check(params, root, step)
-    second = "cross-memory" if cross else "mpi"
-    assert channels[:6] == ["mpi"] * 3 + [second] * 3  # three syncs each: set-up, then two timed
-    assert channels[6] == channels[7] and channels[6] in channels[:6]
+    assert channels == ["cross-memory" if cross else "mpi"] * 4  # no trial: the same from the first sync
 
 
 def test_an_array_replaced_on_one_rank_is_reached_by_every_rank(comm):
@@ -95,14 +93,13 @@ def test_an_array_replaced_on_one_rank_is_reached_by_every_rank(comm):
             channel = syncer.sync(params).channel
             check(step)
             assert channel == comm.bcast(channel, 0)
-        if syncer._cross:  # root's share moved with the copy times, the same way on every rank
-            assert len(set(comm.allgather(syncer._cross.fraction))) == 1
 
 
 def test_one_rank_without_cross_memory_makes_every_rank_use_mpi(comm, monkeypatch):
     if comm.size == 1:
         pytest.skip("no peers")
     monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0" if comm.rank == last_rank(comm) else "1")
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # the next choice after cross-memory, where it is on
     params = _make(comm)
     with mpisync.ParamSync(comm, fusion_bytes=64 << 10) as syncer:
         syncer._prefer("cross-memory")
@@ -115,6 +112,7 @@ def test_one_rank_without_cross_memory_makes_every_rank_use_mpi(comm, monkeypatc
 def test_failed_copies_on_one_rank_are_redone_through_mpi_on_every_rank(comm, monkeypatch, caplog):
     if comm.size == 1:
         pytest.skip("no peers")
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # the next choice after cross-memory, where it is on
     cross = everyone(comm, crossmemory.enabled()) and _one_node(comm)
     params = _make(comm)
     with mpisync.ParamSync(comm, fusion_bytes=64 << 10) as syncer:

@@ -34,8 +34,10 @@ def test_one_3gib_tensor(comm):
             data[start:start + step] = _pattern(start, min(step, N - start))
     report = mpisync.sync_params({"huge": data}, comm, root=root, verify=True)
     assert report.bytes == N and report.verified
-    assert report.transfers == 4 and report.channel == "mpi"  # a first sync uses MPI
-    assert report.collectives == 1 + 1 + 4 + 1  # Idup, validation, 4 chunks of <= 1 GiB, verification
+    assert report.transfers == 4  # chunks of at most 1 GiB
+    # Idup, facts, validation, verification, and: MPI 4 chunks; cross-memory its probe (2), address
+    # exchange and closing all-reduce; the shared segment its set-up (2)
+    assert report.collectives == {"mpi": 8, "cross-memory": 8, "shared memory": 6}[report.channel]
     for start in range(0, N, step):  # compared chunk by chunk: no second 3 GiB copy
         assert np.array_equal(data[start:start + step], _pattern(start, min(step, N - start))), start
 

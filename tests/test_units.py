@@ -262,16 +262,16 @@ def test_shared_memory_setting_is_every_set_never_or_small_sets(monkeypatch):
 def test_all_smaller_than_fusion_bytes_on_both_manifests():
     from mpisync.bulk import scan
     from mpisync.manifest import build_manifest
-    from mpisync.sync import _all_smaller
+    from mpisync.prepared import all_smaller
 
     for arrays, expected in (({"a": np.zeros(10), "b": np.zeros(127, np.uint8)}, True),
                              ({"a": np.zeros(10), "b": np.zeros(128, np.uint8)}, False),
                              ({}, False)):
         general = build_manifest(arrays, rank=0, size=2, root=0, settings={})
-        assert _all_smaller(general, 128, False) is expected
+        assert all_smaller(general, 128) is expected
         bulk = scan(arrays, rank=0, size=2, root=0, devices=None, settings={})
         if bulk is not None:
-            assert _all_smaller(bulk, 128, True) is expected
+            assert all_smaller(bulk, 128) is expected
 
 
 def test_cross_memory_byte_ranges_cut_pieces_at_the_share():
@@ -299,20 +299,6 @@ def test_cross_memory_regions_read_gaps_under_a_page_into_scratch():
     # 1000..1210 is one remote range (a gap of 50 bytes read into scratch); 9000 is past a page: its own
     assert (nlocal, nremote, nbytes) == (5, 2, 218)
     assert [(remote_iov[i].base, remote_iov[i].len) for i in range(nremote)] == [(1000, 210), (9000, 8)]
-
-
-def test_cross_memory_split_moves_half_way_to_equal_copy_times():
-    from mpisync.crossmemory import CrossMemory
-
-    cross = CrossMemory([11, 12], rank=0, root=0)
-    cross.fraction, cross.last = 0.4, (100, 110)  # 100 bytes of large tensors, 10 of small ones
-    # root wrote 40 bytes in 10 us, the receiver read 70 in 10 us: already balanced
-    assert not cross.rebalance(10, 10) and cross.fraction == 0.4
-    # the receiver took 70 us: balanced at 0.88 of the large bytes for root; half the way there
-    assert cross.rebalance(10, 70) and abs(cross.fraction - 0.64) < 1e-9
-    assert not cross.rebalance(0, 70)  # no measurement (the last sync took another channel)
-    cross.fraction = 0.9
-    assert cross.rebalance(1, 10_000) and cross.fraction == 0.95  # clamped: both sides keep a part
 
 
 def test_attribute_runs_merges_consecutive_identical_values():

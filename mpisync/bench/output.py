@@ -35,6 +35,8 @@ def table(results: dict) -> str:
                          f"{r['bandwidth_vs_flat']:8.3f} {r['speedup_vs_per_tensor']:13.2f}x  {r.get('channel') or ''}"
                          .rstrip())
         m = w["memory"]
+        if m is None:  # not measured (torch sets)
+            continue
         lines.append(f"  memory held by mpisync during a sync (traced peak + its buffers, max over ranks): repeated "
                      f"{m['extra_bytes_repeated'] / 1e6:.2f} MB, cold {m['extra_bytes_cold'] / 1e6:.2f} MB "
                      f"(bound max_concurrent x fusion_bytes = {m['bound_bytes'] / 1e6:.2f} MB); "

@@ -58,6 +58,15 @@ def sync_params_cold(comm, params, root):
     return run, _noop
 
 
+def paramsync_first(comm, params, root):
+    """The first sync of a new ``ParamSync`` with default settings (what a job that syncs a handful of
+    times gets): communicator duplication, validation, transport set-up and plan from scratch each run."""
+    def run():
+        with mpisync.ParamSync(comm, root=root) as syncer:
+            run.channel = syncer.sync(params).channel
+    return run, _noop
+
+
 _EVICTION_BYTES = 64 << 20  # twice the 32 MiB last-level cache of the development machine
 _eviction = None
 
@@ -73,23 +82,15 @@ def evict_caches() -> None:
 def paramsync(channel: str | None = None, **settings):
     """Repeated ``ParamSync.sync`` (validation, plan and buffers reused), with ``settings``.
 
-    ``channel=None``: the syncer's own choice, timed after its channel trial
-    (see :mod:`mpisync.channels`); else host bytes take ``channel`` ("mpi",
-    "cross-memory", "shared memory") from the first sync on, where every rank can.
-    The trial's syncs are run with the caches evicted in between: timed syncs
-    take turns with the other strategies, as syncs in a training loop take
-    turns with training steps, and a trial timed back to back (warm caches)
-    picked cross-memory copies for many-small, which then ran 1.3x slower
-    than MPI in the timed runs.
+    ``channel=None``: the syncer's own choice (see :mod:`mpisync.selection`);
+    else host bytes take ``channel`` ("mpi", "cross-memory", "shared memory")
+    where every rank can. One untimed sync sets the syncer up.
     """
     def factory(comm, params, root):
         syncer = mpisync.ParamSync(comm, root=root, **settings)
         if channel is not None:
             syncer._prefer(channel)
-        # Untimed: the channel trial (three syncs per channel every rank can use; see mpisync.channels).
-        while channel is None and not syncer._trial.settled(syncer._channels()):
-            syncer.sync(params)
-            evict_caches()
+        syncer.sync(params)
 
         def run():
             run.channel = syncer.sync(params).channel  # which channel the syncer settled on
@@ -115,7 +116,7 @@ def paramsync_one_buffer(comm, params, root):
 
 def flat_buffer(comm, params, root):
     """One ``Bcast`` of a single contiguous buffer of the same bytes: the ideal."""
-    flat = _np.ones(sum(a.nbytes for a in params.values()), dtype=_np.uint8)
+    flat = _np.ones(sum(int(a.nbytes) for a in params.values()), dtype=_np.uint8)
 
     def run():
         comm.Bcast(flat, root)
@@ -172,11 +173,15 @@ def torch_gloo_ddp(comm, params, root):
     return run, _noop
 
 
+#: The strategies that take torch tensors as they are (the torch workloads run only these).
+TORCH_STRATEGIES = ("per-tensor Bcast", "sync_params cold", "ParamSync first sync", "ParamSync", "flat Bcast (ideal)")
+
 STRATEGIES = {
     "per-tensor Bcast": per_tensor_bcast,
     "Ibcast unbounded": ibcast_unbounded,
     "Ibcast ring": None,  # filled with the default capacity at run time
     "sync_params cold": sync_params_cold,
+    "ParamSync first sync": paramsync_first,
     "ParamSync": paramsync(),
     "ParamSync, MPI only": paramsync("mpi"),
     "ParamSync, one buffer": paramsync_one_buffer,

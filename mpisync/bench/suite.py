@@ -21,9 +21,18 @@ from .timing import measure_interleaved
 
 __all__ = ["run", "parser", "main"]
 
+def _torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_TORCH = ",resnet50-torch" if _torch_available() else ""
 QUICK = {"workloads": "resnet50,many-small", "iterations": 5, "warmup": 1, "osu_max": 1 << 20,
          "osu_scale": 0.05, "sweep_concurrency": "1,4,16", "sweep_fusion": "0,65536,1048576"}
-FULL = {"workloads": ",".join(WORKLOADS), "iterations": 11, "warmup": 2, "osu_max": 1 << 26,
+FULL = {"workloads": ",".join(WORKLOADS) + _TORCH, "iterations": 11, "warmup": 2, "osu_max": 1 << 26,
         "osu_scale": 1.0, "sweep_concurrency": "1,2,4,8,16,32",
         "sweep_fusion": "0,16384,65536,262144,1048576,4194304"}
 
@@ -96,8 +105,7 @@ def _memory_row(comm, params, root) -> dict:
     # tracemalloc sees Python and numpy allocations made while it runs: a repeated sync's buffers
     # (made before) are added whole; a cold sync's only where they are mappings it cannot see.
     syncer = mpisync.ParamSync(comm, root=root)
-    while not syncer._trial.settled(syncer._channels()):  # past the channel trial: the winner's buffers only
-        syncer.sync(params)
+    syncer.sync(params)  # set up: its transport's buffers
     repeated = _memory.traced_peak(lambda: syncer.sync(params)) + syncer.buffer_bytes
     syncer.close()
     buffers = []
@@ -144,9 +152,11 @@ def run(comm, args) -> dict:
         results["osu"] = _osu.bcast_sweep(comm, osu_sizes, scale=opt["osu_scale"], root=args.root)
         progress.step("osu")
     for name in names:
-        params = make_params(workload(name), comm.rank)
-        nbytes = sum(a.nbytes for a in params.values())
-        factories = dict(strategies)
+        # "<workload>-torch": the same shapes as torch CPU tensors, one allocation per tensor (a state_dict)
+        torch_set = name.endswith("-torch")
+        params = make_params(workload(name[:-6] if torch_set else name), comm.rank, "torch" if torch_set else "numpy")
+        nbytes = sum(int(a.nbytes) for a in params.values())
+        factories = {k: f for k, f in strategies if not torch_set or k in _strategies.TORCH_STRATEGIES}
         if name in sweep_names:
             factories.update({("sweep", key, value): _strategies.paramsync(**{key: value}) for key, value in sweeps})
         runs, closers = {}, []

@@ -1,0 +1,67 @@
+"""What a prepared sync relies on about each array, and a cheap check that it still holds.
+
+A :class:`~mpisync.ParamSync` that gets the same array objects back reuses
+its compiled copies, which hold addresses. Before each such sync every
+array's data address, shape, strides, dtype and writability are compared
+with what was prepared (a C loop over numpy's struct fields where
+:mod:`mpisync._speedups` is built; torch tensors and the rest in Python). Any
+difference makes the rank prepare again, and the validation exchange tells
+every rank that someone did, so nothing is written at an address an array
+no longer owns.
+"""
+
+from __future__ import annotations
+
+import sys as _sys
+
+import numpy as _np
+
+from .speedups import speedups as _speedups
+
+__all__ = ["snapshot", "unchanged"]
+
+
+def _state(value) -> tuple:
+    """The Python form of one array's state (torch tensors, cupy arrays, numpy without the C loops)."""
+    if isinstance(value, _np.ndarray):
+        return (value.__array_interface__["data"][0], value.shape, value.strides, value.dtype,
+                bool(value.flags.writeable))
+    torch = _sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return (value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype, value.device,
+                bool(getattr(value, "is_inference", lambda: False)()))
+    data = getattr(value, "data", None)
+    pointer = getattr(data, "ptr", None)  # cupy
+    return (type(value), pointer, getattr(value, "shape", None), getattr(value, "strides", None),
+            getattr(value, "dtype", None))
+
+
+class Snapshot:
+    """The states of ``values`` when they were prepared."""
+
+    __slots__ = ("words", "others")
+
+    def __init__(self, words: bytes | None, others: tuple):
+        self.words = words  # C form for exact numpy arrays (None without the C loops)
+        self.others = others  # (index, state) for everything the C loop does not read
+
+
+def snapshot(values: tuple, all_numpy: bool = False) -> Snapshot:
+    """Record each array's address, shape, strides, dtype and writability (``all_numpy``: the caller
+    knows every value is exactly a ``numpy.ndarray``, so none needs the Python form)."""
+    if _speedups is not None:
+        words = _speedups.array_states(values, _np.ndarray)
+        others = () if all_numpy else tuple((i, _state(v)) for i, v in enumerate(values)
+                                            if type(v) is not _np.ndarray)
+        return Snapshot(words, others)
+    return Snapshot(None, tuple((i, _state(v)) for i, v in enumerate(values)))
+
+
+def unchanged(values: tuple, prepared: Snapshot) -> bool:
+    """Whether every array of ``values`` still has the state recorded in ``prepared``."""
+    if prepared.words is not None and not _speedups.same_states(values, _np.ndarray, prepared.words):
+        return False
+    for i, state in prepared.others:
+        if _state(values[i]) != state:
+            return False
+    return True

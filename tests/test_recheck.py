@@ -1,0 +1,67 @@
+"""Units: the per-sync re-check of prepared arrays (mpisync.recheck) and the names' digest encoding."""
+
+import numpy as np
+import pytest
+
+from mpisync import recheck
+from mpisync.manifest import build_manifest, params_digest
+
+
+@pytest.fixture(params=["C loop", "Python"])
+def path(request, monkeypatch):
+    if request.param == "Python":
+        monkeypatch.setattr(recheck, "_speedups", None)
+    elif recheck._speedups is None:
+        pytest.skip("mpisync._speedups is not built")
+    return request.param
+
+
+def test_unchanged_arrays_pass(path):
+    values = (np.zeros(5), np.ones((2, 3), np.float32), np.zeros(0, np.int8), np.array(3.0))
+    assert recheck.unchanged(values, recheck.snapshot(values))
+
+
+@pytest.mark.parametrize("change", ["read-only", "resized", "reshaped", "dtype", "strides"])
+def test_each_change_is_seen(path, change):
+    arrays = [np.arange(12, dtype=np.float64), np.zeros((3, 4), np.float32)]
+    values = tuple(arrays)
+    state = recheck.snapshot(values)
+    a = arrays[0]
+    if change == "read-only":
+        a.flags.writeable = False
+    elif change == "resized":
+        a.resize((5000,), refcheck=False)
+    elif change == "reshaped":
+        a.shape = (3, 4)
+    elif change == "dtype":
+        a.dtype = np.int64
+    else:
+        arrays[1].strides = (4, 12)
+    assert not recheck.unchanged(values, state)
+
+
+def test_torch_data_re_pointed_is_seen(path):
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(4, 4)
+    values = (t,)
+    state = recheck.snapshot(values)
+    assert recheck.unchanged(values, state)
+    t.data = t.data.t()  # the same object and storage, other strides
+    assert not recheck.unchanged(values, state)
+
+
+def test_names_split_differently_at_a_nul_digest_differently():
+    def digest(names):
+        return build_manifest({n: np.zeros(3, np.float32) for n in names}, rank=0, size=2, root=0).digest()
+
+    assert digest(["a\0b", "c"]) != digest(["a", "b\0c"])
+    assert digest(["ab", "c"]) != digest(["a", "bc"])
+    runs = [["float32", 2]]
+    shapes = np.array([1, 3, 1, 3], np.int64).tobytes()
+    assert (params_digest(["a\0b", "c"], runs, shapes, [[1, 2]], [["h", 2]])
+            != params_digest(["a", "b\0c"], runs, shapes, [[1, 2]], [["h", 2]]))
+
+
+def test_a_name_with_a_lone_surrogate_has_a_digest():
+    manifest = build_manifest({"\ud800": np.zeros(1)}, rank=0, size=2, root=0)
+    assert len(manifest.digest()) == 16
