@@ -12,6 +12,7 @@ from .errors import (
     SyncTimeoutError,
     VerificationError,
 )
+from .horovod import broadcast_optimizer_state, broadcast_parameters
 from .report import SyncReport
 from .ring import RequestRing
 from .state import sync_state
@@ -22,6 +23,8 @@ __version__ = "0.1.0"
 __all__ = [
     "sync_params",
     "sync_state",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
     "ParamSync",
     "RequestRing",
     "SyncReport",

@@ -87,7 +87,7 @@ def paramsync(channel: str | None = None, **settings):
         if channel is not None:
             syncer._prefer(channel)
         # Untimed: the channel trial (three syncs per channel every rank can use; see mpisync.channels).
-        while channel is None and not syncer._trial.settled(syncer._channels()):
+        while channel is None and comm.size > 1 and not syncer._trial.settled(syncer._channels()):
             syncer.sync(params)
             evict_caches()
 
