@@ -52,7 +52,7 @@ def _is_scalar(value, depth: int = 0) -> bool:
 def _encode_scalar(value):
     """Tagged JSON for one non-array leaf: exact types and values survive the round trip."""
     if _is_numpy_scalar(value):  # numpy's own type and bytes (np.float32 stays np.float32)
-        return ["np", value.dtype.str, value.tobytes().hex()]
+        return ["np", [value.dtype.str, value.tobytes().hex()]]
     if isinstance(value, complex):
         return ["c", [_encode_scalar(value.real), _encode_scalar(value.imag)]]
     if isinstance(value, bool):
@@ -76,10 +76,10 @@ def _decode_scalar(doc):
     if tag == "t":
         return tuple(_decode_scalar(v) for v in value)
     if tag == "np":
-        dtype = _np.dtype(value)
+        dtype = _np.dtype(value[0])
         if dtype.kind not in _NUMPY_KINDS:
-            raise ValueError(f"unexpected numpy scalar type {value!r}")
-        return _np.frombuffer(bytes.fromhex(doc[2]), dtype)[0]
+            raise ValueError(f"unexpected numpy scalar type {value[0]!r}")
+        return _np.frombuffer(bytes.fromhex(value[1]), dtype)[0]
     if tag == "c":
         return complex(_decode_scalar(value[0]), _decode_scalar(value[1]))
     return {"b": bool, "i": int, "s": str, "n": lambda v: None}[tag](value)
