@@ -16,6 +16,7 @@ import collections.abc as _abc
 import hashlib as _hashlib
 import json as _json
 import math as _math
+from typing import Any
 
 import numpy as _np
 from mpi4py import MPI
@@ -225,8 +226,8 @@ def _broadcast_bytes(comm, payload: bytes, root, call) -> bytes:
     return buf.tobytes()
 
 
-def sync_state(tree, comm=None, *, root=0, max_concurrent=None, fusion_bytes=None, timeout=None,
-               verify=False):
+def sync_state(tree: Any, comm: Any = None, *, root: int = 0, max_concurrent: int | None = None,
+               fusion_bytes: int | None = None, timeout: float | None = None, verify: bool = False) -> Any:
     """Sync a nested state from ``root``: arrays in place, other leaves to root's values; return the tree.
 
     ``tree`` nests mappings (str or int keys), lists and tuples; its leaves are
