@@ -130,7 +130,7 @@ def broadcast_optimizer_state(optimizer, comm=None, *, root: int = 0) -> None:
             error, mine, payload = "", {}, b""
             try:
                 mine = _describe(optimizer)
-                payload = _json.dumps(mine, sort_keys=True).encode()
+                payload = _json.dumps(mine).encode()  # in root's order: the others take it
             except Exception as exc:
                 error = f"cannot read the optimizer's state: {type(exc).__name__}: {exc}"
             _agree_on_local_errors(world, error, call)
