@@ -6,6 +6,7 @@ and a stale ``build/`` folder planted in the copy, so that the install also
 shows that nothing from an earlier build is reused.
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -77,8 +78,10 @@ def installed(tmp_path_factory):
     (stale / STALE).write_text("raise RuntimeError('a stale build was reused')\n")
     (stale / ("_speedups" + sysconfig.get_config_var("EXT_SUFFIX"))).write_bytes(b"stale object")
     env = dict(os.environ, CC="false", PIP_DISABLE_PIP_VERSION_CHECK="1")  # no compiler: the extension is left out
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                           "--no-index", "--target", str(root / "site"), str(src)],
+    # Offline with the environment's setuptools; where it has none, pip fetches one to build with.
+    offline = ["--no-build-isolation", "--no-index"] if importlib.util.find_spec("setuptools") else []
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *offline,
+                           "--target", str(root / "site"), str(src)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     installed = Installed(root)
