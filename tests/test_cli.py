@@ -1,7 +1,6 @@
 """The mpisync command, installed as a user installs it and run from outside the repo."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cliutil import STALE, installed  # noqa: F401  (a fixture)
+from cliutil import STALE
 
 pytestmark = pytest.mark.launcher
 REPO = Path(__file__).resolve().parent.parent

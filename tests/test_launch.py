@@ -1,7 +1,6 @@
 """Jobs started with their own mpiexec: timeouts end in a report and an abort, the CLI works."""
 
 import json
-import os
 import subprocess
 import sys
 import time

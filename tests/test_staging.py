@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cliutil import installed  # noqa: F401  (a fixture)
 from mpiutil import last_rank, need_ranks, raises_everywhere
 
 launcher = pytest.mark.launcher
