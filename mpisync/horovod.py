@@ -22,6 +22,8 @@ import collections.abc as _abc
 import json as _json
 from typing import Any, Iterable, Mapping, Tuple, Union
 
+from mpi4py import MPI
+
 from .agreement import all_equal, allgather_bytes
 from .errors import InvalidParamError
 from .state import _broadcast_bytes, sync_state
@@ -59,7 +61,7 @@ def _as_mapping(params) -> tuple:
     return mapping, ""
 
 
-def broadcast_parameters(params: Params, root_rank: int = 0, comm=None) -> None:
+def broadcast_parameters(params: Params, root_rank: int = 0, comm: MPI.Intracomm | None = None) -> None:
     """Horovod's ``broadcast_parameters``: make ``params`` root_rank's on every rank, in place.
 
     ``params`` is a mapping (``model.state_dict()``) or an iterable of
@@ -117,7 +119,7 @@ def _skeleton(optimizer, root_description: dict, mine: dict) -> dict:
     return {**state_dict, "state": state}
 
 
-def broadcast_optimizer_state(optimizer, comm=None, *, root: int = 0) -> None:
+def broadcast_optimizer_state(optimizer: Any, comm: MPI.Intracomm | None = None, *, root: int = 0) -> None:
     """Make a torch optimizer's state and hyper-parameters ``root``'s on every rank.
 
     Ranks that have no state yet (only root loaded a checkpoint, or the others

@@ -30,6 +30,7 @@ import struct as _struct
 import tempfile as _tempfile
 import time as _time
 import zipfile as _zipfile
+from typing import Callable
 
 import numpy as _np
 from mpi4py import MPI
@@ -168,9 +169,9 @@ def _destination(template: str, rank: int, node_index: int) -> str:
         "{host}", _socket.gethostname())
 
 
-def stage_checkpoint(src: str, dest: str, comm=None, *, root: int = 0, chunk_bytes: int = 64 << 20,
+def stage_checkpoint(src: str, dest: str, comm: MPI.Intracomm | None = None, *, root: int = 0, chunk_bytes: int = 64 << 20,
                      max_concurrent: int = 4, timeout: float | None = None, per_rank: bool = False,
-                     progress=None) -> StageReport:
+                     progress: Callable[[int], None] | None = None) -> StageReport:
     """Stream ``src`` (read on ``root``) to ``dest`` on every node; every rank returns or raises alike.
 
     ``dest`` may hold ``{rank}`` (the writer's rank in ``comm``), ``{node}``

@@ -226,7 +226,7 @@ def _broadcast_bytes(comm, payload: bytes, root, call) -> bytes:
     return buf.tobytes()
 
 
-def sync_state(tree: Any, comm: Any = None, *, root: int = 0, max_concurrent: int | None = None,
+def sync_state(tree: Any, comm: MPI.Intracomm | None = None, *, root: int = 0, max_concurrent: int | None = None,
                fusion_bytes: int | None = None, timeout: float | None = None, verify: bool = False) -> Any:
     """Sync a nested state from ``root``: arrays in place, other leaves to root's values; return the tree.
 
