@@ -11,6 +11,7 @@ import logging as _logging
 import operator as _operator
 import sys as _sys
 import time as _time
+from typing import Any, Mapping, Sequence
 
 import numpy as _np
 from mpi4py import MPI
@@ -130,8 +131,9 @@ class ParamSync:
     built-in defaults (see ``mpisync info``).
     """
 
-    def __init__(self, comm=None, *, root=0, max_concurrent=None, fusion_bytes=None,
-                 gpu_transport=None, timeout=None):
+    def __init__(self, comm: MPI.Intracomm | None = None, *, root: int = 0, max_concurrent: int | None = None,
+                 fusion_bytes: int | None = None, gpu_transport: str | None = None,
+                 timeout: float | None = None) -> None:
         self._user_comm = MPI.COMM_WORLD if comm is None else comm
         self._root = root
         # A bad setting is reported at sync time, collectively, like any bad input.
@@ -212,7 +214,8 @@ class ParamSync:
         self._device_slots = None
         self._closed = True
 
-    def sync(self, params, *, devices=None, verify=False) -> SyncReport:
+    def sync(self, params: Mapping[str, Any], *, devices: Sequence[Any] | None = None,
+             verify: bool = False) -> SyncReport:
         """Make every replica on every rank byte-for-byte equal to root's master replica.
 
         Every rank of the communicator must call this with parameter sets of the
@@ -647,8 +650,10 @@ class ParamSync:
         raise SyncTimeoutError(message)
 
 
-def sync_params(params, comm=None, *, root=0, devices=None, max_concurrent=None, fusion_bytes=None,
-                gpu_transport=None, timeout=None, verify=False) -> SyncReport:
+def sync_params(params: Mapping[str, Any], comm: MPI.Intracomm | None = None, *, root: int = 0,
+                devices: Sequence[Any] | None = None, max_concurrent: int | None = None,
+                fusion_bytes: int | None = None, gpu_transport: str | None = None, timeout: float | None = None,
+                verify: bool = False) -> SyncReport:
     """Broadcast every parameter from ``root``'s master replica to every replica on every rank.
 
     ``params`` maps each name to one array, a sequence of replicas, or a
