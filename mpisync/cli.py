@@ -85,6 +85,13 @@ def _bench_problem(rest: list) -> tuple:
     from .workloads import WORKLOADS
 
     opts = bench_parser().parse_args(rest)  # exits 2 with its usage on a bad option, before any work
+    from . import config as _config
+    from .errors import InvalidParamError
+
+    try:
+        _config.resolve()
+    except InvalidParamError as exc:  # a bad MPISYNC_* setting: every measured sync would raise it
+        return opts, f"{exc} (see `mpisync info`)"
     if opts.plot and not _importable("matplotlib"):
         return opts, f"--plot {_PLOT_HINT}"
     for path in (opts.json, opts.csv, opts.plot):

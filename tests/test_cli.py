@@ -84,6 +84,8 @@ def test_bench_plot_without_matplotlib_is_refused_before_any_work(installed, bou
     assert time.monotonic() - start < 60
     missing = installed.run(TINY_BENCH + ["--json", tmp_path / "nowhere" / "b.json"], bounded_env)
     assert missing.returncode == 2 and f"folder {tmp_path / 'nowhere'} does not exist" in missing.stderr
+    setting = installed.run(TINY_BENCH, dict(bounded_env, MPISYNC_TIMEOUT="5m"))
+    assert setting.returncode == 2 and "error: MPISYNC_TIMEOUT: timeout must be a number" in setting.stderr
     unknown = installed.run(["bench", "--workloads", "resnet5O"], bounded_env)
     assert unknown.returncode == 2 and "unknown workload(s) resnet5O; choose from resnet50" in unknown.stderr
 
