@@ -179,3 +179,15 @@ def test_timeline_reports_unreadable_files(installed, bounded_env, tmp_path):
     assert proc.returncode == 2 and f"no such file: {tmp_path / 'missing.json'}" in proc.stderr
     proc = installed.run(["timeline", bad, "--out", tmp_path / "x.png"], bounded_env)
     assert proc.returncode == 1 and "not a Chrome trace" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_messages_count_in_the_singular_and_plural(installed, bounded_env, tmp_path):
+    script = tmp_path / "one.py"
+    script.write_text("import numpy as np, mpisync\nmpisync.sync_params({'w': np.zeros(3)})\n"
+                      "mpisync.sync_params({'a': np.zeros(3), 'b': np.zeros(5)})\n")
+    env = installed.env(dict(bounded_env, MPISYNC_LOG="info"))
+    proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, script], env=env, cwd=installed.home,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 1/2: synced 1 tensor (1 replica, " in proc.stderr and ", 1 fused bucket, " in proc.stderr
+    assert "rank 1/2: synced 2 tensors (2 replicas, " in proc.stderr, proc.stderr
