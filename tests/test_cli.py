@@ -64,15 +64,23 @@ def test_info_prints_once_under_mpiexec(installed, bounded_env):
 
 @pytest.mark.parametrize("launch", ["no launcher", "mpiexec -n 1"])
 def test_bench_at_one_rank_ends_and_says_what_it_measures(installed, bounded_env, launch):
+    # Without a launcher, also without tqdm: the progress is plain text, with its total.
     start = time.monotonic()
-    proc = installed.run(TINY_BENCH + ["--no-progress"], bounded_env, ranks=1 if launch != "no launcher" else 0,
-                         timeout=240)
+    bare = launch == "no launcher"
+    proc = installed.run(TINY_BENCH + ([] if bare else ["--no-progress"]), bounded_env, ranks=0 if bare else 1,
+                         without=("tqdm",) if bare else (), timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "mpisync bench: 1 rank (no launcher, or mpiexec -n 1): no peer to broadcast to" in proc.stderr
     assert "mpisync bench: 1 rank, root 0" in proc.stdout
     assert "1 rank: no peer to broadcast to, so these times are mpisync's own cost" in proc.stdout
     assert "resnet50: 320 tensors" in proc.stdout and "ParamSync " in proc.stdout
     assert time.monotonic() - start < 200
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("mpisync bench: ") and "steps" in line]
+    if bare:
+        assert steps and steps[-1] == "mpisync bench: 3/3 steps (100%) resnet50: memory", proc.stderr
+        assert all("/3 steps" in line for line in steps)
+    else:
+        assert not steps
 
 
 def test_bench_plot_without_matplotlib_is_refused_before_any_work(installed, bounded_env, tmp_path):
@@ -88,14 +96,6 @@ def test_bench_plot_without_matplotlib_is_refused_before_any_work(installed, bou
     assert setting.returncode == 2 and "error: MPISYNC_TIMEOUT: timeout must be a number" in setting.stderr
     unknown = installed.run(["bench", "--workloads", "resnet5O"], bounded_env)
     assert unknown.returncode == 2 and "unknown workload(s) resnet5O; choose from resnet50" in unknown.stderr
-
-
-def test_bench_progress_without_tqdm_is_plain_text_with_totals(installed, bounded_env):
-    proc = installed.run(TINY_BENCH, bounded_env, without=("tqdm",), timeout=240)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    steps = [line for line in proc.stderr.splitlines() if line.startswith("mpisync bench: ") and "steps" in line]
-    assert steps and steps[-1] == "mpisync bench: 3/3 steps (100%) resnet50: memory", proc.stderr
-    assert all("/3 steps" in line for line in steps)
 
 
 def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tmp_path):
