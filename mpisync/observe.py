@@ -102,7 +102,13 @@ class Timeline:
             chunk = "".join(f',\n{{"name":{encode(name)},"cat":"mpisync","ph":"X","ts":{int(ts)},"dur":{int(dur)},'
                             f'"pid":{pid},"tid":0,"args":{encode(args)}}}'
                             for name, ts, dur, args in events).encode() + self._TAIL
-            written = _os.pwrite(self._fd, chunk, self._end)
+            try:
+                written = _os.pwrite(self._fd, chunk, self._end)
+            except OSError as exc:  # a full disk must not fail a sync: stop tracing instead
+                logger.warning("MPISYNC_TIMELINE: writing %s failed (%s); tracing stops", self.path, exc)
+                _os.close(self._fd)
+                self._fd = -1
+                return
             if written == len(chunk):
                 self._end += len(chunk) - len(self._TAIL)
 
@@ -116,16 +122,27 @@ class Timeline:
 
 
 _timelines: dict = {}
+_unwritable: set = set()
 _lock = _threading.Lock()
 
 
 def timeline_for(rank: int) -> Timeline | None:
-    """This process's timeline for ``rank`` when ``MPISYNC_TIMELINE`` is set, else ``None``."""
+    """This process's timeline for ``rank`` when ``MPISYNC_TIMELINE`` is set, else ``None``.
+
+    A trace file that cannot be created is a warning, not an error: this runs on each rank
+    before the ranks agree, and a rank that raised here would leave the others waiting.
+    """
     path = timeline_path(rank)
     if path is None:
         return None
     with _lock:
         timeline = _timelines.get(path)
-        if timeline is None:
-            timeline = _timelines[path] = Timeline(path, rank)
+        if timeline is None and path not in _unwritable:
+            try:
+                timeline = Timeline(path, rank)
+            except OSError as exc:
+                logger.warning("MPISYNC_TIMELINE: cannot write %s (%s); no timeline on rank %d", path, exc, rank)
+                _unwritable.add(path)
+                return None
+            _timelines[path] = timeline
         return timeline
