@@ -137,7 +137,14 @@ def broadcast_optimizer_state(optimizer: Any, comm: MPI.Intracomm | None = None,
                 error = f"cannot read the optimizer's state: {type(exc).__name__}: {exc}"
             _agree_on_local_errors(world, error, call)
             described = _json.loads(_broadcast_bytes(world, payload if world.rank == root else b"", root, call))
-            return mine, described
-        mine, root_description = syncer._collective_exchange("optimizer structure exchange", [], exchange)
-    tree = optimizer.state_dict() if mine == root_description else _skeleton(optimizer, root_description, mine)
+            # Building root's structure can fail here alone (a dtype this torch lacks, a device
+            # this rank has not): agreed again, so no rank goes on into sync_state by itself.
+            tree, error = None, ""
+            try:
+                tree = optimizer.state_dict() if mine == described else _skeleton(optimizer, described, mine)
+            except Exception as exc:
+                error = f"cannot build root's optimizer state structure: {type(exc).__name__}: {exc}"
+            _agree_on_local_errors(world, error, call)
+            return tree
+        tree = syncer._collective_exchange("optimizer structure exchange", [], exchange)
     optimizer.load_state_dict(sync_state(tree, comm, root=root))

@@ -213,3 +213,21 @@ def test_broadcast_optimizer_state_fills_ranks_without_state(comm, root_steps):
         o.step()
     for name, tensor in ref_model.state_dict().items():
         assert same_bytes(model.state_dict()[name].numpy(), tensor.numpy()), name
+
+
+def test_broadcast_optimizer_state_local_failure_is_agreed(comm):
+    torch = pytest.importorskip("torch")
+    root = 0
+    model, opt = _model_and_optimizer(torch, comm.rank, 2 if comm.rank == root else 0)
+    if comm.rank == last_rank(comm):
+        calls = []
+        real = opt.state_dict
+
+        def failing_second_call():  # describing works; building root's structure then fails here alone
+            calls.append(1)
+            if len(calls) > 1:
+                raise RuntimeError("state_dict failed on this rank")
+            return real()
+        opt.state_dict = failing_second_call
+    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.broadcast_optimizer_state(opt, comm, root=root),
+                      f"rank {last_rank(comm)}", "state_dict failed on this rank")
