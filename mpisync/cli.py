@@ -39,6 +39,28 @@ def _usage_error(command: str, message: str) -> int:
     return 2
 
 
+def _agreed_usage_error(command: str, problem: str) -> int:
+    """Exit status 2 on every rank if any rank found ``problem`` (the lowest such rank prints it), else 0.
+
+    The checks read per-rank facts (an importable module, a folder on this node): a rank
+    that stopped alone would leave the others waiting in the command's first collective.
+    """
+    import numpy as np
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        return _usage_error(command, problem) if problem else 0
+    first = np.array([world.rank if problem else world.size], dtype=np.int64)
+    world.Allreduce(MPI.IN_PLACE, first, op=MPI.MIN)
+    if first[0] == world.size:
+        return 0
+    if world.rank == first[0]:
+        where = f" (on rank {world.rank})" if world.rank else ""
+        print(f"mpisync {command}: error: {problem}{where}", file=_sys.stderr, flush=True)
+    return 2
+
+
 def _importable(module: str) -> bool:
     try:
         _importlib.import_module(module)
@@ -116,8 +138,8 @@ def _bench_problem(rest: list) -> tuple:
 
 def _bench(args, rest) -> int:
     opts, problem = _bench_problem(rest)
-    if problem:
-        return _usage_error("bench", problem)
+    if _agreed_usage_error("bench", problem):
+        return 2
     from .bench import main as bench_main
 
     rank, size = _world()
@@ -142,9 +164,8 @@ def _stage_problem(args) -> str:
 
 
 def _stage(args) -> int:
-    problem = _stage_problem(args)
-    if problem:
-        return _usage_error("stage-checkpoint", problem)
+    if _agreed_usage_error("stage-checkpoint", _stage_problem(args)):
+        return 2
     from mpi4py import MPI
 
     from .errors import SyncError

@@ -52,7 +52,10 @@ class Installed:
     def run(self, args, base_env: dict, *, ranks: int = 0, without: tuple = (), timeout: float = 120, cwd=None):
         """``mpisync ARGS`` (under ``mpiexec -n RANKS`` if given), from ``home``."""
         cmd = (["mpiexec", "-n", str(ranks)] if ranks else []) + [str(self.script), *map(str, args)]
-        return subprocess.run(cmd, env=self.env(base_env, without=without), cwd=cwd or self.home,
+        env = self.env(base_env, without=without)
+        if ranks:  # the launcher's own bound sits inside this call's, not at the fixture's default
+            env["MPIEXEC_TIMEOUT"] = str(max(10, int(timeout) - 20))
+        return subprocess.run(cmd, env=env, cwd=cwd or self.home,
                               capture_output=True, text=True, timeout=timeout)
 
 

@@ -98,12 +98,28 @@ def test_bench_plot_without_matplotlib_is_refused_before_any_work(installed, bou
     assert unknown.returncode == 2 and "unknown workload(s) resnet5O; choose from resnet50" in unknown.stderr
 
 
+def test_bench_refused_on_one_rank_is_refused_on_every_rank(installed, bounded_env, tmp_path):
+    # Rank 1 alone lacks matplotlib (as a node with another image would): both ranks exit 2 at
+    # once, with one message naming rank 1, instead of rank 0 starting the bench and waiting.
+    args = [str(installed.script), *map(str, TINY_BENCH), "--plot", str(tmp_path / "b.png")]
+    ok, hidden = installed.env(bounded_env), installed.env(bounded_env, without=("matplotlib",))
+    env = dict(ok, MPIEXEC_TIMEOUT="100")
+    cmd = ["mpiexec", "-n", "1", "-env", "PYTHONPATH", ok["PYTHONPATH"], *args, ":",
+           "-n", "1", "-env", "PYTHONPATH", hidden["PYTHONPATH"], *args]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, cwd=installed.home, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("error: --plot needs matplotlib") == 1 and "(on rank 1)" in proc.stderr
+    assert proc.stdout == "" and time.monotonic() - start < 60
+
+
 def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tmp_path):
     out = tmp_path / "bench"
     proc = installed.run(["bench", "--quick", "--no-progress", "--osu-max", "4096", "--json", f"{out}.json",
                           "--csv", f"{out}.csv", "--plot", f"{out}.png"], bounded_env, ranks=2, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "mpisync bench: 2 ranks" in proc.stdout and "resnet50: 320 tensors" in proc.stdout
+    assert "many-small: 5000 tensors" in proc.stdout
     results = json.loads((tmp_path / "bench.json").read_text())
     assert results["meta"]["ranks"] == 2 and [r["bytes"] for r in results["osu"]][-1] == 4096
     for w in results["workloads"]:
