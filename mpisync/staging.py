@@ -208,6 +208,7 @@ class _Job:
         self.target = self.tmp = self.backup = None
         self.fd = -1
         self.renamed = False  # the new DEST is in place on this rank (a roll-back removes it)
+        self.unkept = False  # a previous DEST was replaced with no backup: a roll-back cannot restore it
         self.source = None
 
     def run(self, chunk_bytes, capacity, progress) -> tuple:
@@ -231,8 +232,8 @@ class _Job:
         call(world.Ibarrier())
         self.writer, self.writers, self.node = _writer_comm(world, root, self.per_rank)
         n_writers = _np.array([1 if self.writer else 0], dtype=_np.int64)
-        call(world.Iallreduce(MPI.IN_PLACE, n_writers, op=MPI.SUM))
         try:
+            call(world.Iallreduce(MPI.IN_PLACE, n_writers, op=MPI.SUM))
             self._agree(self._local(self._prepare, mode), "before streaming")
             digest, failure = b"", ""
             if self.writer:
@@ -297,19 +298,23 @@ class _Job:
             kept = self._local(self._roll_back)
             if kept:
                 kept = f"{kept}; the new DEST {self.target!r} is still there"
+            elif self.unkept:
+                kept = (f"rank {self.world.rank} (node {self.node}): the previous {self.target!r} could not be kept "
+                        f"(no hard links here), so it was removed")
         failures, still = _gather(self.world, failure, self.call), _gather(self.world, kept, self.call)
         raise SyncError("mpisync: checkpoint staging failed while renaming into place: " + "; ".join(failures)
                         + ("; rolled back on every other writer: no DEST was written" if not still else
-                           "; rolling back failed, so these nodes hold the new DEST: " + "; ".join(still)))
+                           "; not everything could be rolled back: " + "; ".join(still)))
 
     def _rename(self) -> None:
         folder = _os.path.dirname(_os.path.abspath(self.target))
-        if _os.path.lexists(self.target) and not _os.path.isdir(self.target):
+        # lexists/islink: a DEST that is a symlink (to a directory too) is itself what gets replaced.
+        if _os.path.lexists(self.target) and (_os.path.islink(self.target) or not _os.path.isdir(self.target)):
             try:  # the previous DEST stays reachable for a roll-back (a link fails rather than overwrite)
                 _os.link(self.target, f"{self.tmp}.previous", follow_symlinks=False)
                 self.backup = f"{self.tmp}.previous"
             except OSError:  # no hard links here: a roll-back can only remove the new DEST
-                self.backup = None
+                self.backup, self.unkept = None, True
         _os.close(self.fd)
         self.fd = -1
         _os.replace(self.tmp, self.target)
@@ -322,7 +327,7 @@ class _Job:
             _os.replace(self.backup, self.target)
             self.backup = None
         else:
-            _os.unlink(self.target)
+            _os.unlink(self.target)  # with self.unkept, the previous DEST goes too (said in the error)
         _fsync_directory(_os.path.dirname(_os.path.abspath(self.target)))
 
     def _clean_up(self) -> None:

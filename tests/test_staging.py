@@ -189,3 +189,40 @@ def test_a_rename_failing_on_one_writer_rolls_the_others_back(comm, monkeypatch)
     monkeypatch.undo()
     assert mine.read_bytes() == b"the previous checkpoint of rank %d" % comm.rank  # the old one is back
     assert sorted(p.name for p in mine.parent.iterdir()) == ["ckpt.bin"]  # no temporary or backup left
+
+
+@pytest.mark.mpi
+def test_a_roll_back_without_hard_links_says_the_previous_dest_is_gone(comm, monkeypatch):
+    need_ranks(comm, 2)
+    import mpisync.staging as staging
+
+    bad = last_rank(comm)
+    folder = _shared_folder(comm)
+    src = folder / "ckpt.bin"
+    if comm.rank == 0:
+        src.write_bytes(os.urandom(100_000))
+    comm.Barrier()
+    mine = folder / f"out{comm.rank}" / "ckpt.bin"
+    mine.parent.mkdir()
+    mine.write_bytes(b"previous %d" % comm.rank)
+    real_replace = os.replace
+
+    def failing_replace(a, b, *args, **kwargs):
+        if comm.rank == bad and str(b) == str(mine):
+            raise OSError(28, "No space left on device (simulated)")
+        return real_replace(a, b, *args, **kwargs)
+
+    def no_hard_links(*args, **kwargs):
+        raise OSError(95, "Operation not supported (simulated)")
+    monkeypatch.setattr(staging._os, "replace", failing_replace)
+    monkeypatch.setattr(staging._os, "link", no_hard_links)
+    template = str(folder / "out{rank}" / "ckpt.bin")
+    message = raises_everywhere(comm, __import__("mpisync").SyncError,
+                                lambda: staging.stage_checkpoint(str(src), template, comm, per_rank=True),
+                                "not everything could be rolled back", "could not be kept (no hard links here)")
+    monkeypatch.undo()
+    assert "no DEST was written" not in message
+    if comm.rank == bad:  # its rename failed: the previous DEST is untouched
+        assert mine.read_bytes() == b"previous %d" % comm.rank
+    else:  # renamed, then rolled back with no backup: gone, and the message names this rank
+        assert not mine.exists() and f"rank {comm.rank} (node 0)" in message
