@@ -4,8 +4,10 @@
     mpiexec -n 2 python examples/train_resume.py --steps 20 --resume ckpt.npz
 
 Every rank initialises its model differently (as independent processes do);
-``mpisync.sync_params`` makes the parameters root's, ``mpisync.sync_state``
-the Adam state (moment tensors, step counters, learning rate). Gradients are
+``mpisync.broadcast_parameters`` makes the parameters root's and
+``mpisync.broadcast_optimizer_state`` the Adam state (moment tensors, step
+counters, learning rate): on resume only root has loaded that state, and the
+other ranks get its structure from root first (as with Horovod). Gradients are
 averaged with ``Allreduce``, so the replicas stay identical while training.
 Checkpoints are ``.npz`` (no pickle), saved by root, read by root alone on
 resume (after ``mpisync stage-checkpoint`` has put them on each node's disk).
@@ -93,13 +95,10 @@ def main() -> None:
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     model, opt = build(comm.rank)
-    if args.resume:
-        if comm.rank == 0:
-            load(args.resume, model, opt)
-        else:  # make the optimizer state exist, so its structure matches root's
-            train(MPI.COMM_SELF, model, opt, 1, seed=99)
-    mpisync.sync_params(model.state_dict(), comm, root=0)
-    opt.load_state_dict(mpisync.sync_state(opt.state_dict(), comm, root=0, verify=True))
+    if args.resume and comm.rank == 0:  # root alone reads the checkpoint
+        load(args.resume, model, opt)
+    mpisync.broadcast_parameters(model.state_dict(), root_rank=0, comm=comm)
+    mpisync.broadcast_optimizer_state(opt, comm, root=0)  # the other ranks have no state yet: root's structure
     start = digest(model, opt)
     loss = train(comm, model, opt, args.steps, seed=1 if not args.resume else 2)
     end = digest(model, opt)

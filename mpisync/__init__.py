@@ -13,6 +13,7 @@ from .errors import (
     SyncTimeoutError,
     VerificationError,
 )
+from .horovod import broadcast_optimizer_state, broadcast_parameters
 from .report import SyncReport
 from .ring import RequestRing
 from .state import sync_state
@@ -25,6 +26,8 @@ __all__ = [
     "sync_state",
     "allreduce",
     "GradSync",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
     "ParamSync",
     "RequestRing",
     "SyncReport",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata as _metadata
+import os as _os
 
 from mpi4py import MPI
 
 from . import __version__, config as _config
+from .errors import InvalidParamError
 
 __all__ = ["collect_info"]
 
@@ -30,9 +32,9 @@ def collect_info() -> dict:
     from .devices.detect import choose_transport, cuda_aware_mpi, gpus_seen
 
     library = MPI.Get_library_version().strip().splitlines()
-    settings = _config.resolve()
+    defaults = _defaults()
     aware, aware_why = cuda_aware_mpi()
-    transport, transport_why = choose_transport(settings.gpu_transport.value)
+    transport, transport_why = choose_transport(defaults["gpu_transport"]["value"] or "auto")
     return {
         "mpisync": __version__,
         "mpi4py": _version("mpi4py"),
@@ -46,17 +48,27 @@ def collect_info() -> dict:
         "cuda_aware_why": aware_why,
         "device_transport": f"{transport} ({transport_why})",
         "gpus": gpus_seen(),
-        "defaults": {
-            name: {"value": s.value, "source": s.source, "env": _config.ENV_NAMES[name]}
-            for name, s in zip(_config.ENV_NAMES, (settings.max_concurrent, settings.fusion_bytes,
-                                                    settings.gpu_transport, settings.timeout))
-        },
+        "defaults": defaults,
         "timeout_aborts": _config.abort_on_timeout(),
         "shared_memory": _shared_memory_line(),
         "cross_memory": _cross_memory_line(),
         "speedups": _speedups_line(),
         "host_transport": __import__("mpisync.tuning", fromlist=["describe"]).describe(MPI.COMM_WORLD.size, True),
     }
+
+
+def _defaults() -> dict:
+    """Each setting's effective value and source; a bad environment value is reported, not raised:
+    ``{"value": None, "source": "environment", "error": why}`` (a sync would raise that error)."""
+    out = {}
+    for name, env in _config.ENV_NAMES.items():
+        try:
+            setting = _config._resolve_one(name, None)  # one at a time: a bad one does not hide the others
+            out[name] = {"value": setting.value, "source": setting.source, "env": env}
+        except InvalidParamError as exc:
+            out[name] = {"value": None, "source": "environment", "env": env, "error": str(exc),
+                         "raw": _os.environ.get(env, "")}
+    return out
 
 
 def _switch_line(enabled, on: str, off: str, unavailable: str) -> str:

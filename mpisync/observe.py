@@ -4,12 +4,16 @@
 rank, unless the application configured the ``mpisync`` logger itself.
 ``MPISYNC_TIMELINE=PATH`` writes one Chrome-trace JSON per rank (``PATH`` with
 ``{rank}`` replaced, else ``PATH.rank<N>.json``), viewable in chrome://tracing
-or Perfetto: phases validate, pack, broadcast, unpack, fan-out, verify. A
+or Perfetto, or drawn as a PNG by ``mpisync timeline``: phases validate, pack,
+broadcast, unpack, fan-out, verify, and the other transports' spans
+(cross-memory, shared memory, device). Events are appended after each sync at
+a constant cost per event; the file is valid JSON at every moment. A
 ``ParamSync`` reads it at its first sync.
 """
 
 from __future__ import annotations
 
+import atexit as _atexit
 import json as _json
 import logging as _logging
 import os as _os
@@ -20,7 +24,9 @@ __all__ = ["logger", "configure_logging", "Timeline", "timeline_for", "timeline_
 
 logger = _logging.getLogger("mpisync")
 _configured = False
-_MAX_EVENTS = 200_000
+_FLUSH_EVENTS = 4096  # a sync with more spans than this writes them in pieces
+_O_CLOEXEC = getattr(_os, "O_CLOEXEC", 0)
+_ENCODER = _json.JSONEncoder(separators=(",", ":"), default=str)  # one encoder: no set-up per event
 
 
 def configure_logging(rank: int) -> None:
@@ -48,48 +54,95 @@ def timeline_path(rank: int) -> str | None:
 
 
 class Timeline:
-    """Complete ("X") events of one rank, written as a Chrome-trace JSON file after each sync."""
+    """Complete ("X") events of one rank, streamed to a Chrome-trace JSON file.
+
+    The file is a valid JSON document at every moment: it is created holding
+    the process-name event, and each :meth:`flush` appends the events recorded
+    since the last one with a single ``pwrite`` over the closing ``]}`` (and a
+    new ``]}`` after them). So the cost per event is constant (nothing is
+    rewritten), and a job that dies leaves every event up to its last flush.
+    """
+
+    _TAIL = b"]}\n"
 
     def __init__(self, path: str, rank: int):
         self.path = path
         self.rank = rank
-        self._events: list = []
+        self._pending: list = []
+        self._lock = _threading.Lock()
         self._origin = _time.perf_counter_ns()
         self._epoch_us = _time.time_ns() // 1000  # lines ranks up on a shared wall clock
+        head = _json.dumps({"displayTimeUnit": "ms", "traceEvents": [
+            {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}]})
+        body = head[:-2].encode() + self._TAIL  # ``...}]}`` -> ``...}`` + ``]}\n``
+        self._fd = _os.open(path, _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC | _O_CLOEXEC, 0o644)
+        _os.write(self._fd, body)
+        self._end = len(body) - len(self._TAIL)  # where the next events go (over the tail)
+        _atexit.register(self.close)
 
     def now(self) -> int:
         """Microseconds on this timeline's clock."""
         return self._epoch_us + (_time.perf_counter_ns() - self._origin) // 1000
 
     def span(self, name: str, start_us: int, end_us: int | None = None, **args) -> None:
-        """Record phase ``name`` from ``start_us`` to ``end_us`` (default: now)."""
+        """Record phase ``name`` from ``start_us`` to ``end_us`` (default: now); written at the next flush."""
         end_us = self.now() if end_us is None else end_us
-        if len(self._events) < _MAX_EVENTS:
-            self._events.append({"name": name, "cat": "mpisync", "ph": "X", "ts": start_us,
-                                 "dur": max(0, end_us - start_us), "pid": self.rank, "tid": 0, "args": args})
+        self._pending.append((name, start_us, max(0, end_us - start_us), args))
+        if len(self._pending) >= _FLUSH_EVENTS:
+            self.flush()
 
     def flush(self) -> None:
-        """Write every event so far (the file is replaced, never half-written)."""
-        doc = {"traceEvents": [{"name": "process_name", "ph": "M", "pid": self.rank,
-                                "args": {"name": f"rank {self.rank}"}}] + self._events,
-               "displayTimeUnit": "ms"}
-        tmp = f"{self.path}.tmp{_os.getpid()}"
-        with open(tmp, "w") as f:
-            _json.dump(doc, f)
-        _os.replace(tmp, self.path)
+        """Append the events recorded since the last flush (one write; the file stays valid JSON)."""
+        with self._lock:
+            events, self._pending = self._pending, []
+            if not events or self._fd < 0:
+                return
+            pid = self.rank
+            encode = _ENCODER.encode
+            chunk = "".join(f',\n{{"name":{encode(name)},"cat":"mpisync","ph":"X","ts":{int(ts)},"dur":{int(dur)},'
+                            f'"pid":{pid},"tid":0,"args":{encode(args)}}}'
+                            for name, ts, dur, args in events).encode() + self._TAIL
+            try:
+                written = _os.pwrite(self._fd, chunk, self._end)
+            except OSError as exc:  # a full disk must not fail a sync: stop tracing instead
+                logger.warning("MPISYNC_TIMELINE: writing %s failed (%s); tracing stops", self.path, exc)
+                _os.close(self._fd)
+                self._fd = -1
+                return
+            if written == len(chunk):
+                self._end += len(chunk) - len(self._TAIL)
+
+    def close(self) -> None:
+        """Flush and close the file (also run at interpreter exit)."""
+        self.flush()
+        with self._lock:
+            if self._fd >= 0:
+                _os.close(self._fd)
+                self._fd = -1
 
 
 _timelines: dict = {}
+_unwritable: set = set()
 _lock = _threading.Lock()
 
 
 def timeline_for(rank: int) -> Timeline | None:
-    """This process's timeline for ``rank`` when ``MPISYNC_TIMELINE`` is set, else ``None``."""
+    """This process's timeline for ``rank`` when ``MPISYNC_TIMELINE`` is set, else ``None``.
+
+    A trace file that cannot be created is a warning, not an error: this runs on each rank
+    before the ranks agree, and a rank that raised here would leave the others waiting.
+    """
     path = timeline_path(rank)
     if path is None:
         return None
     with _lock:
         timeline = _timelines.get(path)
-        if timeline is None:
-            timeline = _timelines[path] = Timeline(path, rank)
+        if timeline is None and path not in _unwritable:
+            try:
+                timeline = Timeline(path, rank)
+            except OSError as exc:
+                logger.warning("MPISYNC_TIMELINE: cannot write %s (%s); no timeline on rank %d", path, exc, rank)
+                _unwritable.add(path)
+                return None
+            _timelines[path] = timeline
         return timeline

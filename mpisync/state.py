@@ -3,8 +3,11 @@
 Array leaves are synced in place by :class:`~mpisync.ParamSync` under their
 dotted paths (``state.0.exp_avg``). Every other leaf (int, float, bool, str,
 None, and tuples of those) takes root's value: root encodes them as tagged
-JSON and broadcasts the bytes; nothing is ever unpickled. Containers are
-visited in sorted key order, so insertion order may differ between ranks.
+JSON and broadcasts the bytes; nothing is ever unpickled. numpy scalars keep
+their exact type and bytes (``np.float32(1.5)`` stays an ``np.float32``).
+Containers are visited in sorted key order, so insertion order may differ
+between ranks. A tree nested deeper than :data:`MAX_DEPTH` levels, or one that
+contains itself, is an :class:`~mpisync.InvalidParamError` on every rank.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import collections.abc as _abc
 import hashlib as _hashlib
 import json as _json
 import math as _math
+from typing import Any
 
 import numpy as _np
 from mpi4py import MPI
@@ -22,28 +26,41 @@ from .arrays import is_array_like
 from .errors import InvalidParamError, ManifestMismatchError
 from .sync import ParamSync
 
-__all__ = ["sync_state"]
+__all__ = ["sync_state", "MAX_DEPTH"]
 
-_SCALARS = (bool, int, float, str, type(None))
+_SCALARS = (bool, int, float, complex, str, type(None))
+_NUMPY_KINDS = "biufc"  # numpy scalar kinds carried as (dtype, bytes): bool, ints, floats, complex
+
+#: Containers nested deeper than this are refused (an optimizer's state is 3 or 4 levels deep).
+MAX_DEPTH = 100
 
 
 def _key_sort(key):
     return (type(key).__name__, str(key))
 
 
-def _is_scalar(value) -> bool:
-    if isinstance(value, _SCALARS) or isinstance(value, (_np.bool_, _np.integer, _np.floating)):
+def _is_numpy_scalar(value) -> bool:
+    return isinstance(value, _np.generic) and value.dtype.kind in _NUMPY_KINDS
+
+
+def _is_scalar(value, depth: int = 0) -> bool:
+    if isinstance(value, _SCALARS) or _is_numpy_scalar(value):
         return True
-    return isinstance(value, tuple) and all(_is_scalar(v) for v in value)
+    return (isinstance(value, tuple) and type(value) is tuple and depth < MAX_DEPTH
+            and all(_is_scalar(v, depth + 1) for v in value))
 
 
 def _encode_scalar(value):
     """Tagged JSON for one non-array leaf: exact types and values survive the round trip."""
-    if isinstance(value, (bool, _np.bool_)):
+    if _is_numpy_scalar(value):  # numpy's own type and bytes (np.float32 stays np.float32)
+        return ["np", [value.dtype.str, value.tobytes().hex()]]
+    if isinstance(value, complex):
+        return ["c", [_encode_scalar(value.real), _encode_scalar(value.imag)]]
+    if isinstance(value, bool):
         return ["b", bool(value)]
-    if isinstance(value, (int, _np.integer)):
+    if isinstance(value, int):
         return ["i", int(value)]
-    if isinstance(value, (float, _np.floating)):
+    if isinstance(value, float):
         value = float(value)
         return ["f", value.hex() if not _math.isfinite(value) else value]
     if isinstance(value, str):
@@ -59,6 +76,13 @@ def _decode_scalar(doc):
         return float.fromhex(value) if isinstance(value, str) else float(value)
     if tag == "t":
         return tuple(_decode_scalar(v) for v in value)
+    if tag == "np":
+        dtype = _np.dtype(value[0])
+        if dtype.kind not in _NUMPY_KINDS:
+            raise ValueError(f"unexpected numpy scalar type {value[0]!r}")
+        return _np.frombuffer(bytes.fromhex(value[1]), dtype)[0]
+    if tag == "c":
+        return complex(_decode_scalar(value[0]), _decode_scalar(value[1]))
     return {"b": bool, "i": int, "s": str, "n": lambda v: None}[tag](value)
 
 
@@ -69,9 +93,22 @@ class _Flat:
         self.arrays: dict = {}
         self.scalars: list = []
         self.errors: list = []
+        self._open: set = set()  # ids of the containers on the path being visited (a cycle returns to one)
 
-    def visit(self, node, path: str):
+    def walk(self, tree):
+        """The JSON shape of ``tree``; any failure to walk it becomes an entry of ``errors``."""
+        try:
+            return self.visit(tree, "", 0)
+        except Exception as exc:  # a container that cannot be iterated, a key that cannot be sorted, ...
+            self.errors.append(("<root>", f"cannot walk the tree: {type(exc).__name__}: {exc}"))
+            return "?"
+
+    def visit(self, node, path: str, depth: int = 0):
         """Return the JSON shape of ``node`` and collect its leaves."""
+        if depth > MAX_DEPTH:
+            shown = path if len(path) <= 80 else f"{path[:40]}...{path[-20:]}"
+            self.errors.append((shown, f"the tree nests deeper than {MAX_DEPTH} levels"))
+            return "?"
         if _is_scalar(node):  # first: numpy scalars also have the buffer protocol
             self.scalars.append(node)
             return "s"
@@ -80,6 +117,19 @@ class _Flat:
                 self.errors.append((path, "two entries flatten to the same dotted path"))
             self.arrays[path] = node
             return "a"
+        if isinstance(node, (_abc.Mapping, list, tuple)):
+            if id(node) in self._open:
+                self.errors.append((path or "<root>", "the tree contains itself (a cycle)"))
+                return "?"
+            self._open.add(id(node))
+            try:
+                return self._container(node, path, depth)
+            finally:
+                self._open.discard(id(node))
+        self.errors.append((path or "<root>", f"unsupported leaf of type {type(node).__module__}.{type(node).__qualname__}"))
+        return "?"
+
+    def _container(self, node, path: str, depth: int):
         if isinstance(node, _abc.Mapping):
             keys = list(node)
             bad = [k for k in keys if not isinstance(k, (str, int)) or isinstance(k, bool)]
@@ -89,13 +139,10 @@ class _Flat:
             children = []
             for key in sorted(keys, key=_key_sort):
                 child = f"{path}.{key}" if path else str(key)
-                children.append([type(key).__name__, key, self.visit(node[key], child)])
+                children.append([type(key).__name__, key, self.visit(node[key], child, depth + 1)])
             return {"m": children}
-        if isinstance(node, (list, tuple)):
-            kind = "l" if isinstance(node, list) else "t"
-            return {kind: [self.visit(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node)]}
-        self.errors.append((path or "<root>", f"unsupported leaf of type {type(node).__module__}.{type(node).__qualname__}"))
-        return "?"
+        kind = "l" if isinstance(node, list) else "t"
+        return {kind: [self.visit(v, f"{path}.{i}" if path else str(i), depth + 1) for i, v in enumerate(node)]}
 
 
 def _rebuild(node, scalars):
@@ -179,8 +226,8 @@ def _broadcast_bytes(comm, payload: bytes, root, call) -> bytes:
     return buf.tobytes()
 
 
-def sync_state(tree, comm=None, *, root=0, max_concurrent=None, fusion_bytes=None, timeout=None,
-               verify=False):
+def sync_state(tree: Any, comm: MPI.Intracomm | None = None, *, root: int = 0, max_concurrent: int | None = None,
+               fusion_bytes: int | None = None, timeout: float | None = None, verify: bool = False) -> Any:
     """Sync a nested state from ``root``: arrays in place, other leaves to root's values; return the tree.
 
     ``tree`` nests mappings (str or int keys), lists and tuples; its leaves are
@@ -193,7 +240,7 @@ def sync_state(tree, comm=None, *, root=0, max_concurrent=None, fusion_bytes=Non
     with ParamSync(comm, root=root, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes,
                    timeout=timeout) as syncer:
         flat = _Flat()
-        shape = flat.visit(tree, "")
+        shape = flat.walk(tree)
         user_comm = syncer._user_comm
         root_ok = isinstance(root, int) and not isinstance(root, bool) and 0 <= root < user_comm.size
         if not root_ok:
@@ -212,5 +259,13 @@ def sync_state(tree, comm=None, *, root=0, max_concurrent=None, fusion_bytes=Non
 
 def _exchange(comm, flat, shape, root, call) -> list:
     _agree_on_shape(comm, flat, shape, root, call)
-    payload = _json.dumps([_encode_scalar(v) for v in flat.scalars]).encode() if comm.rank == root else b""
-    return [_decode_scalar(d) for d in _json.loads(_broadcast_bytes(comm, payload, root, call))]
+    payload = b""
+    if comm.rank == root:
+        try:
+            payload = _json.dumps({"values": [_encode_scalar(v) for v in flat.scalars]}).encode()
+        except Exception as exc:  # root's failure travels instead of its values: no rank waits
+            payload = _json.dumps({"error": f"rank {root}: cannot encode a value: {type(exc).__name__}: {exc}"}).encode()
+    doc = _json.loads(_broadcast_bytes(comm, payload, root, call))
+    if "error" in doc:
+        raise InvalidParamError(f"mpisync: invalid state tree: {doc['error']}")
+    return [_decode_scalar(d) for d in doc["values"]]

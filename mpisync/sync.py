@@ -15,6 +15,7 @@ import gc as _gc
 import json as _json
 import logging as _logging
 import time as _time
+from typing import Any, Mapping, Sequence
 
 from mpi4py import MPI
 
@@ -92,8 +93,9 @@ class ParamSync:
     ``mpisync info``).
     """
 
-    def __init__(self, comm=None, *, root=0, max_concurrent=None, fusion_bytes=None,
-                 gpu_transport=None, timeout=None):
+    def __init__(self, comm: MPI.Intracomm | None = None, *, root: int = 0, max_concurrent: int | None = None,
+                 fusion_bytes: int | None = None, gpu_transport: str | None = None,
+                 timeout: float | None = None) -> None:
         self._user_comm = MPI.COMM_WORLD if comm is None else comm
         self._root = root
         # A bad setting is reported at sync time, collectively, like any bad input.
@@ -168,7 +170,8 @@ class ParamSync:
         self._device = None
         self._closed = True
 
-    def sync(self, params, *, devices=None, verify=False) -> SyncReport:
+    def sync(self, params: Mapping[str, Any], *, devices: Sequence[Any] | None = None,
+             verify: bool = False) -> SyncReport:
         """Make every replica on every rank byte-for-byte equal to root's master replica.
 
         Every rank of the communicator must call this with parameter sets of the
@@ -330,8 +333,10 @@ class ParamSync:
         timed_out(self._user_comm, phase, pending, timeout)
 
 
-def sync_params(params, comm=None, *, root=0, devices=None, max_concurrent=None, fusion_bytes=None,
-                gpu_transport=None, timeout=None, verify=False) -> SyncReport:
+def sync_params(params: Mapping[str, Any], comm: MPI.Intracomm | None = None, *, root: int = 0,
+                devices: Sequence[Any] | None = None, max_concurrent: int | None = None,
+                fusion_bytes: int | None = None, gpu_transport: str | None = None, timeout: float | None = None,
+                verify: bool = False) -> SyncReport:
     """Broadcast every parameter from ``root``'s master replica to every replica on every rank.
 
     ``params`` maps each name to one array, a sequence of replicas, or a

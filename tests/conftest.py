@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from cliutil import installed  # noqa: F401  (the fixture of the command-line tests)
 
 
 def _world_size() -> int:

@@ -115,3 +115,119 @@ def test_unsupported_leaf_is_refused_everywhere(comm):
         tree["oops"] = {1, 2}
     raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.sync_state(tree, comm),
                       f"rank {bad}: oops: unsupported leaf of type builtins.set")
+
+
+def test_numpy_scalar_types_are_kept_exactly(comm):
+    root = last_rank(comm)
+    r = comm.rank
+    tree = {"f32": np.float32(1.5 + r), "f16": np.float16(0.1 * (r + 1)), "i8": np.int8(-3 - r), "u64": np.uint64(2**63 + r),
+            "b": np.bool_(r % 2 == 0), "c64": np.complex64(1 + 2j * r),
+            "ld": np.longdouble(1) / (3 + r), "py": (1.5 + r, r, 2j + r)}
+    out = mpisync.sync_state(tree, comm, root=root)
+    expected = {"f32": np.float32(1.5 + root), "f16": np.float16(0.1 * (root + 1)), "i8": np.int8(-3 - root),
+                "u64": np.uint64(2**63 + root), "b": np.bool_(root % 2 == 0), "c64": np.complex64(1 + 2j * root)}
+    for key, want in expected.items():
+        assert type(out[key]) is type(want) and out[key].tobytes() == want.tobytes(), (key, out[key], want)
+    assert type(out["ld"]) is np.longdouble and out["ld"] == np.longdouble(1) / (3 + root)  # not cut to a float
+    assert out["py"] == (1.5 + root, root, 2j + root) and type(out["py"][2]) is complex
+
+
+@pytest.mark.parametrize("kind", ["cycle", "deep-5000", "deep-list"])
+def test_cyclic_or_too_deep_tree_on_one_rank_is_refused_everywhere(comm, kind):
+    bad = last_rank(comm)
+    weights = values("w", comm.rank, (4,), "float32")
+    before = weights.copy()
+    tree = {"w": weights, "sub": {"x": 1}}
+    if comm.rank == bad:
+        if kind == "cycle":
+            tree["sub"]["again"] = tree
+        else:
+            node = tree["sub"]
+            for _ in range(5000):
+                node["k"] = [{}] if kind == "deep-list" else {}
+                node = node["k"][0] if kind == "deep-list" else node["k"]
+    expected = ("sub.again: the tree contains itself (a cycle)" if kind == "cycle"
+                else f"the tree nests deeper than {mpisync.state.MAX_DEPTH} levels")
+    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.sync_state(tree, comm, root=0),
+                      f"rank {bad}", expected)
+    assert same_bytes(weights, before)  # nothing was written
+
+
+def _model_and_optimizer(torch, rank, steps):
+    torch.manual_seed(300 + rank)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3 * (rank + 1), weight_decay=0.01)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(6, 5)).pow(2).sum().backward()
+        opt.step()
+    return model, opt
+
+
+@pytest.mark.parametrize("form", ["state_dict", "named_parameters", "generator", "list"])
+def test_broadcast_parameters_takes_horovod_forms(comm, form):
+    torch = pytest.importorskip("torch")
+    root = comm.size // 2
+    model, _ = _model_and_optimizer(torch, comm.rank, 0)
+    ref, _ = _model_and_optimizer(torch, root, 0)
+    params = {"state_dict": lambda: model.state_dict(), "named_parameters": lambda: model.named_parameters(),
+              "generator": lambda: ((n, p) for n, p in model.state_dict().items()),
+              "list": lambda: list(model.named_parameters())}[form]()
+    assert mpisync.broadcast_parameters(params, root_rank=root, comm=comm) is None
+    names = ref.state_dict() if form in ("state_dict", "generator") else dict(ref.named_parameters())
+    for name, tensor in names.items():
+        assert same_bytes(model.state_dict()[name].detach().numpy(), tensor.detach().numpy()), name
+
+
+def test_broadcast_parameters_refuses_non_pairs_everywhere(comm):
+    bad = last_rank(comm)
+    weights = values("w", comm.rank, (3,), "float64")
+    params = {"w": weights} if comm.rank != bad else [("w", weights), "oops"]
+    raises_everywhere(comm, mpisync.InvalidParamError,
+                      lambda: mpisync.broadcast_parameters(params, root_rank=0, comm=comm),
+                      f"rank {bad}: item 1 of params is not a (name, tensor) pair: str")
+
+
+@pytest.mark.parametrize("root_steps", [1, 3])
+def test_broadcast_optimizer_state_fills_ranks_without_state(comm, root_steps):
+    torch = pytest.importorskip("torch")
+    root = last_rank(comm)
+    # Resume: only root has state (it loaded a checkpoint); rank 0 (when not root) has stepped once.
+    model, opt = _model_and_optimizer(torch, comm.rank, root_steps if comm.rank == root else int(comm.rank == 0))
+    mpisync.broadcast_parameters(model.state_dict(), root_rank=root, comm=comm)
+    mpisync.broadcast_optimizer_state(opt, comm, root=root)
+    ref_model, ref_opt = _model_and_optimizer(torch, root, root_steps)
+    mine, ref = opt.state_dict(), ref_opt.state_dict()
+    assert mine["param_groups"] == ref["param_groups"]
+    assert list(mine["state"]) == list(ref["state"])  # root's order too
+    for index, state in ref["state"].items():
+        assert list(mine["state"][index]) == list(state)
+        for key, tensor in state.items():
+            got = mine["state"][index][key]
+            assert got.dtype == tensor.dtype and same_bytes(got.numpy(), tensor.numpy()), (index, key)
+    torch.manual_seed(9)  # one more step from identical states: identical parameters
+    batch = torch.randn(6, 5)
+    for m, o in ((model, opt), (ref_model, ref_opt)):
+        o.zero_grad()
+        m(batch).pow(2).sum().backward()
+        o.step()
+    for name, tensor in ref_model.state_dict().items():
+        assert same_bytes(model.state_dict()[name].numpy(), tensor.numpy()), name
+
+
+def test_broadcast_optimizer_state_local_failure_is_agreed(comm):
+    torch = pytest.importorskip("torch")
+    root = 0
+    model, opt = _model_and_optimizer(torch, comm.rank, 2 if comm.rank == root else 0)
+    if comm.rank == last_rank(comm):
+        calls = []
+        real = opt.state_dict
+
+        def failing_second_call():  # describing works; building root's structure then fails here alone
+            calls.append(1)
+            if len(calls) > 1:
+                raise RuntimeError("state_dict failed on this rank")
+            return real()
+        opt.state_dict = failing_second_call
+    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.broadcast_optimizer_state(opt, comm, root=root),
+                      f"rank {last_rank(comm)}", "state_dict failed on this rank")

@@ -18,8 +18,12 @@ def _size(n: int) -> str:
 def table(results: dict) -> str:
     """A plain-text report of every section present in ``results``."""
     meta = results["meta"]
-    lines = [f"mpisync bench: {meta['ranks']} ranks, root {meta['root']}, {meta['mpi_library']}, "
+    lines = [f"mpisync bench: {meta['ranks']} rank{'' if meta['ranks'] == 1 else 's'}, root {meta['root']}, {meta['mpi_library']}, "
              f"median of {meta['iterations']} iterations (slowest rank each)"]
+    if meta["ranks"] == 1:
+        lines.append("1 rank: no peer to broadcast to, so these times are mpisync's own cost on one process "
+                     "(validation, plans, packing, the local fan-out) and MPI's copy to itself; run under "
+                     "`mpiexec -n 2` or more to measure broadcasts")
     if results["osu"]:
         lines += ["", "OSU-style Bcast sweep (latency us: min / avg / max; Ibcast overlap %)",
                   f"{'size':>10} {'min':>10} {'avg':>10} {'max':>10} {'GB/s':>7} {'Ibcast':>10} {'overlap':>8}"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse as _argparse
 import datetime as _datetime
-import sys as _sys
 
 import numpy as _np
 from mpi4py import MPI
 
 import mpisync
 from mpisync import config as _config
+from mpisync import progress as _progress
 from mpisync.workloads import WORKLOADS, make_params, workload
 
 from . import memory as _memory
@@ -65,28 +65,14 @@ def _ints(text: str) -> list:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
-class _Progress:
-    """A tqdm bar on rank 0 when tqdm is installed (``mpisync[bench]``); otherwise a line per step."""
+class _Progress(_progress.Progress):
+    """Rank 0's progress: a tqdm bar (``mpisync[bench]``) with its total, else plain-text lines."""
 
     def __init__(self, comm, total: int, enabled: bool):
-        self._bar = None
-        self._active = enabled and comm.rank == 0
-        if self._active:
-            try:
-                from tqdm import tqdm
-
-                self._bar = tqdm(total=total, desc="mpisync bench", unit="step", file=_sys.stderr, leave=False)
-            except ImportError:
-                print("mpisync bench: install mpisync[bench] (tqdm) for a progress bar", file=_sys.stderr)
+        super().__init__("mpisync bench", total, enabled=enabled and comm.rank == 0)
 
     def step(self, label: str = "") -> None:
-        if self._bar is not None:
-            self._bar.set_postfix_str(label, refresh=False)
-            self._bar.update()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+        self.update(1, label)
 
 
 def _strategy_list(comm, defaults) -> list:

@@ -1,0 +1,150 @@
+"""Horovod-style entry points: ``broadcast_parameters`` and ``broadcast_optimizer_state``.
+
+For code written against ``horovod.torch``::
+
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+becomes::
+
+    mpisync.broadcast_parameters(model.state_dict(), root_rank=0)
+    mpisync.broadcast_optimizer_state(optimizer, root=0)
+
+Parameters are synced as by :func:`mpisync.sync_params`, the optimizer's
+state as by :func:`mpisync.sync_state`. Ranks whose optimizer has no state yet
+(the usual resume: only root loaded a checkpoint) first get root's state
+structure, described by root as JSON (shapes, dtypes), never pickled.
+"""
+
+from __future__ import annotations
+
+import collections.abc as _abc
+import json as _json
+from typing import Any, Iterable, Mapping, Tuple, Union
+
+from mpi4py import MPI
+
+from .agreement import all_equal, allgather_bytes
+from .errors import InvalidParamError
+from .state import _broadcast_bytes, sync_state
+from .sync import ParamSync
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state"]
+
+Params = Union[Mapping[str, Any], Iterable[Tuple[str, Any]]]
+
+
+def _agree_on_local_errors(comm, error: str, call) -> None:
+    """Raise the same :class:`InvalidParamError` on every rank if any rank's ``error`` is not empty."""
+    high, _ = all_equal(comm, [1 if error else 0], call)
+    if high[0]:
+        messages = [(rank, raw.decode(errors="replace")) for rank, raw in
+                    enumerate(allgather_bytes(comm, error.encode(), call)) if raw]
+        raise InvalidParamError(f"mpisync: invalid input on rank(s) {', '.join(str(r) for r, _ in messages)}: "
+                                + "; ".join(f"rank {r}: {m}" for r, m in messages))
+
+
+def _as_mapping(params) -> tuple:
+    """``(mapping, error)``: ``params`` as a name -> tensor mapping, or why it is not one."""
+    if isinstance(params, _abc.Mapping):
+        return params, ""
+    if isinstance(params, (str, bytes)) or not isinstance(params, _abc.Iterable):
+        return {}, (f"params must be a mapping (state_dict()) or (name, tensor) pairs (named_parameters()), "
+                    f"got {type(params).__name__}")
+    mapping: dict = {}
+    for i, item in enumerate(params):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            return {}, f"item {i} of params is not a (name, tensor) pair: {type(item).__name__}"
+        if item[0] in mapping:
+            return {}, f"parameter name {item[0]!r} appears twice in params"
+        mapping[item[0]] = item[1]
+    return mapping, ""
+
+
+def broadcast_parameters(params: Params, root_rank: int = 0, comm: MPI.Intracomm | None = None) -> None:
+    """Horovod's ``broadcast_parameters``: make ``params`` root_rank's on every rank, in place.
+
+    ``params`` is a mapping (``model.state_dict()``) or an iterable of
+    ``(name, tensor)`` pairs (``model.named_parameters()``); the semantics are
+    :func:`mpisync.sync_params`'s with ``root=root_rank``. Returns ``None``.
+    """
+    with ParamSync(comm, root=root_rank) as syncer:
+        try:
+            mapping, error = _as_mapping(params)
+        except Exception as exc:  # an iterable that fails while it is read: every rank hears of it
+            mapping, error = {}, f"cannot read params: {type(exc).__name__}: {exc}"
+        syncer._collective_exchange("argument check", list(mapping),
+                                    lambda comm, call: _agree_on_local_errors(comm, error, call))
+        syncer.sync(mapping)
+
+
+def _describe(optimizer) -> dict:
+    """This rank's optimizer state as JSON: per parameter index, each entry's kind, shape, dtype."""
+    import torch
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = optimizer.state_dict()["state"]
+    described = {}
+    for index, entries in state.items():
+        described[str(index)] = {
+            str(key): (["tensor", list(value.shape), str(value.dtype).replace("torch.", ""),
+                        value.device == params[index].device]
+                       if isinstance(value, torch.Tensor) else ["value"])
+            for key, value in entries.items()}
+    return {"params": len(params), "state": described}
+
+
+def _skeleton(optimizer, root_description: dict, mine: dict) -> dict:
+    """This rank's ``state_dict()`` with root's state structure: entries root has and this rank lacks
+    are new tensors of root's shape and dtype (values follow in the sync); entries root lacks go."""
+    import torch
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state_dict = optimizer.state_dict()
+    own = state_dict["state"]
+    state = {}
+    for index_text, entries in root_description["state"].items():
+        index = int(index_text)
+        have, kinds_here = own.get(index, {}), mine["state"].get(index_text, {})
+        filled = {}
+        for key, kind in entries.items():
+            if key in have and kinds_here.get(key, ["?"])[0] == kind[0]:
+                filled[key] = have[key]  # a shape or dtype that differs is sync_state's error to name
+            elif kind[0] == "tensor":
+                device = params[index].device if kind[3] and index < len(params) else "cpu"
+                filled[key] = torch.zeros(kind[1], dtype=getattr(torch, kind[2]), device=device)
+            else:
+                filled[key] = None  # root's value replaces it
+        state[index] = filled
+    return {**state_dict, "state": state}
+
+
+def broadcast_optimizer_state(optimizer: Any, comm: MPI.Intracomm | None = None, *, root: int = 0) -> None:
+    """Make a torch optimizer's state and hyper-parameters ``root``'s on every rank.
+
+    Ranks that have no state yet (only root loaded a checkpoint, or the others
+    never stepped) first get root's state structure, as Horovod does; then
+    every tensor takes root's bytes and every other value (step counts,
+    learning rate, betas) root's value and type, through :func:`mpisync.sync_state`.
+    """
+    with ParamSync(comm, root=root) as syncer:
+        def exchange(world, call):
+            error, mine, payload = "", {}, b""
+            try:
+                mine = _describe(optimizer)
+                payload = _json.dumps(mine).encode()  # in root's order: the others take it
+            except Exception as exc:
+                error = f"cannot read the optimizer's state: {type(exc).__name__}: {exc}"
+            _agree_on_local_errors(world, error, call)
+            described = _json.loads(_broadcast_bytes(world, payload if world.rank == root else b"", root, call))
+            # Building root's structure can fail here alone (a dtype this torch lacks, a device
+            # this rank has not): agreed again, so no rank goes on into sync_state by itself.
+            tree, error = None, ""
+            try:
+                tree = optimizer.state_dict() if mine == described else _skeleton(optimizer, described, mine)
+            except Exception as exc:
+                error = f"cannot build root's optimizer state structure: {type(exc).__name__}: {exc}"
+            _agree_on_local_errors(world, error, call)
+            return tree
+        tree = syncer._collective_exchange("optimizer structure exchange", [], exchange)
+    optimizer.load_state_dict(sync_state(tree, comm, root=root))
