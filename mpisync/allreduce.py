@@ -23,7 +23,6 @@ from . import config as _config
 from . import reduceops as _ops
 from .agreement import agree, diagnose
 from .arrays import ArrayView
-from .crossmemory import host_word
 from .errors import InvalidParamError, SyncError, SyncTimeoutError
 from .manifest import Param, build_manifest
 from .reduceplan import compile_steps, fan_out, local_reduce
@@ -179,7 +178,7 @@ class GradSync:
                 if self._comm is None:
                     call(self._dup[1])
                     self._comm, self._dup = self._dup[0], None
-                agree(self._comm, manifest, call, host=host_word())
+                agree(self._comm, manifest, call)
                 report.collectives += 1
             elif manifest.errors:
                 raise diagnose([_json_doc(manifest)])
