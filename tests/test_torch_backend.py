@@ -233,3 +233,21 @@ def test_new_group_honours_its_timeout(comm):
     tensor = torch.ones(2)
     dist.all_reduce(tensor, group=group)
     assert tensor.tolist() == [float(comm.size)] * 2
+
+
+def test_host_copies_outlive_their_posting(comm):
+    # A half-precision or non-contiguous input goes through a host copy that only the operation
+    # references: it must stay alive until the request completes (Open MPI reads it late).
+    block = torch.empty(3, dtype=torch.float16)
+    work = dist.reduce_scatter_tensor(block, torch.full((3 * comm.size,), comm.rank + 1.0, dtype=torch.float16),
+                                      async_op=True)
+    strided = (torch.arange(8, dtype=torch.float64) + 100 * comm.rank)[::2]
+    gathered = torch.empty(4 * comm.size, dtype=torch.float64)
+    gather = dist.all_gather_into_tensor(gathered, strided, async_op=True)
+    import gc
+
+    gc.collect()
+    work.wait()
+    gather.wait()
+    assert block.tolist() == [float(sum(r + 1 for r in range(comm.size)))] * 3
+    assert gathered.tolist() == [float(2 * i + 100 * r) for r in range(comm.size) for i in range(4)]

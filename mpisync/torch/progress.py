@@ -54,17 +54,20 @@ _CALLER_HEAD_START = 0.0005
 # long without any.
 _IDLE_POLL_SECONDS = 0.0005
 _IDLE_SLEEP_AFTER = 0.2
-# Requests of failed operations: never freed, since MPI may still complete them into their buffers.
+# Failed operations (requests and buffers): never freed, since MPI may still complete them.
 _ABANDONED: list = []
 
 
 class Operation:
     """One posted operation: its requests, what runs once they complete, and its future."""
 
-    __slots__ = ("requests", "finish", "result", "label", "future", "posted", "claim", "done")
+    __slots__ = ("requests", "finish", "result", "label", "future", "posted", "claim", "done", "buffers")
 
     def __init__(self, requests, finish, result, label, future):
         self.requests, self.finish, self.result, self.label, self.future = requests, finish, result, label, future
+        # What the requests read and write (the poster's closure holds the host copies): MPI may use
+        # a buffer until its request completes, and mpi4py's requests need not keep it alive.
+        self.buffers = None
         self.posted = _time.monotonic()
         # Whoever takes ``claim`` waits for the requests (MPI forbids two threads waiting on one
         # request): the progress thread, or a caller that waits before the thread got to it.
@@ -123,6 +126,7 @@ class Engine:
                 self._check()
                 operation = Operation((), finish, result, label, future)
                 operation.claim.acquire()  # completed here: nobody waits for its requests again
+                operation.buffers = post
                 operation.requests = self._post(post, operation)
             self._wait_here(operation)  # outside _post_lock: a callback of its future may submit
             return operation
@@ -137,6 +141,7 @@ class Engine:
         with self._post_lock:
             self._check()
             operation = Operation((), finish, result, label, future)
+            operation.buffers = post
             operation.requests = self._post(post, operation)
             with self._cond:
                 self._pending.append(operation)
@@ -227,6 +232,7 @@ class Engine:
             operation.future.set_exception(exc)
         else:
             operation.future.set_result(operation.result)
+        operation.buffers = None  # done with: the host copies may go
         operation.mark_finished()
 
     def _retire(self, operation) -> None:
@@ -311,7 +317,7 @@ class Engine:
     @staticmethod
     def _abandon(failed: list, error: BaseException) -> None:
         # Requests that may still be in flight keep their buffers alive (MPI may write into them).
-        _ABANDONED.extend(op.requests for op in failed)
+        _ABANDONED.extend(failed)
         for operation in failed:
             if not operation.future.done():
                 operation.future.set_exception(error)
