@@ -185,6 +185,22 @@ def test_mpi_error_fails_the_operation_and_every_later_one(comm):
     comm.Barrier()
 
 
+def test_post_failing_after_some_requests_breaks_the_group(comm):
+    # Some requests were posted when posting failed: they stay alive, and the group breaks (this
+    # rank's collectives may no longer match the other ranks').
+    group = _group(comm, timeout=60)
+
+    def post(c):
+        yield c.Ibarrier()
+        raise ValueError("second request refused")
+    with pytest.raises(mpisync.SyncError, match="ValueError in partial: second request refused"):
+        group._engine.submit(post, label="partial")
+    with pytest.raises(mpisync.SyncError, match="unusable"):
+        group.barrier()
+    group.shutdown()
+    comm.Barrier()
+
+
 def test_callbacks_on_the_progress_thread_may_issue_collectives(comm):
     # A comm hook's callback runs where the future completes (the progress thread) and issues more
     # collectives than max_concurrent allows in flight: it must not wait for room only it can free.

@@ -157,10 +157,11 @@ class Engine:
             for request in post(self.comm):
                 requests.append(request)
         except BaseException as exc:
-            if requests:
-                operation.requests = requests
-                self._fail(operation, exc)
-            raise
+            if not requests:
+                raise
+            operation.requests = requests
+            self._fail(operation, exc)
+            operation.future.wait()  # raises the SyncError _fail set
         return requests
 
     def _wait_here(self, operation) -> None:
@@ -304,8 +305,10 @@ class Engine:
         self._abandon(failed, SyncTimeoutError(error))
 
     def _fail(self, operation, exc: BaseException) -> None:
-        """An MPI error in ``operation``: break the engine, fail it and every pending operation."""
-        reason = f"MPI error in {operation.label or 'an operation'}: {exc}"
+        """An MPI error in ``operation`` (or an error posting it after some of its requests were
+        posted): break the engine, fail it and every pending operation."""
+        kind = "MPI error" if isinstance(exc, MPI.Exception) else type(exc).__name__
+        reason = f"{kind} in {operation.label or 'an operation'}: {exc}"
         with self._cond:
             if self._broken is None:
                 self._broken = reason
