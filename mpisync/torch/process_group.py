@@ -24,6 +24,10 @@ from .progress import Engine
 
 __all__ = ["ProcessGroupMPISync"]
 
+# Communicators of groups broken by a timeout or an MPI error: freeing one with requests still in
+# flight on it can crash the MPI library.
+_ABANDONED_COMMS: list = []
+
 
 class _Work(dist._Work):
     """torch's work object for one operation of the engine."""
@@ -106,7 +110,10 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         self._engine.close()
         for syncer in self._param_syncs.values():
             syncer.close()
-        self._comm.Free()
+        if self._engine.broken:  # requests may still be in flight on it: never freed
+            _ABANDONED_COMMS.append(self._comm)
+        else:
+            self._comm.Free()
         self._comm = None
 
     def abort(self) -> None:

@@ -199,6 +199,11 @@ class Engine:
             return
         self._retire(operation)
 
+    @property
+    def broken(self) -> bool:
+        """Whether a timeout or an MPI error made the engine unusable (requests may still be in flight)."""
+        return self._broken is not None
+
     def drain(self) -> None:
         """Wait until every operation posted so far has completed."""
         with self._cond:
