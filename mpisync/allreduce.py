@@ -23,18 +23,18 @@ from . import config as _config
 from . import reduceops as _ops
 from .agreement import agree, diagnose
 from .arrays import ArrayView
-from .errors import InvalidParamError, SyncError, SyncTimeoutError
+from .errors import InvalidParamError, SyncError
 from .manifest import Param, build_manifest
 from .reduceplan import compile_steps, fan_out, local_reduce
 from .report import SyncReport
 from .ring import Expired, TrackedRing, wait_request
 from .speedups import speedups as _speedups
+from .timeouts import timed_out
 
 __all__ = ["GradSync", "allreduce"]
 
-# Seconds between writing a timeout diagnostic and aborting, so the launcher forwards the message.
-_ABORT_GRACE_SECONDS = 1.0
-
+# What timed-out all-reduces left in flight (requests, buffers, communicator): never freed.
+_ABANDONED: list = []
 
 def _check_comm(comm) -> None:
     if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
@@ -49,24 +49,6 @@ def _storage(values: tuple) -> tuple:
         return ()
     # ``tensor.data = other`` keeps the object but moves its bytes: compare where they are.
     return tuple(v.data_ptr() for v in values if isinstance(v, torch.Tensor))
-
-
-def timed_out(comm, phase: str, pending: list, timeout: float) -> None:
-    """Write the diagnostic of a collective that did not complete, then abort the job (default)
-    or raise :class:`~mpisync.SyncTimeoutError` (``MPISYNC_TIMEOUT_ABORT=0``)."""
-    shown = ", ".join(repr(n) for n in pending[:20])
-    if len(pending) > 20:
-        shown += f", ... and {len(pending) - 20} more"
-    message = (f"mpisync: rank {comm.rank} of {comm.size}: the {phase} did not complete within {timeout:g} s; "
-               f"pending: {shown or 'none'}. Another rank may not have called it, may have died, or may be "
-               "stuck elsewhere.")
-    if _config.abort_on_timeout():
-        _sys.stderr.write(f"SyncTimeoutError: {message}\nmpisync: MPI cannot cancel a collective, so rank "
-                          f"{comm.rank} aborts the job (set MPISYNC_TIMEOUT_ABORT=0 to raise instead).\n")
-        _sys.stderr.flush()
-        _time.sleep(_ABORT_GRACE_SECONDS)
-        comm.Abort(1)
-    raise SyncTimeoutError(message)
 
 
 class _Staging:
@@ -185,10 +167,13 @@ class GradSync:
             if prepared is None:
                 prepared = self._prepare(params, devices, manifest, size)
             phase = "all-reduce"
-            ring = self._run(prepared, report, size, timeout)
+            ring = TrackedRing(self._values["max_concurrent"], timeout)
+            self._run(prepared, report, size, ring)
         except Expired:
             pending = [n for label in ring.pending_labels() for n in label] if ring is not None else manifest.names
             self._broken = f"an all-reduce timed out during the {phase}; its collectives may still be pending"
+            # MPI may still write into the fusion and staging buffers: they outlive this object.
+            _ABANDONED.append((ring, prepared, self._comm))
             timed_out(comm, f"all-reduce {phase}", pending, timeout)
         report.seconds = _time.perf_counter() - start
         return report
@@ -236,13 +221,12 @@ class GradSync:
             self._prepared = prepared
         return prepared
 
-    def _run(self, prepared, report, size, timeout):
+    def _run(self, prepared, report, size, ring) -> None:
         _reduced, staging, steps, _arena, replicated = prepared[4]
         if staging is not None:
             staging.load()
             report.transport = "staged"
         local_reduce(replicated, self._op)
-        ring = TrackedRing(self._values["max_concurrent"], timeout)
         op = _ops.mpi_op(self._op)
         for step in steps:
             ring.make_room()
@@ -259,7 +243,6 @@ class GradSync:
         report.collectives += len(steps) if size > 1 else 0
         report.fused_buckets = sum(1 for s in steps if s.fused)
         report.transfers = len(steps)
-        return ring
 
 
 def _json_doc(manifest) -> dict:

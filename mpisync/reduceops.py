@@ -6,7 +6,8 @@ bfloat16 at all), so ``float16`` and ``bfloat16`` are reduced in ``float32``
 staging buffers: widened exactly, reduced, then rounded once (to nearest,
 ties to even) on the way back. ``avg`` is a sum divided by the number of
 replicas over all ranks; for integer dtypes the division floors (as torch's
-``//``). ``bool`` is refused; complex dtypes take ``sum``, ``avg`` and
+``//``), and integers narrower than 64 bits are summed in ``int64`` staging
+buffers, so that the sum cannot overflow the dtype before the division. ``bool`` is refused; complex dtypes take ``sum``, ``avg`` and
 ``prod`` only (no ordering for ``min``/``max``).
 """
 
@@ -15,7 +16,8 @@ from __future__ import annotations
 import numpy as _np
 from mpi4py import MPI
 
-__all__ = ["OPS", "check", "reduce_dtype", "mpi_op", "local_op", "is_staged", "widen", "narrow_into", "divide"]
+__all__ = ["OPS", "check", "reduce_dtype", "itemsize", "mpi_op", "local_op", "is_staged", "widen", "narrow_into",
+           "divide"]
 
 OPS = ("sum", "avg", "min", "max", "prod")
 
@@ -35,14 +37,24 @@ def check(dtype: str, op: str) -> str | None:
     return None
 
 
-def is_staged(dtype: str) -> bool:
-    """Whether ``dtype`` is reduced in a ``float32`` staging buffer."""
-    return dtype in _STAGED
+_WIDENED_FOR_AVG = ("int8", "int16", "int32", "uint8", "uint16", "uint32")
 
 
-def reduce_dtype(dtype: str) -> _np.dtype:
-    """The numpy dtype MPI reduces ``dtype`` in."""
-    return _np.dtype(_np.float32) if dtype in _STAGED else _np.dtype(dtype)
+def is_staged(dtype: str, op: str = "sum") -> bool:
+    """Whether ``dtype`` is reduced with ``op`` in a staging buffer of another dtype (:func:`reduce_dtype`)."""
+    return dtype in _STAGED or (op == "avg" and dtype in _WIDENED_FOR_AVG)
+
+
+def reduce_dtype(dtype: str, op: str = "sum") -> _np.dtype:
+    """The numpy dtype MPI reduces ``dtype`` in with ``op``."""
+    if dtype in _STAGED:
+        return _np.dtype(_np.float32)
+    return _np.dtype(_np.int64) if op == "avg" and dtype in _WIDENED_FOR_AVG else _np.dtype(dtype)
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per value of ``dtype`` (``bfloat16`` included)."""
+    return 2 if dtype in _STAGED else _np.dtype(dtype).itemsize
 
 
 def mpi_op(op: str):
@@ -56,7 +68,14 @@ def local_op(op: str):
 
 
 def widen(raw, dtype: str, out: _np.ndarray | None = None) -> _np.ndarray:
-    """``float32`` values of the half-precision bytes ``raw`` (exact), into ``out`` if given."""
+    """The values of the bytes ``raw`` in their staging dtype (exact): ``float32`` for half
+    precision, ``int64`` for integers; into ``out`` if given."""
+    if dtype not in _STAGED:
+        values = _np.frombuffer(raw, dtype)
+        if out is None:
+            return values.astype(_np.int64)
+        out[...] = values
+        return out
     if dtype == "float16":
         half = _np.frombuffer(raw, _np.float16)
         if out is None:
@@ -71,7 +90,11 @@ def widen(raw, dtype: str, out: _np.ndarray | None = None) -> _np.ndarray:
 
 
 def narrow_into(raw, values: _np.ndarray, dtype: str) -> None:
-    """Round ``float32`` ``values`` to ``dtype`` (nearest, ties to even) into the bytes ``raw``."""
+    """Round staged ``values`` to ``dtype`` (half precision: nearest, ties to even; integers: values
+    already in range after ``avg``'s division) into the bytes ``raw``."""
+    if dtype not in _STAGED:
+        _np.frombuffer(raw, dtype)[...] = values
+        return
     if dtype == "float16":
         _np.frombuffer(raw, _np.float16)[...] = values
         return

@@ -33,21 +33,24 @@ class ReduceStep:
 
 
 def local_reduce(params: list, op: str) -> None:
-    """Combine every parameter's replicas into its master (the local half of the reduction)."""
+    """Combine every parameter's replicas into its master (the local half of the reduction);
+    staged parameters are combined in their staging buffers instead (see :func:`_combine_into`)."""
     combine = _ops.local_op(op)
     for p in params:
-        if len(p.replicas) < 2:
-            continue
         dtype = p.master.dtype
-        if _ops.is_staged(dtype):
-            total = _ops.widen(p.master.data, dtype).copy()
-            for r in p.replicas[1:]:
-                combine(total, _ops.widen(r.data, dtype), out=total)
-            _ops.narrow_into(p.master.data, total, dtype)
-        else:
-            total = _np.frombuffer(p.master.data, dtype)
-            for r in p.replicas[1:]:
-                combine(total, _np.frombuffer(r.data, dtype), out=total)
+        if len(p.replicas) < 2 or _ops.is_staged(dtype, op):
+            continue
+        total = _np.frombuffer(p.master.data, dtype)
+        for r in p.replicas[1:]:
+            combine(total, _np.frombuffer(r.data, dtype), out=total)
+
+
+def _combine_into(out, sources: list, dtype: str, op: str) -> None:
+    """Widen the first of ``sources`` (replicas' bytes) into ``out``, and combine the others there."""
+    _ops.widen(sources[0], dtype, out=out)
+    combine = _ops.local_op(op)
+    for raw in sources[1:]:
+        combine(out, _ops.widen(raw, dtype), out=out)
 
 
 def fan_out(params: list) -> None:
@@ -77,34 +80,36 @@ def _then(first, second):
     return lambda: (first(), second())
 
 
-def _fused_step(params, dtype, pieces, buffer, arena, offset, divide, label) -> ReduceStep:
-    if not _ops.is_staged(dtype):
+def _fused_step(params, dtype, op, pieces, buffer, arena, offset, divide, label) -> ReduceStep:
+    if not _ops.is_staged(dtype, op):
         copies = copy_list(offset, [params[i].master.data for i, _, _, _ in pieces])
         return ReduceStep(buffer, label, lambda: arena.gather(copies),
                           _then(divide, lambda: arena.scatter(copies)), True)
-    slots = [(params[i].master.data, buffer[b // 4:(b + n) // 4]) for i, _, b, n in pieces]
+    size = buffer.itemsize
+    slots = [([r.data for r in params[i].replicas], buffer[b // size:(b + n) // size]) for i, _, b, n in pieces]
 
     def load():
-        for raw, part in slots:
-            _ops.widen(raw, dtype, out=part)
+        for sources, part in slots:
+            _combine_into(part, sources, dtype, op)
 
     def store():
-        for raw, part in slots:
-            _ops.narrow_into(raw, part, dtype)
+        for sources, part in slots:
+            _ops.narrow_into(sources[0], part, dtype)
     return ReduceStep(buffer, label, load, _then(divide, store), True)
 
 
-def _direct_step(params, dtype, piece, rdtype, divide_for, label) -> ReduceStep:
+def _direct_step(params, dtype, op, piece, rdtype, divide_for, label) -> ReduceStep:
     index, offset, _, nbytes = piece
     raw = params[index].master.data
-    if not _ops.is_staged(dtype):
+    if not _ops.is_staged(dtype, op):
         buffer = _np.frombuffer(raw, rdtype, nbytes // rdtype.itemsize, offset)
         return ReduceStep(buffer, label, None, divide_for(buffer), False)
-    # plan bytes count float32 values: the source holds half as many bytes
-    source = raw[offset // 2:(offset + nbytes) // 2]
-    buffer = _np.empty(nbytes // 4, _np.float32)
-    return ReduceStep(buffer, label, lambda: _ops.widen(source, dtype, out=buffer),
-                      _then(divide_for(buffer), lambda: _ops.narrow_into(source, buffer, dtype)), False)
+    # plan bytes count staged values: the source holds ``ratio`` times fewer bytes
+    ratio = rdtype.itemsize // _ops.itemsize(dtype)
+    sources = [r.data[offset // ratio:(offset + nbytes) // ratio] for r in params[index].replicas]
+    buffer = _np.empty(nbytes // rdtype.itemsize, rdtype)
+    return ReduceStep(buffer, label, lambda: _combine_into(buffer, sources, dtype, op),
+                      _then(divide_for(buffer), lambda: _ops.narrow_into(sources[0], buffer, dtype)), False)
 
 
 def compile_steps(params: list, op: str, fusion_bytes: int, size: int) -> tuple:
@@ -116,8 +121,8 @@ def compile_steps(params: list, op: str, fusion_bytes: int, size: int) -> tuple:
     layouts = []
     arena_bytes = 0
     for dtype, members in groups.items():
-        rdtype = _ops.reduce_dtype(dtype)
-        scale = rdtype.itemsize / _np.dtype(_np.uint16 if _ops.is_staged(dtype) else dtype).itemsize
+        rdtype = _ops.reduce_dtype(dtype, op)
+        scale = rdtype.itemsize / _ops.itemsize(dtype)
         sizes = [int(params[i].nbytes * scale) for i in members]
         plan = build_plan(sizes, fusion_bytes, _CHUNK_BYTES)
         for transfer in plan:
@@ -133,11 +138,11 @@ def compile_steps(params: list, op: str, fusion_bytes: int, size: int) -> tuple:
         if transfer.fused:
             buffer = _np.frombuffer(arena.view, rdtype, transfer.nbytes // rdtype.itemsize, offset)
             divide = _divider(op, size, params, pieces, buffer, rdtype.itemsize)
-            steps.append(_fused_step(params, dtype, pieces, buffer, arena, offset, divide, label))
+            steps.append(_fused_step(params, dtype, op, pieces, buffer, arena, offset, divide, label))
         else:
             piece = pieces[0]
             steps.append(_direct_step(
-                params, dtype, piece, rdtype,
+                params, dtype, op, piece, rdtype,
                 lambda buffer, p=piece: _divider(op, size, params, ((p[0], 0, 0, buffer.nbytes),), buffer,
                                                  rdtype.itemsize), label))
     return steps, arena

@@ -230,13 +230,11 @@ class SegmentTransport(Transport):
     def run(self, program, ctx: Context) -> None:
         timeline, deadline = ctx.timeline, ctx.deadline
         start = timeline.now()
-        log = None
-        if logger.isEnabledFor(_logging.DEBUG):
-            def log(k, chunk):
-                logger.debug("slot %d/%d: %d bytes through shared memory: %s", k + 1, len(program), chunk.nbytes,
-                             _names(chunk.label))
+        def log(k, chunk):
+            logger.debug("slot %d/%d: %d bytes through shared memory: %s", k + 1, len(program), chunk.nbytes,
+                         _names(chunk.label))
         self.clean = False
-        self.segment.run(program, deadline.at, timeline.active, log)
+        self.segment.run(program, deadline.at, timeline.active, log if logger.isEnabledFor(_logging.DEBUG) else None)
         self.clean = True
         timeline.span("broadcast", start, chunks=len(program), channel="shared memory")
 

@@ -15,14 +15,20 @@ _SIZES = {"a.tiny": 3, "b.small": 700, "c.large": 20000, "d.scalar": 1}
 
 
 def _values(name: str, rank: int, replica: int, n: int, dtype) -> np.ndarray:
-    # Small values so that products and sums over 4 ranks x 2 replicas stay exact in every dtype.
-    base = (np.arange(n) * 7 + len(name) + rank * 3 + replica) % 3 + 1
+    # Every rank and replica holds different values (min, max, sum tell whether ranks were reduced),
+    # small enough that sums stay exact in every dtype.
+    base = (np.arange(n) * 7 + len(name) + rank + replica) % 3 + 1
     return base.astype(dtype)
 
 
+def _reference_dtype(dtype):
+    kind = np.dtype(dtype).kind
+    # Integers in int64: a product that wraps in the dtype wraps alike in MPI, numpy and this reference.
+    return np.int64 if kind in "iu" else np.complex128 if kind == "c" else np.float64
+
+
 def _expected(op: str, name: str, size: int, replicas: int, n: int, dtype) -> np.ndarray:
-    every = np.stack([_values(name, r, k, n, np.float64 if np.dtype(dtype).kind != "c" else np.complex128)
-                      for r in range(size) for k in range(replicas)])
+    every = np.stack([_values(name, r, k, n, _reference_dtype(dtype)) for r in range(size) for k in range(replicas)])
     out = _REFERENCE[op](every, axis=0)
     if op == "avg":
         count = size * replicas
@@ -152,3 +158,17 @@ def test_cuda_tensors(comm):
     report = mpisync.allreduce({"g": grad}, comm, op="sum")
     assert report.transport == "staged"
     assert torch.all(grad.cpu() == sum(range(comm.size)))
+
+
+@pytest.mark.parametrize("fusion_bytes", [4096, 0], ids=["fused", "direct"])
+def test_integer_avg_sums_without_overflowing_the_dtype(comm, fusion_bytes):
+    # int8 avg(100, 100) is 100, not (200 wrapped to -56) // 2 = -28: the sum is taken in int64.
+    params = {"i8": [np.full(5, 100, np.int8), np.full(5, 110, np.int8)],
+              "u8": [np.full(300, 250, np.uint8), np.full(300, 240, np.uint8)],
+              "i32": [np.full(7, 2**31 - 1 - comm.rank, np.int32), np.full(7, 2**31 - 3, np.int32)]}
+    mpisync.allreduce(params, comm, op="avg", fusion_bytes=fusion_bytes)
+    count = 2 * comm.size
+    i32 = (sum(2**31 - 1 - r for r in range(comm.size)) + comm.size * (2**31 - 3)) // count
+    for name, value in (("i8", 105), ("u8", 245), ("i32", i32)):
+        for replica in params[name]:
+            assert replica.tolist() == [value] * replica.size, (name, replica[:3])

@@ -72,9 +72,11 @@ def test_gradsync_missing_rank_aborts_with_diagnostic(bounded_env):
     assert seconds < 50, f"the job took {seconds:.1f} s to end"
 
 
-def test_backend_missing_rank_aborts_with_diagnostic(bounded_env):
+@pytest.mark.parametrize("level", ["multiple", "serialized"])
+def test_backend_missing_rank_aborts_with_diagnostic(bounded_env, level):
+    # serialized: no progress thread nor watchdog; the caller's own wait has the deadline.
     pytest.importorskip("torch")
-    proc, out, seconds = _run(bounded_env, "backend")
+    proc, out, seconds = _run(dict(bounded_env, MPI4PY_RC_THREAD_LEVEL=level), "backend")
     assert proc.returncode != 0, out
     assert "SyncTimeoutError: mpisync: rank 0 of 2: the torch.distributed operation did not complete" in out, out
     assert "pending: 'all_reduce'" in out and "aborts the job" in out, out
@@ -82,9 +84,11 @@ def test_backend_missing_rank_aborts_with_diagnostic(bounded_env):
     assert seconds < 50, f"the job took {seconds:.1f} s to end"
 
 
-def test_backend_missing_rank_raises_when_asked(bounded_env):
+@pytest.mark.parametrize("level", ["multiple", "serialized"])
+def test_backend_missing_rank_raises_when_asked(bounded_env, level):
     pytest.importorskip("torch")
-    proc, out, seconds = _run(dict(bounded_env, MPISYNC_TIMEOUT_ABORT="0"), "backend-raise")
+    env = dict(bounded_env, MPISYNC_TIMEOUT_ABORT="0", MPI4PY_RC_THREAD_LEVEL=level)
+    proc, out, seconds = _run(env, "backend-raise")
     assert proc.returncode != 0, out
     assert "rank 0 raised" in out and "did not complete within 3 s" in out, out
     assert seconds < 50, f"the job took {seconds:.1f} s to end"

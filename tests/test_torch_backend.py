@@ -160,3 +160,110 @@ def test_cuda_tensors_are_staged(comm):
     out = [torch.empty(2, device="cuda") for _ in range(comm.size)]
     dist.all_gather(out, torch.full((2,), float(comm.rank), device="cuda"))
     assert [o.cpu().tolist() for o in out] == [[float(r)] * 2 for r in range(comm.size)]
+
+
+def _group(comm, **kwargs):
+    from mpisync.torch.process_group import ProcessGroupMPISync
+
+    return ProcessGroupMPISync(comm, **kwargs)
+
+
+def test_mpi_error_fails_the_operation_and_every_later_one(comm):
+    # A receive shorter than the message (ranks disagreeing on a size) is an MPI error in the wait:
+    # it must fail that operation and the group, never kill the progress thread and hang.
+    group = _group(comm, timeout=60)
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    sent = group.send([torch.ones(4, dtype=torch.float64)], right, 7)
+    received = group.recv([torch.empty(2, dtype=torch.float64)], left, 7)
+    with pytest.raises(mpisync.SyncError, match=f"rank {comm.rank}: MPI error in recv from {left}"):
+        received.wait()
+    assert received.is_completed() and received.get_future().done()
+    assert sent.get_future().done()  # completed, or failed with the group
+    with pytest.raises(mpisync.SyncError, match="unusable: MPI error in recv"):
+        group.allreduce([torch.ones(2)])
+    group.shutdown()  # returns: nothing is left to drain
+    comm.Barrier()
+
+
+def test_post_failing_after_some_requests_breaks_the_group(comm):
+    # Some requests were posted when posting failed: they stay alive, and the group breaks (this
+    # rank's collectives may no longer match the other ranks').
+    group = _group(comm, timeout=60)
+
+    def post(c):
+        yield c.Ibarrier()
+        raise ValueError("second request refused")
+    with pytest.raises(mpisync.SyncError, match="ValueError in partial: second request refused"):
+        group._engine.submit(post, label="partial")
+    with pytest.raises(mpisync.SyncError, match="unusable"):
+        group.barrier()
+    group.shutdown()
+    comm.Barrier()
+
+
+def test_callbacks_on_the_progress_thread_may_issue_collectives(comm):
+    # A comm hook's callback runs where the future completes (the progress thread) and issues more
+    # collectives than max_concurrent allows in flight: it must not wait for room only it can free.
+    group = _group(comm, timeout=60, max_concurrent=1)
+    first = torch.ones(3)
+    extra = [torch.full((2,), float(k)) for k in range(4)]
+    chained = group.allreduce([first]).get_future().then(lambda _: [group.allreduce([t]) for t in extra])
+    for work in chained.wait():
+        work.wait()
+    assert torch.all(first == comm.size)
+    assert [t.tolist() for t in extra] == [[float(k * comm.size)] * 2 for k in range(4)]
+    group.shutdown()
+
+
+def test_bitwise_op_on_float_tensor_raises_before_posting_anything(comm):
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.BAND
+    group = dist.group.WORLD  # the ProcessGroupMPISync itself
+    mine = [8 | (1 << r % 3) for r in range(comm.size)]
+    flags = torch.full((3,), mine[comm.rank], dtype=torch.int32)
+    with pytest.raises(ValueError, match="bitwise reductions need integer tensors"):
+        group.allreduce([flags, torch.ones(2)], opts)
+    group.allreduce([flags], opts).wait()  # the refused call posted nothing: the next one matches
+    expected = mine[0]
+    for value in mine[1:]:
+        expected &= value
+    assert flags.tolist() == [expected] * 3
+
+
+def test_integer_avg_does_not_overflow_the_dtype(comm):
+    small = torch.full((5,), 100, dtype=torch.int8)
+    large = torch.full((3,), 200, dtype=torch.uint8)
+    dist.all_reduce(small, op=dist.ReduceOp.AVG)
+    dist.all_reduce(large, op=dist.ReduceOp.AVG)
+    assert small.tolist() == [100] * 5 and large.tolist() == [200] * 3
+    block = torch.empty(2, dtype=torch.int8)
+    dist.reduce_scatter_tensor(block, torch.full((2 * comm.size,), 120, dtype=torch.int8), op=dist.ReduceOp.AVG)
+    assert block.tolist() == [120, 120]
+
+
+def test_new_group_honours_its_timeout(comm):
+    import datetime
+
+    group = dist.new_group(backend="mpisync", timeout=datetime.timedelta(seconds=7))
+    assert group._timeout == 7
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor, group=group)
+    assert tensor.tolist() == [float(comm.size)] * 2
+
+
+def test_host_copies_outlive_their_posting(comm):
+    # A half-precision or non-contiguous input goes through a host copy that only the operation
+    # references: it must stay alive until the request completes (Open MPI reads it late).
+    block = torch.empty(3, dtype=torch.float16)
+    work = dist.reduce_scatter_tensor(block, torch.full((3 * comm.size,), comm.rank + 1.0, dtype=torch.float16),
+                                      async_op=True)
+    strided = (torch.arange(8, dtype=torch.float64) + 100 * comm.rank)[::2]
+    gathered = torch.empty(4 * comm.size, dtype=torch.float64)
+    gather = dist.all_gather_into_tensor(gathered, strided, async_op=True)
+    import gc
+
+    gc.collect()
+    work.wait()
+    gather.wait()
+    assert block.tolist() == [float(sum(r + 1 for r in range(comm.size)))] * 3
+    assert gathered.tolist() == [float(2 * i + 100 * r) for r in range(comm.size) for i in range(4)]

@@ -6,6 +6,7 @@ import datetime as _datetime
 
 import torch.distributed as dist
 from mpi4py import MPI
+from torch.distributed.constants import default_pg_timeout as _default_pg_timeout
 
 from ..errors import InvalidParamError
 from .process_group import ProcessGroupMPISync
@@ -26,9 +27,21 @@ def _seconds(timeout) -> float | None:
     return timeout.total_seconds() if isinstance(timeout, _datetime.timedelta) else float(timeout)
 
 
+def _group_timeout(options) -> float | None:
+    """The group's timeout: ``init_process_group``'s, else torch's ``timeout`` unless it is torch's
+    default (then ``MPISYNC_TIMEOUT``, else mpisync's default applies)."""
+    if _timeout_override is not None:
+        return _timeout_override
+    given = getattr(options, "timeout", None)
+    if given is None or given == _default_pg_timeout:
+        return None
+    return _seconds(given)
+
+
 def _create(options, _backend_options) -> ProcessGroupMPISync:
     """torch's creator (extended API): the group over the base communicator, or the members'
-    sub-communicator for ``new_group``, checked against the rank and size torch expects."""
+    sub-communicator for ``new_group``, checked against the rank and size torch expects; its
+    timeout is the one given to ``init_process_group`` or ``new_group``."""
     base = _base_comm if _base_comm is not None else MPI.COMM_WORLD
     members = list(options.global_ranks_in_group or [])
     comm = base
@@ -39,7 +52,7 @@ def _create(options, _backend_options) -> ProcessGroupMPISync:
             f"mpisync backend: torch expects rank {options.group_rank} of {options.group_size}, but this process "
             f"is rank {comm.rank} of {comm.size} in MPI; launch with mpiexec/srun and let mpisync.torch."
             "init_process_group() take rank and size from MPI")
-    return ProcessGroupMPISync(comm, timeout=_timeout_override)
+    return ProcessGroupMPISync(comm, timeout=_group_timeout(options))
 
 
 def _register() -> None:

@@ -4,6 +4,8 @@ A contiguous CPU tensor is used in place. Anything else (a CUDA tensor, a
 non-contiguous view) goes through a host copy that is written back when the
 operation completes. Reductions of ``float16``/``bfloat16`` (which MPI and
 numpy cannot reduce) run in ``float32`` copies, rounded once on the way back.
+``avg`` of an integer tensor sums in an ``int64`` copy, so that the sum cannot
+overflow the tensor's dtype before the (floor) division.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
-__all__ = ["ReduceBuffer", "byte_view", "mpi_reduce_op", "reduced"]
+__all__ = ["ReduceBuffer", "byte_view", "check_reducible", "mpi_reduce_op", "reduced"]
 
 _HALF = (torch.float16, torch.bfloat16)
 _REFUSED = (torch.bool,)
@@ -36,15 +38,29 @@ def mpi_reduce_op(op) -> tuple:
     return found
 
 
+def check_reducible(mpi_op, tensors) -> None:
+    """``ValueError`` if ``mpi_op`` is not defined for one of ``tensors`` (checked before anything is posted)."""
+    for tensor in tensors:
+        if tensor.dtype in _REFUSED:
+            raise ValueError(f"mpisync backend: cannot reduce a {tensor.dtype} tensor")
+        if mpi_op in (MPI.BAND, MPI.BOR, MPI.BXOR) and (tensor.is_floating_point() or tensor.is_complex()):
+            raise ValueError(f"mpisync backend: bitwise reductions need integer tensors, got {tensor.dtype}")
+        if mpi_op in (MPI.MIN, MPI.MAX) and tensor.is_complex():
+            raise ValueError(f"mpisync backend: min/max are not defined for complex tensors ({tensor.dtype})")
+
+
 def byte_view(tensor: torch.Tensor) -> _np.ndarray:
     """The bytes of a contiguous CPU tensor, as a writable numpy uint8 array (no copy)."""
     return tensor.detach().reshape(-1).view(torch.uint8).numpy()
 
 
-def reduced(tensor: torch.Tensor) -> torch.Tensor:
-    """The CPU tensor MPI reduces for ``tensor``: itself when possible, else a (float32) host copy."""
+def reduced(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor:
+    """The CPU tensor MPI reduces for ``tensor``: itself when possible, else a (float32) host copy;
+    ``wide``: integers in an ``int64`` copy (for ``avg``)."""
     if tensor.dtype in _REFUSED:
         raise ValueError(f"mpisync backend: cannot reduce a {tensor.dtype} tensor")
+    if wide and not (tensor.is_floating_point() or tensor.is_complex()) and tensor.dtype != torch.int64:
+        return tensor.detach().to("cpu", torch.int64).contiguous()
     if tensor.dtype in _HALF:
         return tensor.detach().to("cpu", torch.float32).contiguous()
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
@@ -57,9 +73,9 @@ class ReduceBuffer:
 
     __slots__ = ("tensor", "host", "array", "average")
 
-    def __init__(self, tensor: torch.Tensor, average: int = 0):
+    def __init__(self, tensor: torch.Tensor, average: int = 0, wide: bool = False):
         self.tensor = tensor
-        self.host = reduced(tensor)
+        self.host = reduced(tensor, wide)
         self.array = self.host.numpy() if self.host.dim() else self.host.reshape(1).numpy()
         self.average = average  # divide by this many ranks after the sum (0: no division)
 

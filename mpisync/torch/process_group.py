@@ -16,13 +16,17 @@ from mpi4py import MPI
 from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import config as _config
-from ..allreduce import timed_out
 from ..errors import SyncTimeoutError
 from ..sync import ParamSync
-from .buffers import ReduceBuffer, byte_view, mpi_reduce_op
+from ..timeouts import timed_out
+from .buffers import ReduceBuffer, byte_view, check_reducible, mpi_reduce_op
 from .progress import Engine
 
 __all__ = ["ProcessGroupMPISync"]
+
+# Communicators of groups broken by a timeout or an MPI error: freeing one with requests still in
+# flight on it can crash the MPI library.
+_ABANDONED_COMMS: list = []
 
 
 class _Work(dist._Work):
@@ -80,12 +84,15 @@ class ProcessGroupMPISync(dist.ProcessGroup):
 
     # -- identity -----------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        """The backend's name, ``"mpisync"``."""
         return "mpisync"
 
     def getRank(self) -> int:  # noqa: N802
+        """This process's rank in the group (its rank in the group's communicator)."""
         return self._rank
 
     def getSize(self) -> int:  # noqa: N802
+        """The number of ranks in the group."""
         return self._size
 
     def __repr__(self) -> str:
@@ -103,7 +110,10 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         self._engine.close()
         for syncer in self._param_syncs.values():
             syncer.close()
-        self._comm.Free()
+        if self._engine.broken:  # requests may still be in flight on it: never freed
+            _ABANDONED_COMMS.append(self._comm)
+        else:
+            self._comm.Free()
         self._comm = None
 
     def abort(self) -> None:
@@ -125,10 +135,11 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         """All-reduce each tensor of ``tensors`` in place (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)."""
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
         mpi_op, average = mpi_reduce_op(op)
-        buffers = [ReduceBuffer(t, self._size if average else 0) for t in tensors]
+        check_reducible(mpi_op, tensors)
+        buffers = [ReduceBuffer(t, self._size if average else 0, wide=average) for t in tensors]
 
         def post(comm):
-            return [comm.Iallreduce(MPI.IN_PLACE, b.array, mpi_op) for b in buffers]
+            return (comm.Iallreduce(MPI.IN_PLACE, b.array, mpi_op) for b in buffers)
 
         def finish():
             for b in buffers:
@@ -158,7 +169,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
             parts.append((send, recv, outputs))
 
         def post(comm):
-            return [comm.Iallgather(send, recv) for send, recv, _ in parts]
+            return (comm.Iallgather(send, recv) for send, recv, _ in parts)
 
         def finish():
             with torch.no_grad():
@@ -185,8 +196,9 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         """``reduce_scatter_tensor``: reduce ``input`` over ranks; this rank keeps its ``output``-sized block."""
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
         mpi_op, average = mpi_reduce_op(op)
-        send = ReduceBuffer(input.contiguous())
-        result = ReduceBuffer(output, self._size if average else 0)
+        check_reducible(mpi_op, (input, output))
+        send = ReduceBuffer(input.contiguous(), wide=average)
+        result = ReduceBuffer(output, self._size if average else 0, wide=average)
         if send.array.size != result.array.size * self._size:
             raise ValueError(f"mpisync backend: input has {send.array.size} elements, expected "
                              f"{result.array.size * self._size} ({self._size} x output)")
@@ -209,7 +221,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
     def send(self, tensors, dst_rank: int, tag: int = 0):
         """Send ``tensors`` (bytes) to ``dst_rank`` with ``tag``."""
         views = [_host_bytes(t.contiguous())[0] for t in tensors]
-        return self._submit(lambda comm: [comm.Isend(v, dst_rank, tag) for v in views], None,
+        return self._submit(lambda comm: (comm.Isend(v, dst_rank, tag) for v in views), None,
                             list(tensors), f"send to {dst_rank}")
 
     def recv(self, tensors, src_rank: int, tag: int = 0):
@@ -220,5 +232,5 @@ class ProcessGroupMPISync(dist.ProcessGroup):
             for _, back in targets:
                 if back is not None:
                     back()
-        return self._submit(lambda comm: [comm.Irecv(v, src_rank, tag) for v, _ in targets], finish,
+        return self._submit(lambda comm: (comm.Irecv(v, src_rank, tag) for v, _ in targets), finish,
                             list(tensors), f"recv from {src_rank}")

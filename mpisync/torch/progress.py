@@ -14,7 +14,20 @@ calling thread before the call returns (see :attr:`Engine.threaded`).
 A watchdog enforces the timeout: an operation in flight for longer is
 reported (which operations, on which rank) and the job aborts, as for
 ``sync_params`` (``MPISYNC_TIMEOUT_ABORT=0``: its future and every later one
-fail with :class:`~mpisync.SyncTimeoutError` instead).
+fail with :class:`~mpisync.SyncTimeoutError` instead). Below
+``MPI_THREAD_MULTIPLE`` the caller polls its operation against the same
+deadline, with the same outcome.
+
+An MPI error (a message truncated because ranks passed different sizes, a
+failed receive, ...) breaks the engine: the failing operation and every
+pending one fail with a :class:`~mpisync.SyncError` naming the MPI error, and
+every later operation raises at once.
+
+Futures completed on the progress thread run their ``then`` callbacks there.
+A callback may issue further operations (as communication hooks do): those
+never wait for room (only the progress thread frees room), and, as with any
+backend, every rank must issue them in the same order relative to its other
+collectives.
 """
 
 from __future__ import annotations
@@ -34,22 +47,27 @@ __all__ = ["Engine", "Operation"]
 
 # Seconds the progress thread leaves a fresh operation to its caller: a synchronous call waits for
 # its operation at once and completes it on its own thread, without a hand-over between threads
-# (which cost hundreds of microseconds on a loaded machine). Asynchronous operations start
-# completing this much later; their transfer is already posted.
+# (see docs/allreduce.md). Asynchronous operations start completing this much later; their
+# transfer is already posted.
 _CALLER_HEAD_START = 0.0005
 # An idle progress thread looks for new operations this often, and sleeps until woken after this
 # long without any.
 _IDLE_POLL_SECONDS = 0.0005
 _IDLE_SLEEP_AFTER = 0.2
+# Failed operations (requests and buffers): never freed, since MPI may still complete them.
+_ABANDONED: list = []
 
 
 class Operation:
     """One posted operation: its requests, what runs once they complete, and its future."""
 
-    __slots__ = ("requests", "finish", "result", "label", "future", "posted", "claim", "done")
+    __slots__ = ("requests", "finish", "result", "label", "future", "posted", "claim", "done", "buffers")
 
     def __init__(self, requests, finish, result, label, future):
         self.requests, self.finish, self.result, self.label, self.future = requests, finish, result, label, future
+        # What the requests read and write (the poster's closure holds the host copies): MPI may use
+        # a buffer until its request completes, and mpi4py's requests need not keep it alive.
+        self.buffers = None
         self.posted = _time.monotonic()
         # Whoever takes ``claim`` waits for the requests (MPI forbids two threads waiting on one
         # request): the progress thread, or a caller that waits before the thread got to it.
@@ -85,9 +103,9 @@ class Engine:
         self._post_lock = _threading.Lock()  # one poster at a time: the posting order is the issue order
         self._broken = None
         self._closing = False
-        # Waking a thread costs tens of microseconds: submit wakes the progress thread only when it
-        # sleeps untimed (idle for a while; otherwise it polls every _IDLE_POLL_SECONDS), and a
-        # retirement wakes only threads waiting for room or for a drain.
+        # Waking a thread is not free: submit wakes the progress thread only when it sleeps untimed
+        # (idle for a while; otherwise it polls every _IDLE_POLL_SECONDS), and a retirement wakes
+        # only threads waiting for room or for a drain.
         self._asleep = False
         self._waiters = 0
         self._abort = _abort_on_timeout()
@@ -100,28 +118,65 @@ class Engine:
                 _threading.Thread(target=self._watch, name="mpisync-watchdog", daemon=True).start()
 
     def submit(self, post, finish=None, result=None, label: str = "") -> Operation:
-        """Post ``post(comm) -> [requests]`` now; once they complete, run ``finish()`` and complete the
-        operation's future with ``result``."""
+        """Post ``post(comm)`` (an iterable of requests) now; once they complete, run ``finish()`` and
+        complete the operation's future with ``result``."""
         future = torch.futures.Future()
-        with self._post_lock:
-            self._check()
-            if not self.threaded:  # no progress thread may call MPI: complete here, now
+        if not self.threaded:  # no progress thread may call MPI: complete here, now
+            with self._post_lock:
+                self._check()
                 operation = Operation((), finish, result, label, future)
                 operation.claim.acquire()  # completed here: nobody waits for its requests again
-                MPI.Request.Waitall(post(self.comm))
-                self._complete(operation)
-                return operation
+                operation.buffers = post
+                operation.requests = self._post(post, operation)
+            self._wait_here(operation)  # outside _post_lock: a callback of its future may submit
+            return operation
+        if _threading.current_thread() is not self._thread:
+            # The progress thread never waits for room (a callback of a future it completes may
+            # submit): only it frees room. Nor does a caller waiting for room hold _post_lock.
             with self._cond:
                 while len(self._pending) >= self._capacity and self._broken is None:
                     self._waiters += 1
                     self._cond.wait()
                     self._waiters -= 1
-                self._check()
-                operation = Operation(post(self.comm), finish, result, label, future)
+        with self._post_lock:
+            self._check()
+            operation = Operation((), finish, result, label, future)
+            operation.buffers = post
+            operation.requests = self._post(post, operation)
+            with self._cond:
                 self._pending.append(operation)
                 if self._asleep:
                     self._cond.notify_all()
         return operation
+
+    def _post(self, post, operation) -> list:
+        """The requests ``post`` posts; if it fails after posting some, they stay alive and the
+        engine breaks (this rank's collectives no longer match the other ranks')."""
+        requests: list = []
+        try:
+            for request in post(self.comm):
+                requests.append(request)
+        except BaseException as exc:
+            if not requests:
+                raise
+            operation.requests = requests
+            self._fail(operation, exc)
+            operation.future.wait()  # raises the SyncError _fail set
+        return requests
+
+    def _wait_here(self, operation) -> None:
+        """Below MPI_THREAD_MULTIPLE: wait for ``operation`` within the deadline, then complete it."""
+        deadline = None if self._timeout is None else operation.posted + self._timeout
+        try:
+            for request in operation.requests:
+                wait_request(request, deadline)
+        except Expired:
+            self._expire(extra=[operation])
+            return
+        except MPI.Exception as exc:
+            self._fail(operation, exc)
+            return
+        self._complete(operation)
 
     def wait(self, operation: Operation) -> None:
         """Wait for ``operation``: complete it on this thread if the progress thread has not started
@@ -129,17 +184,25 @@ class Engine:
         if not operation.claim.acquire(blocking=False):
             operation.wait_finished()
             return
-        if self._timeout is None or self._abort:  # the watchdog aborts the job if it never completes
-            MPI.Request.Waitall(operation.requests)
-        else:  # polled, so that the caller itself can report the timeout and raise
-            deadline = operation.posted + self._timeout
-            try:
+        try:
+            if self._timeout is None or self._abort:  # the watchdog aborts the job if it never completes
+                MPI.Request.Waitall(operation.requests)
+            else:  # polled, so that the caller itself can report the timeout and raise
+                deadline = operation.posted + self._timeout
                 for request in operation.requests:
                     wait_request(request, deadline)
-            except Expired:
-                self._expire()
-                operation.future.wait()  # raises the timeout error set by _expire
+        except Expired:
+            self._expire()
+            return  # the future holds the timeout error set by _expire
+        except MPI.Exception as exc:
+            self._fail(operation, exc)
+            return
         self._retire(operation)
+
+    @property
+    def broken(self) -> bool:
+        """Whether a timeout or an MPI error made the engine unusable (requests may still be in flight)."""
+        return self._broken is not None
 
     def drain(self) -> None:
         """Wait until every operation posted so far has completed."""
@@ -175,6 +238,7 @@ class Engine:
             operation.future.set_exception(exc)
         else:
             operation.future.set_result(operation.result)
+        operation.buffers = None  # done with: the host copies may go
         operation.mark_finished()
 
     def _retire(self, operation) -> None:
@@ -210,7 +274,11 @@ class Engine:
                     cond.wait(head_start)
                     continue
             if operation.claim.acquire(blocking=False):
-                MPI.Request.Waitall(operation.requests)  # in MPI, without the GIL
+                try:
+                    MPI.Request.Waitall(operation.requests)  # in MPI, without the GIL
+                except MPI.Exception as exc:
+                    self._fail(operation, exc)
+                    return
                 self._retire(operation)
             else:  # a caller is completing it
                 operation.wait_finished()
@@ -229,17 +297,36 @@ class Engine:
             self._expire()
             return
 
-    def _expire(self) -> None:
-        """Report the operations in flight (once): abort, or fail every pending future."""
+    def _expire(self, extra=()) -> None:
+        """Report the operations in flight (once): abort, or fail every pending future (and ``extra``)."""
         with self._cond:
             if self._broken is not None:
                 return
             self._broken = "an operation timed out; its collectives may still be pending"
-            failed = list(self._pending)
+            failed = list(extra) + list(self._pending)
             self._cond.notify_all()
         error = self._on_timeout([op.label for op in failed])  # aborts the job, unless MPISYNC_TIMEOUT_ABORT=0
         self._broken = f"an operation timed out ({error}); its collectives may still be pending"
+        self._abandon(failed, SyncTimeoutError(error))
+
+    def _fail(self, operation, exc: BaseException) -> None:
+        """An MPI error in ``operation`` (or an error posting it after some of its requests were
+        posted): break the engine, fail it and every pending operation."""
+        kind = "MPI error" if isinstance(exc, MPI.Exception) else type(exc).__name__
+        reason = f"{kind} in {operation.label or 'an operation'}: {exc}"
+        with self._cond:
+            if self._broken is None:
+                self._broken = reason
+            failed = [operation] + [op for op in self._pending if op is not operation]
+            self._cond.notify_all()
+        self._abandon(failed, SyncError(f"mpisync: rank {self.comm.rank}: {reason}; this process group is "
+                                        "unusable (its collectives may no longer match the other ranks')"))
+
+    @staticmethod
+    def _abandon(failed: list, error: BaseException) -> None:
+        # Requests that may still be in flight keep their buffers alive (MPI may write into them).
+        _ABANDONED.extend(failed)
         for operation in failed:
             if not operation.future.done():
-                operation.future.set_exception(SyncTimeoutError(error))
+                operation.future.set_exception(error)
             operation.mark_finished()

@@ -1,4 +1,4 @@
-"""Faults for the all-reduce and the torch backend: the last rank never joins (run by test_allreduce_faults.py).
+"""Faults for the all-reduce and the torch backend: the last rank never joins (run by tests/test_allreduce_launch.py).
 
 ``python allreduce_faults.py KIND``: KIND is ``gradsync`` (mpisync.allreduce), ``backend``
 (torch all_reduce, which aborts) or ``backend-raise`` (MPISYNC_TIMEOUT_ABORT=0: the wait raises);
