@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse as _argparse
 import datetime as _datetime
+import importlib.util as _importlib_util
 
 import numpy as _np
 from mpi4py import MPI
@@ -21,12 +22,10 @@ from .timing import measure_interleaved
 
 __all__ = ["run", "parser", "main"]
 
+
 def _torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    # find_spec, not import: importing the suite must not load torch (a CuPy-only GPU bench imports it)
+    return _importlib_util.find_spec("torch") is not None
 
 
 _TORCH = ",resnet50-torch" if _torch_available() else ""
