@@ -29,6 +29,7 @@ def _state(value) -> tuple:
     torch = _sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         return (value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype, value.device,
+                value.layout, bool(value.is_conj()), bool(value.is_neg()),
                 bool(getattr(value, "is_inference", lambda: False)()))
     data = getattr(value, "data", None)
     pointer = getattr(data, "ptr", None)  # cupy
@@ -39,11 +40,13 @@ def _state(value) -> tuple:
 class Snapshot:
     """The states of ``values`` when they were prepared."""
 
-    __slots__ = ("words", "others")
+    __slots__ = ("words", "others", "dtypes")
 
-    def __init__(self, words: bytes | None, others: tuple):
+    def __init__(self, words: bytes | None, others: tuple, dtypes: tuple = ()):
         self.words = words  # C form for exact numpy arrays (None without the C loops)
         self.others = others  # (index, state) for everything the C loop does not read
+        # The C form compares dtypes by address: holding them keeps a new dtype from taking the address.
+        self.dtypes = dtypes
 
 
 def snapshot(values: tuple, all_numpy: bool = False) -> Snapshot:
@@ -53,15 +56,22 @@ def snapshot(values: tuple, all_numpy: bool = False) -> Snapshot:
         words = _speedups.array_states(values, _np.ndarray)
         others = () if all_numpy else tuple((i, _state(v)) for i, v in enumerate(values)
                                             if type(v) is not _np.ndarray)
-        return Snapshot(words, others)
+        return Snapshot(words, others, tuple(getattr(v, "dtype", None) for v in values))
     return Snapshot(None, tuple((i, _state(v)) for i, v in enumerate(values)))
 
 
 def unchanged(values: tuple, prepared: Snapshot) -> bool:
-    """Whether every array of ``values`` still has the state recorded in ``prepared``."""
-    if prepared.words is not None and not _speedups.same_states(values, _np.ndarray, prepared.words):
-        return False
-    for i, state in prepared.others:
-        if _state(values[i]) != state:
+    """Whether every array of ``values`` still has the state recorded in ``prepared``.
+
+    Never raises: anything unexpected counts as changed (the rank then prepares again, and the
+    validation exchange, not this check, reports what is wrong).
+    """
+    try:
+        if prepared.words is not None and not _speedups.same_states(values, _np.ndarray, prepared.words):
             return False
+        for i, state in prepared.others:
+            if _state(values[i]) != state:
+                return False
+    except Exception:
+        return False
     return True

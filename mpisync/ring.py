@@ -23,6 +23,11 @@ class Expired(Exception):
     """A request's deadline passed before it completed."""
 
 
+# Requests whose wait expired, kept (with the buffers mpi4py holds for them) for the rest of the
+# process: freeing a pending collective's request, or its buffers, lets MPI write into freed memory.
+_expired: list = []
+
+
 def wait_request(request, deadline: float | None) -> None:
     """Wait for ``request``; raise :class:`Expired` once ``time.monotonic()`` passes ``deadline``.
 
@@ -38,6 +43,7 @@ def wait_request(request, deadline: float | None) -> None:
     while not test():
         t = now()
         if t >= deadline:
+            _expired.append(request)
             raise Expired
         if t - stall_start < _SPIN_SECONDS:
             yield_()
@@ -118,7 +124,11 @@ class TrackedRing(RequestRing):
 
     def _retire_oldest(self) -> None:
         request, deadline, on_complete, _ = self._pending[0]
-        wait_request(request, deadline)
+        try:
+            wait_request(request, deadline)
+        except Expired:
+            _expired.extend(entry[0] for entry in self._pending)  # every one in flight may still write
+            raise
         self._pending.popleft()
         self.retired += 1
         if on_complete is not None:

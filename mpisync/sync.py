@@ -164,9 +164,10 @@ class ParamSync:
         self._prepared = None
         self._host.close(broken)
         if self._device is not None:
-            if broken:
+            if broken:  # its pinned and device buffers stay out of the allocators' reach
                 quarantine(self._device)
-            self._device.close()
+            else:
+                self._device.close()
         self._device = None
         self._closed = True
 

@@ -16,6 +16,7 @@ import array as _array
 import json as _json
 import os as _os
 import platform as _platform
+import stat as _stat
 import statistics as _statistics
 import time as _time
 
@@ -60,6 +61,8 @@ def load(path: str | None = None):
         stat = _os.stat(path)
     except OSError:
         return None
+    if not _stat.S_ISREG(stat.st_mode):  # a FIFO would block open(), a directory fail it
+        return None
     cached = _cache.get(path)
     if cached is not None and cached[:2] == (stat.st_mtime_ns, stat.st_size):
         return cached[2]
@@ -68,7 +71,7 @@ def load(path: str | None = None):
             doc = _json.load(f)
         ok = (isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(doc.get("identity"), dict)
               and isinstance(doc.get("entries"), dict))
-    except (OSError, ValueError):
+    except Exception:  # any unreadable file (deep nesting: RecursionError) is "no tuning file" on this rank
         doc, ok = None, False
     _cache[path] = (stat.st_mtime_ns, stat.st_size, doc if ok else None)
     return doc if ok else None
@@ -93,7 +96,10 @@ def tuned_words(layout: str) -> tuple:
     :data:`mpisync.selection.CHANNELS` per class, -1 where none."""
     from .selection import CHANNELS
 
-    entries, _ = lookup(layout)
+    try:
+        entries, _ = lookup(layout)
+    except Exception:  # raised here, before the facts all-reduce, it would leave the other ranks waiting
+        entries = {}
     return tuple(CHANNELS.index(entries[c]) if entries.get(c) in CHANNELS else -1 for c in _CLASSES)
 
 

@@ -65,3 +65,36 @@ def test_names_split_differently_at_a_nul_digest_differently():
 def test_a_name_with_a_lone_surrogate_has_a_digest():
     manifest = build_manifest({"\ud800": np.zeros(1)}, rank=0, size=2, root=0)
     assert len(manifest.digest()) == 16
+
+
+def test_a_dtype_changed_twice_is_seen(path):
+    # The C loop compares dtypes by address: a dtype freed after the snapshot must not come back
+    # at the same address as another dtype and pass as unchanged.
+    x = np.zeros(8, dtype=">f4")
+    values = (x,)
+    state = recheck.snapshot(values)
+    for _ in range(20):  # (an equal but new dtype object may count as changed: that only prepares again)
+        x.dtype = np.float32
+        x.dtype = ">i4"
+        assert not recheck.unchanged(values, state)
+
+
+@pytest.mark.parametrize("view", ["conj", "neg"])
+def test_torch_lazy_conj_and_neg_views_are_seen(path, view):
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(4, dtype=torch.complex64)
+    values = (t,)
+    state = recheck.snapshot(values)
+    t.data = t.data.conj() if view == "conj" else torch._neg_view(t.data)  # same storage, a lazy bit set
+    assert not recheck.unchanged(values, state)
+
+
+def test_a_check_that_raises_counts_as_changed(path):
+    class Odd:
+        @property
+        def dtype(self):
+            raise RuntimeError("no dtype today")
+    values = (np.zeros(3), Odd())
+    state = recheck.Snapshot(None, ((1, ("x",)),))
+    assert recheck.unchanged(values[:1], recheck.snapshot(values[:1]))
+    assert not recheck.unchanged(values, state)

@@ -1,6 +1,7 @@
 """The transport rule (mpisync.selection) and the tuning file (mpisync.tuning), without MPI."""
 
 import json
+import os
 
 import pytest
 
@@ -65,3 +66,20 @@ def test_tuning_file_for_another_machine_library_or_layout_is_ignored(tmp_path, 
 def test_facts_name_their_layout(layout):
     size = int(layout[0])
     assert facts(size=size, one_node=layout.endswith("x1")).layout() == layout
+
+
+@pytest.mark.parametrize("kind", ["deeply nested", "a FIFO", "a folder", "not UTF-8"])
+def test_an_unreadable_tuning_file_is_no_tuning_file(tmp_path, monkeypatch, kind):
+    # Read before the facts all-reduce: a rank that raised (or blocked) here would leave the others waiting.
+    path = tmp_path / "tuning.json"
+    if kind == "deeply nested":
+        path.write_text("[" * 200_000)
+    elif kind == "a FIFO":
+        os.mkfifo(path)
+    elif kind == "a folder":
+        path.mkdir()
+    else:
+        path.write_bytes(b"\xff\xfe{")
+    monkeypatch.setenv("MPISYNC_TUNING", str(path))
+    assert tuning.load() is None
+    assert tuning.tuned_words("2x1") == (-1, -1)
