@@ -26,6 +26,7 @@ from .arrays import ArrayView
 from .errors import InvalidParamError, SyncError
 from .manifest import Param, build_manifest
 from .reduceplan import compile_steps, fan_out, local_reduce
+from .lifecycle import Reusable
 from .report import SyncReport
 from .ring import Expired, TrackedRing, wait_request
 from .speedups import speedups as _speedups
@@ -86,7 +87,7 @@ class _Staging:
         self._sync_all()
 
 
-class GradSync:
+class GradSync(Reusable):
     """A reusable all-reduce over ``comm`` (default ``MPI.COMM_WORLD``) with reduction ``op``
     (``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or ``"prod"``).
 
@@ -114,17 +115,6 @@ class GradSync:
         self._prepared = None
         self._closed = False
         self._broken = None
-
-    @property
-    def settings(self) -> _config.Settings:
-        """The effective settings and where each came from."""
-        return self._settings
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
 
     def close(self) -> None:
         """Free the duplicated communicator and cached buffers; further calls raise."""

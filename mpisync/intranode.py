@@ -239,12 +239,9 @@ class Chunk:
         """Root: put the bytes into the slot; a bucket with streaming stores (where the C loops are built).
 
         Packed the usual way, a bucket sits in root's cache and every receiver then fetches each
-        line from there. In some spells of this VM (its two vCPUs far apart, it seems) that made
-        the segment 3x slower: 5000 x 400 B took 0.62-0.65 ms packed the usual way against
-        0.20-0.24 ms streamed, side by side; in the other spells 0.13-0.24 against 0.17-0.25.
-        Streamed, it stays well within 2x of a flat ``Bcast`` in both. Large transfers (the
-        segment on any set, ``MPISYNC_SHARED_MEMORY=1``) are copied the usual way: streamed,
-        ResNet-50 took 13.4 ms against 9.0 in a fast spell, and the slow spell was not measured.
+        line from there; streamed, it goes to memory, which every receiver reads at the same cost.
+        Large transfers are copied the usual way, where streaming measured slower (the figures:
+        docs/performance.md, History).
         """
         if self.pack:
             arena.gather(self.pack, streaming=True)

@@ -30,6 +30,7 @@ from .bulk import BulkManifest
 from .observe import configure_logging, logger, timeline_for
 from .plan import DEFAULT_CHUNK_BYTES
 from .prepared import Prepared, all_smaller, find_manifest, keep_values
+from .lifecycle import Reusable
 from .report import SyncReport
 from .ring import Expired
 from .hostpath import HostTransports
@@ -78,7 +79,7 @@ def _pending(expired, phase, ctx, manifest) -> list:
     return list(manifest.names)
 
 
-class ParamSync:
+class ParamSync(Reusable):
     """A reusable parameter sync over ``comm`` (default ``MPI.COMM_WORLD``).
 
     The first ``sync`` duplicates ``comm`` (so mpisync's traffic never matches
@@ -138,17 +139,6 @@ class ParamSync:
     def _mapped_bytes(self) -> int:
         # For the bench's memory row: buffers tracemalloc does not see (the segment, an arena on a file).
         return self._host.nbytes - self._host.traced_bytes
-
-    @property
-    def settings(self) -> _config.Settings:
-        """The effective settings and where each came from."""
-        return self._settings
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
 
     def close(self) -> None:
         """Free the duplicated communicator and the cached buffers; further syncs raise.
