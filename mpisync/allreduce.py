@@ -19,7 +19,6 @@ import time as _time
 
 from mpi4py import MPI
 
-from . import config as _config
 from . import reduceops as _ops
 from .agreement import agree, diagnose
 from .arrays import ArrayView
@@ -101,15 +100,9 @@ class GradSync(Reusable):
                  timeout=None):
         self._user_comm = MPI.COMM_WORLD if comm is None else comm
         self._op = op
-        self._settings_error = None
-        try:
-            self._settings = _config.resolve(max_concurrent, fusion_bytes, gpu_transport, timeout)
-        except InvalidParamError as exc:
-            self._settings_error = str(exc)
-            self._settings = _config.resolve(1, 0, "auto", _config.BUILTIN_DEFAULTS["timeout"])
+        self._resolve_settings(max_concurrent, fusion_bytes, gpu_transport, timeout)
         if op not in _ops.OPS:
             self._settings_error = f"op must be one of {', '.join(map(repr, _ops.OPS))}, got {op!r}"
-        self._values = self._settings.values()
         self._comm = None
         self._dup = None
         self._prepared = None

@@ -19,7 +19,6 @@ from typing import Any, Mapping, Sequence
 
 from mpi4py import MPI
 
-from . import config as _config
 from .agreement import agree, diagnose
 from .clock import Deadline, Trace, timed_out
 from .devicepath import DeviceTransport
@@ -99,14 +98,7 @@ class ParamSync(Reusable):
                  timeout: float | None = None) -> None:
         self._user_comm = MPI.COMM_WORLD if comm is None else comm
         self._root = root
-        # A bad setting is reported at sync time, collectively, like any bad input.
-        self._settings_error = None
-        try:
-            self._settings = _config.resolve(max_concurrent, fusion_bytes, gpu_transport, timeout)
-        except InvalidParamError as exc:
-            self._settings_error = str(exc)
-            self._settings = _config.resolve(1, 0, "auto", _config.BUILTIN_DEFAULTS["timeout"])
-        self._values = self._settings.values()  # read-only: the settings are fixed for the syncer's life
+        self._resolve_settings(max_concurrent, fusion_bytes, gpu_transport, timeout)
         self._chunk_bytes = DEFAULT_CHUNK_BYTES
         self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
         self._comm = None
