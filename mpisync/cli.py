@@ -119,9 +119,13 @@ def _bench_problem(rest: list) -> tuple:
     for path in (opts.json, opts.csv, opts.plot):
         if _missing_folder(path):
             return opts, _missing_folder(path)
-    unknown = [w for w in (opts.workloads or "").split(",") if w and w not in WORKLOADS]
+    names = [w for w in (opts.workloads or "").split(",") if w]
+    unknown = [w for w in names if w.removesuffix("-torch") not in WORKLOADS]
     if unknown:
-        return opts, f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}"
+        return opts, (f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)} "
+                      f"(each also as NAME-torch: torch CPU tensors, one allocation per tensor)")
+    if any(w.endswith("-torch") for w in names) and not _importable("torch"):
+        return opts, "a NAME-torch workload needs torch: pip install 'mpisync[torch]'"
     for flag, text in (("--sweep-concurrency", opts.sweep_concurrency), ("--sweep-fusion", opts.sweep_fusion)):
         try:
             [int(v) for v in (text or "").split(",") if v.strip()]

@@ -208,3 +208,13 @@ def test_messages_count_in_the_singular_and_plural(installed, bounded_env, tmp_p
     assert proc.returncode == 0, proc.stderr
     assert "rank 1/2: synced 1 tensor (1 replica, " in proc.stderr and ", 1 fused bucket, " in proc.stderr
     assert "rank 1/2: synced 2 tensors (2 replicas, " in proc.stderr, proc.stderr
+
+
+def test_bench_takes_the_torch_form_of_each_workload():
+    # The suite runs "<workload>-torch" (torch CPU tensors, one allocation per tensor): the option
+    # check made before any work must take it too, and still refuse a misspelt one.
+    from mpisync import cli
+
+    assert cli._bench_problem(["--workloads", "resnet50-torch,many-small"])[1] == ""
+    problem = cli._bench_problem(["--workloads", "resnet5O-torch"])[1]
+    assert problem.startswith("unknown workload(s) resnet5O-torch; choose from resnet50")
