@@ -16,7 +16,7 @@ import numpy as _np
 
 from .devices.simulated import SimulatedDeviceArray
 
-__all__ = ["ArrayView", "UnsupportedArray", "as_array_view", "is_array_like", "numpy_view"]
+__all__ = ["ArrayView", "UnsupportedArray", "as_array_view", "is_array_like", "numpy_view", "torch_cpu_views"]
 
 
 class UnsupportedArray(Exception):
@@ -108,6 +108,29 @@ def _from_torch(tensor) -> ArrayView:
     except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks
         data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
     return ArrayView(data, tuple(tensor.shape), dtype, True)
+
+
+def torch_cpu_views(values) -> list | None:
+    """The numpy views of ``values`` when every one is a plain torch CPU tensor (or ``Parameter``) that
+    numpy can view as it is, else ``None`` (the general path then says what is wrong, if anything).
+
+    ``Tensor.numpy()`` refuses what a view cannot carry (a device, a dtype numpy lacks, the lazy
+    conjugate and negative bits, sparse layouts), so a view has the tensor's address, shape,
+    strides and dtype: the bulk path and the re-check read them in C instead of per tensor in Python.
+    """
+    torch = _sys.modules.get("torch")
+    if torch is None:
+        return None
+    kinds = (torch.Tensor, torch.nn.Parameter)
+    views = []
+    try:
+        for value in values:
+            if type(value) not in kinds:
+                return None
+            views.append((value.detach() if value.requires_grad else value).numpy())
+    except (TypeError, RuntimeError, ValueError):
+        return None
+    return views
 
 
 def _is_gpu_object(obj) -> bool:

@@ -80,4 +80,9 @@ def keep_values(params, manifest) -> tuple:
     if not manifest.leaves_only:
         return (), (), None
     values = tuple(params.values())
-    return values, tuple(params), snapshot(values, all_numpy=isinstance(manifest, BulkManifest))
+    if not isinstance(manifest, BulkManifest):
+        return values, tuple(params), snapshot(values)
+    if manifest.through_torch:  # the tensors' numpy views, in the dict's order
+        view_of = dict(zip(manifest.names, manifest.values))
+        return values, tuple(params), snapshot(values, dtypes=manifest.dtypes, views=[view_of[k] for k in params])
+    return values, tuple(params), snapshot(values, all_numpy=True, dtypes=manifest.dtypes)

@@ -4,7 +4,8 @@ A :class:`~mpisync.ParamSync` that gets the same array objects back reuses
 its compiled copies, which hold addresses. Before each such sync every
 array's data address, shape, strides, dtype and writability are compared
 with what was prepared (a C loop over numpy's struct fields where
-:mod:`mpisync._speedups` is built; torch tensors and the rest in Python). Any
+:mod:`mpisync._speedups` is built, over the numpy views of torch CPU tensors
+when the bulk path prepared them; the rest in Python). Any
 difference makes the rank prepare again, and the validation exchange tells
 every rank that someone did, so nothing is written at an address an array
 no longer owns.
@@ -16,6 +17,7 @@ import sys as _sys
 
 import numpy as _np
 
+from .arrays import torch_cpu_views
 from .speedups import speedups as _speedups
 
 __all__ = ["snapshot", "unchanged"]
@@ -40,18 +42,29 @@ def _state(value) -> tuple:
 class Snapshot:
     """The states of ``values`` when they were prepared."""
 
-    __slots__ = ("words", "others", "dtypes")
+    __slots__ = ("words", "others", "dtypes", "through_torch")
 
-    def __init__(self, words: bytes | None, others: tuple, dtypes: tuple = ()):
+    def __init__(self, words: bytes | None, others: tuple, dtypes: tuple = (), through_torch: bool = False):
         self.words = words  # C form for exact numpy arrays (None without the C loops)
         self.others = others  # (index, state) for everything the C loop does not read
         # The C form compares dtypes by address: holding them keeps a new dtype from taking the address.
         self.dtypes = dtypes
+        self.through_torch = through_torch  # words of the torch tensors' numpy views (arrays.torch_cpu_views)
 
 
-def snapshot(values: tuple, all_numpy: bool = False) -> Snapshot:
-    """Record each array's address, shape, strides, dtype and writability (``all_numpy``: the caller
-    knows every value is exactly a ``numpy.ndarray``, so none needs the Python form)."""
+def snapshot(values: tuple, all_numpy: bool = False, *, dtypes: tuple | None = None,
+             views: list | None = None) -> Snapshot:
+    """Record each array's address, shape, strides, dtype and writability.
+
+    ``all_numpy``: the caller knows every value is exactly a ``numpy.ndarray``, so none needs the
+    Python form; ``dtypes``: every dtype object of those arrays (or of ``views``), when the caller
+    holds them already; ``views``: every value is a torch CPU tensor and these are its
+    :func:`~mpisync.arrays.torch_cpu_views`, whose states are recorded (and compared, by C loop).
+    """
+    if _speedups is not None and views is not None and dtypes is not None:
+        return Snapshot(_speedups.array_states(views, _np.ndarray), (), dtypes, True)
+    if _speedups is not None and all_numpy and dtypes is not None:
+        return Snapshot(_speedups.array_states(values, _np.ndarray), (), dtypes)
     if _speedups is not None:
         words = _speedups.array_states(values, _np.ndarray)
         others = () if all_numpy else tuple((i, _state(v)) for i, v in enumerate(values)
@@ -67,6 +80,9 @@ def unchanged(values: tuple, prepared: Snapshot) -> bool:
     validation exchange, not this check, reports what is wrong).
     """
     try:
+        if prepared.through_torch:
+            views = torch_cpu_views(values)
+            return views is not None and _speedups.same_states(views, _np.ndarray, prepared.words)
         if prepared.words is not None and not _speedups.same_states(values, _np.ndarray, prepared.words):
             return False
         for i, state in prepared.others:

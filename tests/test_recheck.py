@@ -98,3 +98,40 @@ def test_a_check_that_raises_counts_as_changed(path):
     state = recheck.Snapshot(None, ((1, ("x",)),))
     assert recheck.unchanged(values[:1], recheck.snapshot(values[:1]))
     assert not recheck.unchanged(values, state)
+
+
+def _torch_snapshot(values):
+    from mpisync.arrays import torch_cpu_views
+
+    views = torch_cpu_views(values)
+    return recheck.snapshot(values, dtypes=tuple({id(v.dtype): v.dtype for v in views}.values()), views=views)
+
+
+@pytest.mark.parametrize("change", ["re-pointed", "transposed", "conj", "neg", "resized", "dtype", "not a tensor"])
+def test_torch_tensors_checked_through_their_numpy_views(change):
+    # A bulk-prepared torch set is recorded and re-checked through Tensor.numpy() views (C loop).
+    torch = pytest.importorskip("torch")
+    if recheck._speedups is None:
+        pytest.skip("mpisync._speedups is not built")
+    t = torch.zeros(4, 4, dtype=torch.complex64)
+    grad = torch.nn.Parameter(torch.zeros(3))
+    values = (t, grad)
+    state = _torch_snapshot(values)
+    assert recheck.unchanged(values, state)
+    grad.requires_grad_(False)  # the same memory either way: still unchanged
+    assert recheck.unchanged(values, state)
+    if change == "re-pointed":
+        t.data = torch.zeros(4, 4, dtype=torch.complex64)
+    elif change == "transposed":
+        t.data = t.data.t()
+    elif change == "conj":
+        t.data = t.data.conj()
+    elif change == "neg":
+        t.data = torch._neg_view(t.data)
+    elif change == "resized":  # smaller: a storage numpy views cannot grow
+        t.resize_(2)
+    elif change == "dtype":
+        t.data = t.data.view(torch.float64)
+    else:
+        values = (np.zeros((4, 4), np.complex64), grad)
+    assert not recheck.unchanged(values, state)

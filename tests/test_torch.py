@@ -63,3 +63,35 @@ def test_non_contiguous_tensor_is_refused_everywhere(comm):
     params = {"w": w.t() if comm.rank == bad else w.clone()}
     raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.sync_params(params, comm),
                       f"rank {bad}: parameter 'w'", "not contiguous")
+
+
+def _float_model(rank: int):
+    torch.manual_seed(99 + rank)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.BatchNorm1d(7), torch.nn.Linear(7, 3))
+    model.train()
+    model(torch.randn(6, 5))
+    return model
+
+
+def test_state_dict_rank_paths_mixed_and_re_pointed_between_syncs(comm):
+    # A state_dict of CPU tensors numpy can view takes the bulk path (through Tensor.numpy());
+    # here odd ranks hold one-replica lists, which take the general path. Digests and collectives
+    # must match, and a tensor re-pointed on one rank between two syncs of the same dict must be
+    # seen there (its new memory written, its old memory left alone).
+    root = last_rank(comm)
+    state = _float_model(comm.rank).state_dict()
+    params = state if comm.rank % 2 == 0 else {name: [t] for name, t in state.items()}
+    expected = {name: _raw(t) for name, t in _float_model(root).state_dict().items()}
+    with mpisync.ParamSync(comm, root=root) as syncer:
+        syncer.sync(params, verify=True)
+        assert {name: _raw(t) for name, t in state.items()} == expected
+        old = state["0.weight"].data
+        if comm.rank == root:
+            state["0.weight"].add_(1.0)
+        elif comm.rank == 0:
+            state["0.weight"].data = torch.full((7, 5), -1.0)  # the same object, new memory
+        expected["0.weight"] = _raw(_float_model(root).state_dict()["0.weight"] + 1.0)
+        syncer.sync(params, verify=True)
+        assert {name: _raw(t) for name, t in state.items()} == expected
+        if comm.rank == 0 and comm.rank != root:
+            assert _raw(old) == _raw(_float_model(root).state_dict()["0.weight"])  # not written again

@@ -386,7 +386,12 @@ def test_bulk_scan_leaves_everything_but_plain_numpy_to_the_full_manifest():
     for why, params in refused.items():
         assert _scan(params) is None, why
     assert _scan({**plain, "c": frozen}, rank=0) is not None  # root only reads
-    assert _scan(collections.OrderedDict(plain)) is None  # not exactly a dict
+    assert _scan(collections.OrderedDict(plain)) is not None  # a torch state_dict() is one
+
+    class Lookups(dict):
+        pass
+
+    assert _scan(Lookups(plain)) is None  # a subclass may override lookups
     assert _scan(plain, size=1, rank=0) is None and _scan(plain, root=2) is None
     from mpisync.bulk import scan
 
@@ -420,3 +425,42 @@ def test_bulk_steps_pack_and_unpack_every_tensor_through_the_arena():
         assert receiver[name].tobytes() == root[name].tobytes(), name
     with pytest.raises(ValueError, match="_speedups"):
         compile_bulk(send, plan, receiving=False, arena=Arena(32, compiled=False), fusion_bytes=16)
+
+
+def test_bulk_scan_takes_torch_cpu_tensors_with_the_full_manifests_digest():
+    _speedups_or_skip()
+    torch = pytest.importorskip("torch")
+    from mpisync.bulk import BulkManifest
+    from mpisync.manifest import build_manifest
+
+    weight = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))  # requires grad
+    params = {"b": torch.zeros(3, dtype=torch.int64), "a": torch.ones((), dtype=torch.complex64),
+              "c": torch.zeros((0, 4), dtype=torch.float16), "w": weight, "flag": torch.zeros(2, dtype=torch.bool)}
+    as_numpy = {name: t.detach().numpy() for name, t in params.items()}
+    for rank in (0, 1):
+        bulk = _scan(params, rank=rank, fusion_bytes=64)
+        full = build_manifest(params, rank=rank, size=2, root=0, settings={"fusion_bytes": 64})
+        assert isinstance(bulk, BulkManifest) and bulk.through_torch
+        assert bulk.digest() == full.digest() == _scan(as_numpy, rank=rank, fusion_bytes=64).digest()
+        assert bulk.sizes.tolist() == [p.nbytes for p in full.params]
+        # The bulk path's buffers are the tensors' own memory: no copy.
+        assert bulk.values[bulk.names.index("w")].ctypes.data == weight.data_ptr()
+
+
+def test_bulk_scan_leaves_torch_tensors_numpy_cannot_view_to_the_full_manifest():
+    _speedups_or_skip()
+    torch = pytest.importorskip("torch")
+    plain = {"a": torch.zeros(4), "b": torch.zeros(4)}
+    assert _scan(plain) is not None
+    refused = {
+        "bfloat16 (numpy lacks it)": {**plain, "c": torch.zeros(2, dtype=torch.bfloat16)},
+        "not contiguous": {**plain, "c": torch.zeros(4, 4).t()},
+        "lazy conjugate": {**plain, "c": torch.zeros(2, dtype=torch.complex64).conj()},
+        "lazy negative": {**plain, "c": torch._neg_view(torch.zeros(2, dtype=torch.complex64))},
+        "sparse": {**plain, "c": torch.zeros(2, 2).to_sparse()},
+        "mixed with numpy": {**plain, "c": np.zeros(4, np.float32)},
+        "numpy first, then torch": {"0": np.zeros(4, np.float32), **plain},
+        "views end to end": (lambda one: {"a": one[:4], "b": one[4:]})(torch.zeros(8)),
+    }
+    for why, params in refused.items():
+        assert _scan(params) is None, why
