@@ -85,4 +85,4 @@ def keep_values(params, manifest) -> tuple:
     if manifest.through_torch:  # the tensors' numpy views, in the dict's order
         view_of = dict(zip(manifest.names, manifest.values))
         return values, tuple(params), snapshot(values, dtypes=manifest.dtypes, views=[view_of[k] for k in params])
-    return values, tuple(params), snapshot(values, all_numpy=True, dtypes=manifest.dtypes)
+    return values, tuple(params), snapshot(values, dtypes=manifest.dtypes)

@@ -52,23 +52,20 @@ class Snapshot:
         self.through_torch = through_torch  # words of the torch tensors' numpy views (arrays.torch_cpu_views)
 
 
-def snapshot(values: tuple, all_numpy: bool = False, *, dtypes: tuple | None = None,
-             views: list | None = None) -> Snapshot:
+def snapshot(values: tuple, *, dtypes: tuple | None = None, views: list | None = None) -> Snapshot:
     """Record each array's address, shape, strides, dtype and writability.
 
-    ``all_numpy``: the caller knows every value is exactly a ``numpy.ndarray``, so none needs the
-    Python form; ``dtypes``: every dtype object of those arrays (or of ``views``), when the caller
-    holds them already; ``views``: every value is a torch CPU tensor and these are its
+    ``dtypes``: every dtype object of the arrays recorded, held by the snapshot; given without
+    ``views``, the caller knows every value is exactly a ``numpy.ndarray`` (the C loop reads them
+    all); with ``views``, every value is a torch CPU tensor and ``views`` are its
     :func:`~mpisync.arrays.torch_cpu_views`, whose states are recorded (and compared, by C loop).
     """
-    if _speedups is not None and views is not None and dtypes is not None:
-        return Snapshot(_speedups.array_states(views, _np.ndarray), (), dtypes, True)
-    if _speedups is not None and all_numpy and dtypes is not None:
-        return Snapshot(_speedups.array_states(values, _np.ndarray), (), dtypes)
+    if _speedups is not None and dtypes is not None:
+        return Snapshot(_speedups.array_states(values if views is None else views, _np.ndarray), (), dtypes,
+                        views is not None)
     if _speedups is not None:
         words = _speedups.array_states(values, _np.ndarray)
-        others = () if all_numpy else tuple((i, _state(v)) for i, v in enumerate(values)
-                                            if type(v) is not _np.ndarray)
+        others = tuple((i, _state(v)) for i, v in enumerate(values) if type(v) is not _np.ndarray)
         return Snapshot(words, others, tuple(getattr(v, "dtype", None) for v in values))
     return Snapshot(None, tuple((i, _state(v)) for i, v in enumerate(values)))
 
