@@ -1,0 +1,87 @@
+"""Unit tests of the C loops module mpisync._speedups (through mpisync.speedups)."""
+
+import numpy as np
+import pytest
+
+from unitutil import speedups_or_skip
+
+
+def test_buffer_list_copies_within_the_arena_and_refuses_what_would_not_fit():
+    speedups = speedups_or_skip()
+    sources = [np.arange(n, dtype=np.uint8) + n for n in (5, 0, 3)]
+    held = speedups.BufferList([memoryview(a) for a in sources])
+    assert len(held) == 3 and held.nbytes == 8
+    arena = bytearray(12)
+    assert held.gather(arena, 2) == 8
+    assert bytes(arena) == bytes([0, 0, 5, 6, 7, 8, 9, 3, 4, 5, 0, 0])
+    with pytest.raises(ValueError, match="do not fit"):
+        held.gather(arena, 5)  # 8 bytes from offset 5 of 12
+    with pytest.raises(ValueError, match="do not fit"):
+        held.gather(arena, -1)
+    frozen = np.zeros(4, np.uint8)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        speedups.BufferList([frozen]).scatter(bytes(4))
+    assert not frozen.any()
+    with pytest.raises((ValueError, BufferError)):
+        speedups.BufferList([np.zeros((3, 3))[:, 0]])  # not contiguous
+    targets = [np.zeros(n, np.uint8) for n in (5, 0, 3)]
+    speedups.BufferList(targets).scatter(bytes(arena), 2)
+    assert [t.tolist() for t in targets] == [s.tolist() for s in sources]
+
+
+def test_buffer_list_streaming_gather_gives_the_same_bytes_at_every_alignment():
+    speedups = speedups_or_skip()
+    rng = np.random.default_rng(5)
+    sources = [rng.integers(0, 256, n, dtype=np.uint8) for n in (1, 15, 16, 17, 63, 64, 65, 400, 1000, 0, 3, 4096)]
+    packed = np.concatenate(sources)
+    held = speedups.BufferList(sources)
+    for offset in range(40):
+        expected = np.full(8192, 7, np.uint8)
+        expected[offset:offset + packed.size] = packed
+        for streaming in (False, True):
+            arena = np.full(8192, 7, np.uint8)
+            assert held.gather(arena, offset, streaming) == packed.size
+            assert arena.tobytes() == expected.tobytes(), (offset, streaming)
+    with pytest.raises(ValueError):
+        held.gather(np.zeros(packed.size, np.uint8), 1, True)  # one byte short: refused, nothing written
+
+
+def test_same_items_is_identity_of_keys_and_values_in_order():
+    speedups = speedups_or_skip()
+    a, b = np.zeros(1), np.zeros(1)
+    params = {"a": a, "b": b}
+    assert speedups.same_items(params, ("a", "b"), (a, b))
+    assert not speedups.same_items(params, ("b", "a"), (b, a))  # insertion order differs
+    assert not speedups.same_items(params, ("a", "b"), (a, np.zeros(1)))  # equal values, another array
+    assert not speedups.same_items(params, ("a",), (a,))
+    assert not speedups.same_items({"a": a, "b": b, "c": a}, ("a", "b"), (a, b))
+
+
+def test_dict_version_changes_with_every_change_and_differs_between_dicts():
+    speedups = speedups_or_skip()
+    a = np.zeros(1)
+    params = {"a": a}
+    version = speedups.dict_version(params)
+    if version == -1:
+        pytest.skip("no dict version tag in this Python (3.12 on): same_items alone decides")
+    params["a"] = a  # the same object again: nothing changed
+    assert speedups.dict_version(params) == version
+    params["a"] = np.zeros(1)
+    changed = speedups.dict_version(params)
+    assert changed != version
+    params["a"] = a  # back to the first array: still a new version
+    assert speedups.dict_version(params) not in (version, changed)
+    assert speedups.dict_version({"a": a}) != speedups.dict_version({"a": a})
+    with pytest.raises(TypeError):
+        speedups.dict_version([])
+
+
+def test_attribute_runs_merges_consecutive_identical_values():
+    speedups = speedups_or_skip()
+    f4, f8 = np.dtype("float32"), np.dtype("float64")
+    arrays = [np.zeros(1, f4), np.zeros(2, f4), np.zeros(1, f8), np.zeros(3, f4)]
+    assert speedups.attribute_runs(arrays, "dtype") == [[f4, 2], [f8, 1], [f4, 1]]
+    assert speedups.attribute_runs([], "dtype") == []
+    with pytest.raises(AttributeError):
+        speedups.attribute_runs([np.zeros(1), 3], "dtype")

@@ -1,0 +1,22 @@
+"""Helpers of the unit tests (no MPI): the C loops module or a skip, and the arena's copy paths."""
+
+import pytest
+
+# Arena settings of each copy path: the C loop, one vectored system call per group, a Python loop.
+ARENA_PATHS = {"compiled": {}, "vectored": {"compiled": False}, "loop": {"compiled": False, "vectored": False}}
+
+
+def speedups_or_skip():
+    """The C loops module; the test is skipped where it is not built (or MPISYNC_SPEEDUPS=0)."""
+    from mpisync.speedups import speedups
+
+    if speedups is None:
+        pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")
+    return speedups
+
+
+def arena_path(path):
+    """The arena settings of ``path`` (skips the compiled path where the C loops are not built)."""
+    if path == "compiled":
+        speedups_or_skip()
+    return ARENA_PATHS[path]
