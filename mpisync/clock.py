@@ -1,19 +1,14 @@
-"""One deadline helper for every wait, and a timeline that costs nothing when tracing is off."""
+"""One deadline helper for every wait, and a timeline that costs nothing when tracing is off.
+
+What happens when a deadline passes is :func:`mpisync.timeouts.timed_out`."""
 
 from __future__ import annotations
 
-import sys as _sys
 import time as _time
 
-from . import config as _config
-from .errors import SyncTimeoutError
 from .ring import wait_request
 
-__all__ = ["Deadline", "Trace", "timed_out"]
-
-# Seconds between writing a timeout diagnostic and aborting, so the launcher
-# forwards the message before it tears the job down.
-_ABORT_GRACE_SECONDS = 1.0
+__all__ = ["Deadline", "Trace"]
 
 
 class Deadline:
@@ -58,26 +53,3 @@ class Trace:
         """Write what was recorded."""
         if self.active is not None:
             self.active.flush()
-
-
-def timed_out(comm, phase: str, pending: list, timeout: float) -> None:
-    """Report that the ``phase`` of a sync on ``comm`` outlived ``timeout``: abort the job (the default:
-    MPI cannot cancel a collective) after writing the message to stderr, or raise
-    :class:`~mpisync.SyncTimeoutError` carrying ``phase`` and ``pending`` (``MPISYNC_TIMEOUT_ABORT=0``)."""
-    shown = ", ".join(repr(n) for n in pending[:20])
-    if len(pending) > 20:
-        shown += f", ... and {len(pending) - 20} more"
-    message = (
-        f"mpisync: rank {comm.rank} of {comm.size}: the {phase} did not complete within "
-        f"{timeout:g} s; pending parameter(s): {shown or 'none'}. Another rank may not have "
-        "called sync, may have died, or may be stuck elsewhere."
-    )
-    if _config.abort_on_timeout():
-        _sys.stderr.write(
-            f"SyncTimeoutError: {message}\nmpisync: MPI cannot cancel a collective, so rank "
-            f"{comm.rank} aborts the job (set MPISYNC_TIMEOUT_ABORT=0 to raise instead).\n"
-        )
-        _sys.stderr.flush()
-        _time.sleep(_ABORT_GRACE_SECONDS)
-        comm.Abort(1)
-    raise SyncTimeoutError(message, phase=phase, pending=list(pending))

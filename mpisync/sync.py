@@ -20,7 +20,8 @@ from typing import Any, Mapping, Sequence
 from mpi4py import MPI
 
 from .agreement import agree, diagnose
-from .clock import Deadline, Trace, timed_out
+from .clock import Deadline, Trace
+from .timeouts import timed_out
 from .devicepath import DeviceTransport
 from .staged import DEFAULT_DEVICE_CHUNK_BYTES
 from .errors import InvalidParamError, SyncError
@@ -313,7 +314,7 @@ class ParamSync(Reusable):
 
     def _timed_out(self, phase: str, pending: list, timeout: float) -> None:
         self._broken = f"a sync timed out during the {phase}; its collectives may still be pending"
-        timed_out(self._user_comm, phase, pending, timeout)
+        timed_out(self._user_comm, phase, pending, timeout, pending_what="pending parameter(s)", call="sync")
 
 
 def sync_params(params: Mapping[str, Any], comm: MPI.Intracomm | None = None, *, root: int = 0,

@@ -7,16 +7,19 @@ job (the launcher then ends every rank); ``MPISYNC_TIMEOUT_ABORT=0`` raises
 
 from __future__ import annotations
 
+import signal as _signal
 import sys as _sys
 import time as _time
 
 from . import config as _config
 from .errors import SyncTimeoutError
 
-__all__ = ["timed_out"]
+__all__ = ["abort_job", "timed_out"]
 
 # Seconds between writing a timeout diagnostic and aborting, so the launcher forwards the message.
 _ABORT_GRACE_SECONDS = 1.0
+# Seconds MPI_Abort may take before the kernel ends this process (SIGALRM, default action).
+_ABORT_BOUND_SECONDS = 10
 
 
 def timed_out(comm, phase: str, pending: list, timeout: float, *, pending_what: str = "pending",
@@ -35,5 +38,17 @@ def timed_out(comm, phase: str, pending: list, timeout: float, *, pending_what: 
                           f"{comm.rank} aborts the job (set MPISYNC_TIMEOUT_ABORT=0 to raise instead).\n")
         _sys.stderr.flush()
         _time.sleep(_ABORT_GRACE_SECONDS)
-        comm.Abort(1)
-    raise SyncTimeoutError(message)
+        abort_job(comm)
+    raise SyncTimeoutError(message, phase=phase, pending=list(pending))
+
+
+def abort_job(comm) -> None:
+    """``MPI_Abort`` on ``comm``, bounded: should the abort itself not return control to the launcher
+    (seen now and then with the embedded MPICH), the kernel ends this process after
+    ``_ABORT_BOUND_SECONDS``, and the launcher, seeing a rank killed, ends the others."""
+    try:
+        if _signal.getsignal(_signal.SIGALRM) in (_signal.SIG_DFL, None):
+            _signal.alarm(_ABORT_BOUND_SECONDS)  # a signal, not a thread: it fires even if Abort holds the GIL
+    except (AttributeError, ValueError):  # no SIGALRM on this platform
+        pass
+    comm.Abort(1)

@@ -18,7 +18,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 from .. import config as _config
 from ..errors import SyncTimeoutError
 from ..sync import ParamSync
-from ..timeouts import timed_out
+from ..timeouts import abort_job, timed_out
 from .buffers import ReduceBuffer, byte_view, check_reducible, mpi_reduce_op
 from .progress import Engine
 
@@ -118,7 +118,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
 
     def abort(self) -> None:
         """Abort the MPI job (MPI cannot cancel collectives in flight)."""
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(MPI.COMM_WORLD)
 
     def _timed_out(self, labels: list) -> str:
         try:
