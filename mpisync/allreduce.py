@@ -24,7 +24,8 @@ from .agreement import agree, diagnose
 from .arrays import ArrayView
 from .errors import InvalidParamError, SyncError
 from .manifest import Param, build_manifest
-from .reduceplan import compile_steps, fan_out, local_reduce
+from .fanout import fan_out
+from .reduceplan import compile_steps, local_reduce
 from .lifecycle import Reusable
 from .report import SyncReport
 from .ring import Expired, TrackedRing, wait_request

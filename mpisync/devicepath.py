@@ -9,6 +9,7 @@ verification digests.
 
 from __future__ import annotations
 
+from .fanout import copy_device, replica_copies
 from .plan import build_plan
 from .staged import DEFAULT_DEVICE_CHUNK_BYTES, DeviceSlots, compile_device_steps, device_to_host, run_device_steps
 
@@ -61,9 +62,7 @@ class DeviceTransport:
             backend.synchronize(device)
         for param in device_params:
             master = param.master
-            stream = self.slots.stream(master.backend, master.device)
-            for replica in param.replicas[1:]:
-                master.backend.copy(replica.data, master.data, stream)
+            copy_device(replica_copies([param], (0,)), master.backend, self.slots.stream(master.backend, master.device))
         for backend, device in touched:  # the copies are done before the caller's next kernel
             backend.synchronize(device)
 

@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from .arena import Arena, vectored_io_available
 from .config import env_switch
-from .manifest import replica_copies
+from .fanout import copy_host, replica_copies
 from .program import bucket_pack, bucket_unpack, transfer_buffer
 from .ring import Expired
 
@@ -255,8 +255,7 @@ class Chunk:
         """
         if self.unpack:
             arena.scatter(self.unpack)
-        for dst, src in self.fan_out:
-            dst[:] = src
+        copy_host(self.fan_out)
 
     def read(self, arena: Arena) -> None:
         """Receivers: copy the slot into the master and every other replica."""

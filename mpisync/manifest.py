@@ -18,7 +18,7 @@ import numpy as _np
 
 from .arrays import UnsupportedArray, as_array_view, is_array_like, numpy_view
 
-__all__ = ["Param", "Manifest", "build_manifest", "params_digest", "replica_copies", "runs", "settings_digest",
+__all__ = ["Param", "Manifest", "build_manifest", "params_digest", "runs", "settings_digest",
            "shape_words"]
 
 
@@ -32,12 +32,6 @@ class Param:
         self.replicas = replicas  # list[ArrayView]
         self.master = replicas[0]  # whose bytes travel (on the root) or arrive first (elsewhere)
         self.nbytes = replicas[0].data.nbytes
-
-
-def replica_copies(params: list, indices) -> list:
-    """``(destination, source)`` pairs copying the masters of ``params[i]`` (``i`` in ``indices``)
-    into their other local replicas."""
-    return [(r.data, params[i].master.data) for i in indices for r in params[i].replicas[1:]]
 
 
 @_dc.dataclass

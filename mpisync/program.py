@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from .arena import Arena, copy_list
 from .layout import span_buffer
-from .manifest import replica_copies
+from .fanout import copy_host, replica_copies
 
 __all__ = ["Step", "compile_program", "arena_slots", "fused_slots", "bucket_pack", "bucket_unpack",
            "transfer_buffer", "FUSED_SLOTS"]
@@ -58,8 +58,7 @@ class Step:
                                                           for _, group, _, held in self.unpack))
         if self.fan_out:
             begin = timeline.now() if timeline is not None else 0
-            for dst, src in self.fan_out:
-                dst[:] = src
+            copy_host(self.fan_out)
             if timeline is not None:
                 timeline.span("fan-out", begin, copies=len(self.fan_out))
 

@@ -17,7 +17,7 @@ from . import reduceops as _ops
 from .arena import Arena, copy_list
 from .plan import build_plan
 
-__all__ = ["ReduceStep", "compile_steps", "local_reduce", "fan_out"]
+__all__ = ["ReduceStep", "compile_steps", "local_reduce"]
 
 _ALIGN = 64
 _CHUNK_BYTES = 1 << 30  # a multiple of every itemsize: chunks never split a value
@@ -51,13 +51,6 @@ def _combine_into(out, sources: list, dtype: str, op: str) -> None:
     combine = _ops.local_op(op)
     for raw in sources[1:]:
         combine(out, _ops.widen(raw, dtype), out=out)
-
-
-def fan_out(params: list) -> None:
-    """Copy every master into its other replicas."""
-    for p in params:
-        for r in p.replicas[1:]:
-            r.data[:] = p.master.data
 
 
 def _divider(op: str, size: int, params: list, pieces: tuple, buffer, itemsize: int):

@@ -22,7 +22,7 @@ import time as _time
 
 from mpi4py import MPI
 
-from .manifest import replica_copies
+from .fanout import copy_device, replica_copies
 from .ring import Expired
 
 __all__ = ["DeviceStep", "compile_device_steps", "DeviceSlots", "run_device_steps", "device_to_host",
@@ -239,8 +239,7 @@ def _admit(comm, root, item, slots, staged, is_root, timeout) -> None:
             backend.to_host(item.buffer, source, stream)
         else:
             item.buffer = backend.mpi_buffer(source)
-        for dst, src in step.fan_out:  # root's masters already hold the bytes
-            backend.copy(dst, src, stream)
+        copy_device(step.fan_out, backend, stream)  # root's masters already hold the bytes
         item.event = backend.record(stream)
         item.state = "preparing"
     else:
@@ -273,8 +272,7 @@ def _received(item, slots, staged, is_root) -> None:
         backend.unpack(step.views, bucket, stream)
     elif staged:
         backend.to_device(step.views[0], item.buffer, stream)
-    for dst, src in step.fan_out:
-        backend.copy(dst, src, stream)
+    copy_device(step.fan_out, backend, stream)
     item.event = backend.record(stream)
     item.state = "finishing"
 

@@ -25,6 +25,7 @@ from .timeouts import timed_out
 from .devicepath import DeviceTransport
 from .staged import DEFAULT_DEVICE_CHUNK_BYTES
 from .errors import InvalidParamError, SyncError
+from .fanout import fan_out
 from .layout import NO_RUNS, host_layout
 from .bulk import BulkManifest
 from .observe import configure_logging, logger, timeline_for
@@ -53,9 +54,7 @@ def _sync_alone(manifest, report, verify, trace, t_validate, device) -> None:
         raise diagnose([_json.loads(manifest.encode())])
     trace.span("validate", t_validate, tensors=manifest.tensors)
     t_fan_out = trace.now()
-    for param in manifest.host_params:
-        for replica in param.replicas[1:]:
-            replica.data[:] = param.master.data
+    fan_out(manifest.host_params)
     if manifest.device_params:
         device.fan_out_local(manifest.device_params)
     trace.span("fan-out", t_fan_out, replicas=manifest.nreplicas - manifest.tensors)

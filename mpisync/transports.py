@@ -27,7 +27,7 @@ from .arrays import _byte_view
 from .bulk import BulkManifest, bulk_plan, compile_bulk, compile_bulk_chunks
 from .crossmemory import CrossMemory
 from .intranode import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_chunks
-from .manifest import replica_copies
+from .fanout import copy_host, replica_copies
 from .observe import logger
 from .plan import build_plan
 from .program import arena_slots, compile_program, fused_slots, transfer_buffer
@@ -291,8 +291,7 @@ class CrossTransport(Transport):
         ctx.call(self.comm.Iallreduce(_np.array([int(bool(copied))], dtype=_np.int64), everyone, op=MPI.MIN))
         if everyone[0]:
             begin = timeline.now()
-            for dst, src in program.fan_out:
-                dst[:] = src
+            copy_host(program.fan_out)
             timeline.span("fan-out", begin, copies=len(program.fan_out))
             logger.debug("cross-memory: %d direct transfers and %d small tensors copied process to process",
                          len(program.direct), len(program.small))
