@@ -126,6 +126,9 @@ def _bench_problem(rest: list) -> tuple:
                       f"(each also as NAME-torch: torch CPU tensors, one allocation per tensor)")
     if any(w.endswith("-torch") for w in names) and not _importable("torch"):
         return opts, "a NAME-torch workload needs torch: pip install 'mpisync[torch]'"
+    problem = _allreduce_problem(opts.allreduce, opts.allreduce_sets)
+    if problem:
+        return opts, problem
     for flag, text in (("--sweep-concurrency", opts.sweep_concurrency), ("--sweep-fusion", opts.sweep_fusion)):
         try:
             [int(v) for v in (text or "").split(",") if v.strip()]
@@ -138,6 +141,24 @@ def _bench_problem(rest: list) -> tuple:
     if not 0 <= opts.root < size:
         return opts, f"--root {opts.root} is not a rank of this job ({plural(size, 'rank')})"
     return opts, ""
+
+
+def _allreduce_problem(rows, sets) -> str:
+    from .bench.allreduce import GRAD_SETS
+    from .bench.suite import ALLREDUCE_ROWS
+
+    asked = [r for r in (rows or "").split(",") if r]
+    unknown = [r for r in asked if r not in ALLREDUCE_ROWS]
+    if unknown:
+        return f"--allreduce: unknown row(s) {', '.join(unknown)}; choose from {', '.join(ALLREDUCE_ROWS)}"
+    if rows is not None and not asked:
+        return f"--allreduce takes comma-separated rows from {', '.join(ALLREDUCE_ROWS)}, got {rows!r}"
+    unknown = [s for s in (sets or "").split(",") if s and s not in GRAD_SETS]
+    if unknown:
+        return f"--allreduce-sets: unknown set(s) {', '.join(unknown)}; choose from {', '.join(GRAD_SETS)}"
+    if {"sweep", "ddp"} & set(asked) and not _importable("torch"):
+        return "--allreduce sweep and ddp compare the torch backend with gloo: pip install 'mpisync[torch]'"
+    return ""
 
 
 def _bench(args, rest) -> int:

@@ -133,6 +133,29 @@ def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tm
     assert (tmp_path / "bench.png").read_bytes()[:8] == PNG
 
 
+def test_bench_allreduce_rows_beside_gloo_and_flat_allreduce(installed, bounded_env, tmp_path):
+    # After a broadcast workload, whose gloo strategy made torch's default group: the all-reduce
+    # rows take that group for gloo and add the mpisync group beside it.
+    pytest.importorskip("torch")
+    out = tmp_path / "ar"
+    proc = installed.run(["bench", "--no-osu", "--no-sweep", "--no-progress", "--workloads", "many-small",
+                          "--iterations", "1", "--warmup", "0", "--allreduce", "--allreduce-max", "64",
+                          "--allreduce-iterations", "2", "--allreduce-sets", "many-small", "--json", f"{out}.json",
+                          "--csv", f"{out}.csv"], bounded_env, ranks=2, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all-reduce bench, 2 ranks" in proc.stdout and "ddp step MLP" in proc.stdout, proc.stdout
+    reduced = json.loads((tmp_path / "ar.json").read_text())["allreduce"]
+    assert [r["bytes"] for r in reduced["sweep"]] == [4, 16, 64]
+    assert all(r["mpisync_us"] > 0 and r["gloo_us"] > 0 and r["mpi Allreduce_us"] > 0 for r in reduced["sweep"])
+    (grads,) = reduced["grads"]
+    assert (grads["workload"], grads["tensors"], grads["bytes"]) == ("many-small", 5000, 2_000_000), grads
+    assert grads["vs_flat"] > 0 and grads["vs_per_tensor"] > 0
+    assert reduced["ddp"]["gloo_ms"] > 0 and reduced["ddp"]["mpisync_ms"] > 0
+    sections = [line.split(",")[0] for line in (tmp_path / "ar.csv").read_text().splitlines()[1:]]
+    assert sections.count("allreduce sweep") == 9 and sections.count("allreduce grads") == 1
+    assert sections.count("allreduce ddp") == 3
+
+
 def test_timeline_of_a_job_renders_every_span(installed, bounded_env, tmp_path):
     env = dict(bounded_env, MPISYNC_TIMELINE=str(tmp_path / "tl-{rank}.json"))
     job = subprocess.run(["mpiexec", "-n", "2", sys.executable, REPO / "examples" / "sync_demo.py", "--steps", "8"],
@@ -218,3 +241,15 @@ def test_bench_takes_the_torch_form_of_each_workload():
     assert cli._bench_problem(["--workloads", "resnet50-torch,many-small"])[1] == ""
     problem = cli._bench_problem(["--workloads", "resnet5O-torch"])[1]
     assert problem.startswith("unknown workload(s) resnet5O-torch; choose from resnet50")
+
+
+def test_bench_allreduce_options_are_checked_before_any_work():
+    from mpisync import cli
+
+    assert cli._bench_problem(["--allreduce"])[1] == ""
+    assert cli._bench_problem(["--allreduce", "grads", "--allreduce-sets", "many-small,resnet50"])[1] == ""
+    assert cli._bench_problem(["--allreduce", "grads,sweeps"])[1] == (
+        "--allreduce: unknown row(s) sweeps; choose from sweep, grads, ddp")
+    assert cli._bench_problem(["--allreduce=", "--no-osu"])[1].startswith("--allreduce takes comma-separated rows")
+    assert cli._bench_problem(["--allreduce", "grads", "--allreduce-sets", "gpt2"])[1] == (
+        "--allreduce-sets: unknown set(s) gpt2; choose from resnet50, bert-base, many-small")

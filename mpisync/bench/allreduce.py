@@ -26,18 +26,22 @@ from mpi4py import MPI
 from .timing import measure_interleaved
 from ..workloads import make_params, workload
 
-__all__ = ["main", "run"]
+__all__ = ["GRAD_SETS", "main", "parser", "run", "table"]
 
-_GRAD_SETS = ("resnet50", "bert-base", "many-small")
+GRAD_SETS = ("resnet50", "bert-base", "many-small")
 
 
 def _groups(comm):
-    """``(mpisync group, gloo group)``; the default group is gloo over a TCP store on 127.0.0.1
-    whose port rank 0 shares through MPI (as an int64, never pickled)."""
+    """``(mpisync group, gloo group, whether this made the default group)``; the default group is
+    gloo over a TCP store on 127.0.0.1 whose port rank 0 shares through MPI (as an int64, never
+    pickled), unless the caller (``mpisync bench``'s gloo strategy) made one already."""
     import torch.distributed as dist
 
     import mpisync.torch  # noqa: F401  (registers the backend)
 
+    if dist.is_initialized():
+        gloo = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        return dist.new_group(backend="mpisync"), gloo, False
     port = _np.zeros(1, _np.int64)
     store = None
     if comm.rank == 0:
@@ -47,7 +51,7 @@ def _groups(comm):
     if comm.rank != 0:
         store = dist.TCPStore("127.0.0.1", int(port[0]), comm.size, False)
     dist.init_process_group("gloo", store=store, rank=comm.rank, world_size=comm.size)
-    return dist.new_group(backend="mpisync"), dist.group.WORLD
+    return dist.new_group(backend="mpisync"), dist.group.WORLD, True
 
 
 def _sizes(max_bytes: int) -> list:
@@ -80,7 +84,7 @@ def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
     return rows
 
 
-def grads(comm, iterations: int, sets=_GRAD_SETS) -> list:
+def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
     """``GradSync.allreduce`` of gradient-shaped sets against flat and per-tensor ``Allreduce``."""
     from ..allreduce import GradSync
 
@@ -143,13 +147,13 @@ def ddp_step(comm, groups, iterations: int) -> dict:
 
 def run(comm, args) -> dict:
     """Run the rows ``args.rows`` asks for; return them (every rank)."""
-    import torch
-
-    torch.set_num_threads(args.threads)
     out = {"ranks": comm.size}
-    groups = None
-    if {"sweep", "ddp"} & set(args.rows):
-        mpisync_group, gloo_group = _groups(comm)
+    groups, created = None, False
+    if {"sweep", "ddp"} & set(args.rows):  # the grads row needs no torch
+        import torch
+
+        torch.set_num_threads(args.threads)
+        mpisync_group, gloo_group, created = _groups(comm)
         groups = {"mpisync": mpisync_group, "gloo": gloo_group}
     if "sweep" in args.rows:
         out["sweep"] = sweep(comm, groups, args.max_bytes, args.iterations)
@@ -160,11 +164,15 @@ def run(comm, args) -> dict:
     if groups is not None:
         import torch.distributed as dist
 
-        dist.destroy_process_group()
+        if created:
+            dist.destroy_process_group()  # and every group made on it
+        else:
+            groups["mpisync"].shutdown()  # torch cannot destroy one Python group alone
     return out
 
 
-def _table(result: dict) -> str:
+def table(result: dict) -> str:
+    """The rows of :func:`run` as plain text."""
     lines = [f"all-reduce bench, {result['ranks']} ranks (medians of the slowest rank)"]
     for row in result.get("sweep", []):
         lines.append(f"sweep {row['bytes']:>10} B: mpisync {row['mpisync_us']:9.1f} us  gloo {row['gloo_us']:9.1f} us"
@@ -182,21 +190,26 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    """Command-line entry point: a table (or ``--json``) on rank 0."""
+def parser() -> _argparse.ArgumentParser:
+    """The options of this bench (``mpisync bench --allreduce`` passes its own through them)."""
     parser = _argparse.ArgumentParser(prog="python -m mpisync.bench.allreduce", description=__doc__.split("\n")[0])
     parser.add_argument("--rows", nargs="+", default=["sweep", "grads", "ddp"], choices=["sweep", "grads", "ddp"])
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
-    parser.add_argument("--sets", nargs="+", default=list(_GRAD_SETS), choices=list(_GRAD_SETS),
+    parser.add_argument("--sets", nargs="+", default=list(GRAD_SETS), choices=list(GRAD_SETS),
                         help="gradient sets of the grads row")
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Command-line entry point: a table (or ``--json``) on rank 0."""
+    args = parser().parse_args(argv)
     comm = MPI.COMM_WORLD
     result = run(comm, args)
     if comm.rank == 0:
-        print(_json.dumps(result, indent=1) if args.json else _table(result))
+        print(_json.dumps(result, indent=1) if args.json else table(result))
         _sys.stdout.flush()
     return 0
 

@@ -51,6 +51,10 @@ def table(results: dict) -> str:
         for r in results["sweeps"]:
             lines.append(f"  {r['workload']:<12} {r['param']:<15} {r['value']:>9} {r['median_s'] * 1e3:9.3f} "
                          f"{r['gbps']:7.2f} {r['bandwidth_vs_flat']:8.3f}  {r.get('channel') or ''}".rstrip())
+    if results.get("allreduce"):
+        from .allreduce import table as allreduce_table
+
+        lines += ["", allreduce_table(results["allreduce"])]
     return "\n".join(lines)
 
 
@@ -75,6 +79,20 @@ def csv_rows(results: dict) -> list:
         rows.append({"section": "sweep", "workload": r["workload"], "name": r["param"], "value": r["value"],
                      "seconds": r["median_s"], "gbps": r["gbps"], "vs_flat": r["bandwidth_vs_flat"],
                      "vs_per_tensor": ""})
+    reduced = results.get("allreduce") or {}
+    for r in reduced.get("sweep", []):
+        for name in ("mpisync", "gloo", "mpi Allreduce"):
+            rows.append({"section": "allreduce sweep", "workload": "", "name": name, "value": r["bytes"],
+                         "seconds": r[f"{name}_us"] / 1e6, "gbps": r["bytes"] / r[f"{name}_us"] / 1e3,
+                         "vs_flat": "", "vs_per_tensor": ""})
+    for r in reduced.get("grads", []):
+        rows.append({"section": "allreduce grads", "workload": r["workload"], "name": "GradSync", "value": r["bytes"],
+                     "seconds": r["GradSync_ms"] / 1e3, "gbps": r["bytes"] / r["GradSync_ms"] / 1e6,
+                     "vs_flat": r["vs_flat"], "vs_per_tensor": r.get("vs_per_tensor", "")})
+    if "ddp" in reduced:
+        for name in ("mpisync", "gloo", "no communication"):
+            rows.append({"section": "allreduce ddp", "workload": "mlp", "name": name, "value": "",
+                         "seconds": reduced["ddp"][f"{name}_ms"] / 1e3, "gbps": "", "vs_flat": "", "vs_per_tensor": ""})
     return rows
 
 

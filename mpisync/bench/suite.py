@@ -1,4 +1,5 @@
-"""``mpisync bench``: the OSU-style sweep, the workloads with strategies side by side, and sweeps."""
+"""``mpisync bench``: the OSU-style sweep, the workloads with strategies side by side, sweeps, and
+(``--allreduce``) the all-reduce rows of :mod:`mpisync.bench.allreduce`."""
 
 from __future__ import annotations
 
@@ -30,10 +31,13 @@ def _torch_available() -> bool:
 
 _TORCH = ",resnet50-torch" if _torch_available() else ""
 QUICK = {"workloads": "resnet50,many-small", "iterations": 5, "warmup": 1, "osu_max": 1 << 20,
-         "osu_scale": 0.05, "sweep_concurrency": "1,4,16", "sweep_fusion": "0,65536,1048576"}
+         "osu_scale": 0.05, "sweep_concurrency": "1,4,16", "sweep_fusion": "0,65536,1048576",
+         "allreduce_max": 1 << 20, "allreduce_iterations": 5, "allreduce_sets": ""}
 FULL = {"workloads": ",".join(WORKLOADS) + _TORCH, "iterations": 11, "warmup": 2, "osu_max": 1 << 26,
         "osu_scale": 1.0, "sweep_concurrency": "1,2,4,8,16,32",
-        "sweep_fusion": "0,16384,65536,262144,1048576,4194304"}
+        "sweep_fusion": "0,16384,65536,262144,1048576,4194304", "allreduce_max": 1 << 26,
+        "allreduce_iterations": 40, "allreduce_sets": ""}
+ALLREDUCE_ROWS = ("sweep", "grads", "ddp")  # the sweep and the DDP step need torch (gloo beside mpisync)
 
 
 def parser() -> _argparse.ArgumentParser:
@@ -53,6 +57,14 @@ def parser() -> _argparse.ArgumentParser:
     p.add_argument("--sweep-workloads", default="resnet50,many-small")
     p.add_argument("--sweep-concurrency", help="max_concurrent values, comma-separated")
     p.add_argument("--sweep-fusion", help="fusion_bytes values, comma-separated")
+    p.add_argument("--allreduce", nargs="?", const=",".join(ALLREDUCE_ROWS), metavar="ROWS",
+                   help="also the all-reduce rows, comma-separated from sweep (OSU-style, the torch backend beside "
+                        "gloo and Allreduce), grads (GradSync on ResNet-50, BERT-base, 5000 x 400 B), ddp (a DDP step "
+                        "beside gloo); alone: all three")
+    p.add_argument("--allreduce-max", type=int, help="largest size of the all-reduce sweep, bytes")
+    p.add_argument("--allreduce-iterations", type=int, help="timed iterations of each all-reduce row")
+    p.add_argument("--allreduce-sets", help="gradient sets of the grads row, comma-separated from "
+                                            "resnet50, bert-base, many-small (default: all three)")
     p.add_argument("--json", metavar="PATH", help="write every result as JSON")
     p.add_argument("--csv", metavar="PATH", help="write every result as CSV")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib: mpisync[plot])")
@@ -169,7 +181,20 @@ def run(comm, args) -> dict:
         progress.step(f"{name}: memory")
         del params, runs
     progress.close()
+    if args.allreduce:
+        results["allreduce"] = _allreduce_rows(comm, args.allreduce, opt)
     return results
+
+
+def _allreduce_rows(comm, rows: str, opt: dict) -> dict:
+    from . import allreduce as _allreduce
+
+    rows = [r for r in rows.split(",") if r]
+    argv = ["--rows", *rows, "--max-bytes", str(opt["allreduce_max"]), "--iterations", str(opt["allreduce_iterations"])]
+    if opt["allreduce_sets"]:
+        argv += ["--sets", *opt["allreduce_sets"].split(",")]
+    options = _allreduce.parser().parse_args(argv)
+    return _allreduce.run(comm, options)
 
 
 def main(args=None, comm=None) -> int:
