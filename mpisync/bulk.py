@@ -7,9 +7,9 @@ sync of 5000 small tensors took 2-3x as long as a loop of blocking ``Bcast``.
 When every value is a C-contiguous ``numpy.ndarray``, or every value a
 contiguous torch CPU tensor (a ``state_dict()``, seen through the numpy views
 ``Tensor.numpy()`` gives at about 1.3 us a tensor), this path takes the set
-whole: one sort of the names, every buffer acquired by one C call
-(``mpisync._speedups.BufferList``: exact type, contiguity, size, writability,
-shape), the dtypes read in runs by another, the plan cut with
+whole: one sort of the names, one C pass over the arrays' struct fields
+(``mpisync._speedups.array_list``: exact type, contiguity, size, writability,
+shape, the dtypes in runs, the states a re-check compares), the plan cut with
 ``numpy.searchsorted``, and each fusion bucket a part of that one
 ``BufferList``. Anything else (mixed or GPU arrays, bfloat16, replica lists,
 views that sit end to end, a read-only array on a receiver, a bad setting)
@@ -49,6 +49,7 @@ class BulkManifest:
     device_params: tuple = ()
     dtypes: tuple = ()  # every dtype object of ``values`` (held for the re-check: see mpisync.recheck)
     through_torch = False  # ``values`` are numpy views of the torch CPU tensors ``params`` holds
+    states = None  # mpisync._speedups.array_states of ``values`` when the dict is in sorted order
 
     def __init__(self, params: dict, names: list, values: list, held, digest: bytes, settings: dict,
                  rank: int, size: int, root: int):
@@ -107,24 +108,24 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
         return None
     try:
         names = sorted(params)
-        "".join(names)  # proves every name is a str (the general path words the error otherwise)
     except TypeError:
         return None
-    keys = list(params)
-    values = list(params.values()) if keys == names else list(map(params.__getitem__, names))
+    in_dict_order = list(params) == names
+    values = list(params.values()) if in_dict_order else list(map(params.__getitem__, names))
     through_torch = type(values[0]) is not _np.ndarray
     if through_torch and (values := torch_cpu_views(values)) is None:
         return None
     try:
-        # Exactly numpy.ndarray, C-contiguous, with a buffer format: else the general path says why not.
-        held = _speedups.BufferList(values, _np.ndarray)
+        # Exactly numpy.ndarray, C-contiguous: else the general path says why not. One pass over the
+        # arrays' struct fields gives their buffers, dtype runs (heads: every dtype object held) and
+        # the states the re-check of the next sync compares.
+        held, dtype_runs, states = _speedups.array_list(values, _np.ndarray)
     except (ValueError, TypeError, BufferError):
         return None
     if held.touching() or (held.readonly and rank != root):
         return None  # spans to find, or an error to word: the general path does both
     runs: list = []  # [[dtype name, how many in a row]], as manifest.runs gives them
     try:
-        dtype_runs = _speedups.attribute_runs(values, "dtype")  # run heads: every dtype object held
         for dtype, count in dtype_runs:
             name = _dtype_name(dtype)  # refuses dtypes holding Python objects
             if runs and runs[-1][0] == name:
@@ -134,12 +135,17 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
     except UnsupportedArray:
         return None
     count = len(names)
-    digest = params_digest(names, runs, held.shapes(), [[1, count]], [["h", count]])
+    try:
+        digest = params_digest(names, runs, held.shapes(), [[1, count]], [["h", count]])
+    except TypeError:  # a name that is not a str: the general path words the error
+        return None
     agreed = dict(settings)
     agreed["root"] = root
     manifest = BulkManifest(params, names, values, held, digest, agreed, rank, size, root)
     manifest.dtypes = tuple(dtype for dtype, _ in dtype_runs)
     manifest.through_torch = through_torch
+    if in_dict_order:  # the states of the arrays (torch: of their views) in the dict's order
+        manifest.states = states
     return manifest
 
 

@@ -83,6 +83,8 @@ def keep_values(params, manifest) -> tuple:
     if not isinstance(manifest, BulkManifest):
         return values, tuple(params), snapshot(values)
     if manifest.through_torch:  # the tensors' numpy views, in the dict's order
-        view_of = dict(zip(manifest.names, manifest.values))
-        return values, tuple(params), snapshot(values, dtypes=manifest.dtypes, views=[view_of[k] for k in params])
-    return values, tuple(params), snapshot(values, dtypes=manifest.dtypes)
+        views = manifest.values  # in sorted order: the dict's too when the scan read the states
+        if manifest.states is None:
+            views = list(map(dict(zip(manifest.names, views)).__getitem__, params))
+        return values, tuple(params), snapshot(values, dtypes=manifest.dtypes, views=views, words=manifest.states)
+    return values, tuple(params), snapshot(values, dtypes=manifest.dtypes, words=manifest.states)

@@ -52,17 +52,21 @@ class Snapshot:
         self.through_torch = through_torch  # words of the torch tensors' numpy views (arrays.torch_cpu_views)
 
 
-def snapshot(values: tuple, *, dtypes: tuple | None = None, views: list | None = None) -> Snapshot:
+def snapshot(values: tuple, *, dtypes: tuple | None = None, views: list | None = None,
+             words: bytes | None = None) -> Snapshot:
     """Record each array's address, shape, strides, dtype and writability.
 
     ``dtypes``: every dtype object of the arrays recorded, held by the snapshot; given without
     ``views``, the caller knows every value is exactly a ``numpy.ndarray`` (the C loop reads them
     all); with ``views``, every value is a torch CPU tensor and ``views`` are its
     :func:`~mpisync.arrays.torch_cpu_views`, whose states are recorded (and compared, by C loop).
+    ``words``: those states, already read (``mpisync._speedups.array_list`` gives them with the
+    buffers), in the order of ``values``.
     """
     if _speedups is not None and dtypes is not None:
-        return Snapshot(_speedups.array_states(values if views is None else views, _np.ndarray), (), dtypes,
-                        views is not None)
+        if words is None:
+            words = _speedups.array_states(values if views is None else views, _np.ndarray)
+        return Snapshot(words, (), dtypes, views is not None)
     if _speedups is not None:
         words = _speedups.array_states(values, _np.ndarray)
         others = tuple((i, _state(v)) for i, v in enumerate(values) if type(v) is not _np.ndarray)

@@ -143,3 +143,13 @@ def test_bulk_scan_leaves_torch_tensors_numpy_cannot_view_to_the_full_manifest()
     }
     for why, params in refused.items():
         assert _scan(params) is None, why
+
+
+def test_bulk_scan_reads_the_re_checked_states_when_the_dict_is_in_sorted_order():
+    speedups = speedups_or_skip()
+    values = {f"p{i}": np.full(i + 1, i, np.float32) for i in range(5)}
+    manifest = _scan(values)
+    assert manifest.states == speedups.array_states(list(values.values()), np.ndarray)
+    shuffled = {k: values[k] for k in ["p3", "p0", "p4", "p1", "p2"]}
+    assert _scan(shuffled).states is None  # the re-check compares in the dict's order: read again
+    assert _scan({1: np.zeros(2), 2: np.zeros(2)}) is None  # names must be str: the general path says so

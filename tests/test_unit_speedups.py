@@ -85,3 +85,46 @@ def test_attribute_runs_merges_consecutive_identical_values():
     assert speedups.attribute_runs([], "dtype") == []
     with pytest.raises(AttributeError):
         speedups.attribute_runs([np.zeros(1), 3], "dtype")
+
+
+def test_array_list_reads_what_buffer_exports_give_in_one_pass_and_holds_the_arrays():
+    speedups = speedups_or_skip()
+    rng = np.random.default_rng(3)
+    dtypes = [np.float32, np.float32, np.int16, np.float64, np.float64, np.uint8, np.complex64]
+    arrays = [rng.integers(0, 100, shape).astype(dtype) for shape, dtype in
+              zip([(3,), (0,), (2, 5), (), (4, 1, 2), (7,), (1,)], dtypes)]
+    arrays[2].flags.writeable = False
+    caller_list = list(arrays)
+    held, runs, states = speedups.array_list(caller_list, np.ndarray)
+    exported = speedups.BufferList(arrays, np.ndarray)
+    assert (held.lengths(), held.shapes(), held.nbytes, held.readonly, len(held)) == (
+        exported.lengths(), exported.shapes(), exported.nbytes, True, 7)
+    assert runs == speedups.attribute_runs(arrays, "dtype") and [c for _, c in runs] == [2, 1, 2, 1, 1]
+    assert states == speedups.array_states(arrays, np.ndarray)
+    assert held.touching() == exported.touching()
+    assert held.part(2, 3).readonly and not held.part(3, 7).readonly and held.part(3, 7).nbytes == 8 + 64 + 7 + 8
+    packed = bytearray(held.nbytes)
+    held.gather(packed)
+    expected = b"".join(a.tobytes() for a in arrays)
+    caller_list.clear()  # the list holds its own references: the bytes stay readable and in place
+    del arrays[:], exported
+    again = bytearray(held.nbytes)
+    held.gather(again)
+    assert bytes(packed) == bytes(again) == expected
+    with pytest.raises(ValueError, match="keeps no shapes"):
+        held.part(0, 2).shapes()
+
+
+def test_array_list_refuses_what_a_buffer_export_refuses():
+    speedups = speedups_or_skip()
+    with pytest.raises(BufferError, match="item 1 is not C-contiguous"):
+        speedups.array_list([np.zeros(3), np.zeros((3, 3))[:, 0]], np.ndarray)
+    with pytest.raises(TypeError, match="item 1 is a list, not exactly a numpy.ndarray"):
+        speedups.array_list([np.zeros(3), [1.0]], np.ndarray)
+    class Subclass(np.ndarray):
+        pass
+
+    with pytest.raises(TypeError, match="item 0 is a Subclass, not exactly"):
+        speedups.array_list([np.zeros(2).view(Subclass)], np.ndarray)
+    held, runs, states = speedups.array_list([], np.ndarray)
+    assert (len(held), runs, states, held.nbytes) == (0, [], b"", 0)
