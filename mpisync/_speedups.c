@@ -688,7 +688,93 @@ fail:
     return NULL;
 }
 
+/* sorted_names(dict) -> (names, in_order): the dict's keys as sorted() gives them, and whether the
+ * dict already held them in that order (then no sort runs: checking the order costs what sorted()
+ * spends finding its one run, without the copy). None when a key is not exactly a str. */
+static PyObject *
+sorted_names(PyObject *module, PyObject *mapping)
+{
+    if (!PyDict_Check(mapping)) {
+        PyErr_SetString(PyExc_TypeError, "sorted_names() takes a dict");
+        return NULL;
+    }
+    PyObject *names = PyDict_Keys(mapping);
+    if (names == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(names);
+    int in_order = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_CheckExact(PyList_GET_ITEM(names, i))) {
+            Py_DECREF(names);
+            Py_RETURN_NONE;
+        }
+        if (in_order && i > 0) {
+            int before = PyObject_RichCompareBool(PyList_GET_ITEM(names, i - 1), PyList_GET_ITEM(names, i), Py_LT);
+            if (before < 0) {
+                Py_DECREF(names);
+                return NULL;
+            }
+            in_order = before;
+        }
+    }
+    if (!in_order && PyList_Sort(names) < 0) {
+        Py_DECREF(names);
+        return NULL;
+    }
+    return Py_BuildValue("(NO)", names, in_order ? Py_True : Py_False);
+}
+
+/* joined_names(names) -> bytes or None: the UTF-8 of "\0".join(names) when every item is a str
+ * that holds no NUL and encodes to UTF-8 (no lone surrogate), else None (the caller's Python path
+ * encodes those). One allocation and a copy per name, where the Python join, NUL count and
+ * encoding each pass over every character. */
+static PyObject *
+joined_names(PyObject *module, PyObject *items)
+{
+    PyObject *seq = PySequence_Fast(items, "joined_names() takes a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), total = n > 0 ? n - 1 : 0;
+    PyObject **objs = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len;
+        if (!PyUnicode_Check(objs[i]) || PyUnicode_AsUTF8AndSize(objs[i], &len) == NULL) {
+            PyErr_Clear();
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+        total += len;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    char *at = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(objs[i], &len); /* cached by the pass above */
+        if (memchr(utf8, 0, (size_t)len) != NULL) {
+            Py_DECREF(out);
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+        if (i > 0)
+            *at++ = 0;
+        memcpy(at, utf8, (size_t)len);
+        at += len;
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"sorted_names", sorted_names, METH_O,
+     "sorted_names(dict) -> (names, in_order) or None: sorted(dict) and whether the dict held its keys in "
+     "that order; None when a key is not exactly a str."},
+    {"joined_names", joined_names, METH_O,
+     "joined_names(names) -> bytes or None: '\\0'.join(names) in UTF-8; None when a name is not a str, "
+     "holds a NUL or does not encode (a lone surrogate)."},
     {"array_list", array_list, METH_VARARGS,
      "array_list(items, array_type) -> (BufferList, dtype runs, states): for exact, C-contiguous "
      "array_type items, their BufferList (holding the arrays, exporting no buffer), the [[dtype, count], "

@@ -58,7 +58,7 @@ class BulkManifest:
         self.values = values
         self.held = held  # the arrays' buffers, in ``names`` order (mpisync._speedups.BufferList)
         self.sizes = _np.frombuffer(held.lengths(), dtype=_np.int64)
-        self.nbytes = int(self.sizes.sum())  # bytes of one copy of every parameter
+        self.nbytes = held.nbytes  # bytes of one copy of every parameter
         self._params_digest = digest
         self._digest = (None, b"")  # (the settings dict it was computed with, the digest)
         self.settings = settings
@@ -106,11 +106,10 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
     if (_speedups is None or devices is not None or type(params) not in _PLAIN_DICTS or not params
             or size < 2 or type(root) is not int or not 0 <= root < size):
         return None
-    try:
-        names = sorted(params)
-    except TypeError:
-        return None
-    in_dict_order = list(params) == names
+    sorted_names = _speedups.sorted_names(params)
+    if sorted_names is None:
+        return None  # a name that is not a str: the general path words the error
+    names, in_dict_order = sorted_names
     values = list(params.values()) if in_dict_order else list(map(params.__getitem__, names))
     through_torch = type(values[0]) is not _np.ndarray
     if through_torch and (values := torch_cpu_views(values)) is None:
@@ -135,10 +134,7 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
     except UnsupportedArray:
         return None
     count = len(names)
-    try:
-        digest = params_digest(names, runs, held.shapes(), [[1, count]], [["h", count]])
-    except TypeError:  # a name that is not a str: the general path words the error
-        return None
+    digest = params_digest(names, runs, held.shapes(), [[1, count]], [["h", count]])
     agreed = dict(settings)
     agreed["root"] = root
     manifest = BulkManifest(params, names, values, held, digest, agreed, rank, size, root)

@@ -17,6 +17,7 @@ import struct as _struct
 import numpy as _np
 
 from .arrays import UnsupportedArray, as_array_view, is_array_like, numpy_view
+from .speedups import speedups as _speedups
 
 __all__ = ["Param", "Manifest", "build_manifest", "params_digest", "runs", "settings_digest",
            "shape_words"]
@@ -111,14 +112,19 @@ def params_digest(names: list, dtype_runs: list, shapes: bytes, count_runs: list
     on current CPUs) over about 40 bytes a tensor."""
     h = _hashlib.sha256()
     h.update(_struct.pack("=q", len(names)))
-    joined = "\x00".join(names)
-    if joined.count("\x00") == max(len(names) - 1, 0):  # no name holds a NUL: the separators are the bounds
+    encoded = _speedups.joined_names(names) if _speedups is not None else None  # the "J" bytes, in C
+    if encoded is not None:
         h.update(b"J")
-    else:  # each name's length (in characters), then the names: unambiguous whatever they hold
-        h.update(b"L")
-        h.update(_array.array("q", map(len, names)).tobytes())
-        joined = "".join(names)
-    h.update(joined.encode("utf-8", "surrogatepass"))  # lone surrogates are valid str, not UTF-8
+    else:
+        joined = "\x00".join(names)
+        if joined.count("\x00") == max(len(names) - 1, 0):  # no name holds a NUL: the separators are the bounds
+            h.update(b"J")
+        else:  # each name's length (in characters), then the names: unambiguous whatever they hold
+            h.update(b"L")
+            h.update(_array.array("q", map(len, names)).tobytes())
+            joined = "".join(names)
+        encoded = joined.encode("utf-8", "surrogatepass")  # lone surrogates are valid str, not UTF-8
+    h.update(encoded)
     h.update(_json.dumps([dtype_runs, count_runs, kind_runs]).encode())
     h.update(_struct.pack("=q", len(shapes)))
     h.update(shapes)

@@ -79,6 +79,10 @@ def keep_values(params, manifest) -> tuple:
     """``(values, keys, state)`` to recognise ``params`` next time (empty when it holds replica lists)."""
     if not manifest.leaves_only:
         return (), (), None
+    if isinstance(manifest, BulkManifest) and manifest.states is not None and not manifest.through_torch:
+        # The scan's sorted arrays are the dict's values in order: no second pass over the dict.
+        return tuple(manifest.values), tuple(manifest.names), snapshot(
+            manifest.values, dtypes=manifest.dtypes, words=manifest.states)
     values = tuple(params.values())
     if not isinstance(manifest, BulkManifest):
         return values, tuple(params), snapshot(values)

@@ -128,3 +128,29 @@ def test_array_list_refuses_what_a_buffer_export_refuses():
         speedups.array_list([np.zeros(2).view(Subclass)], np.ndarray)
     held, runs, states = speedups.array_list([], np.ndarray)
     assert (len(held), runs, states, held.nbytes) == (0, [], b"", 0)
+
+
+def test_sorted_names_sorts_as_sorted_does_and_says_whether_the_dict_was_in_order():
+    speedups = speedups_or_skip()
+    ordered = {f"p{i:03d}": i for i in range(50)}
+    names, in_order = speedups.sorted_names(ordered)
+    assert names == sorted(ordered) and in_order is True
+    shuffled = {k: ordered[k] for k in reversed(list(ordered))}
+    assert speedups.sorted_names(shuffled) == (sorted(ordered), False)
+    assert speedups.sorted_names({"b": 0, "a": 1, "é": 2}) == (["a", "b", "é"], False)
+    assert speedups.sorted_names({}) == ([], True)
+    assert speedups.sorted_names({"a": 0, 1: 1}) is None  # not all str: the caller's general path
+
+    class Name(str):
+        pass
+
+    assert speedups.sorted_names({Name("a"): 0}) is None
+
+
+def test_joined_names_is_the_nul_joined_utf8_or_none():
+    speedups = speedups_or_skip()
+    names = ["a", "bé", "", "名"]
+    assert speedups.joined_names(names) == "\x00".join(names).encode()
+    assert speedups.joined_names([]) == b"" and speedups.joined_names(("x",)) == b"x"
+    assert speedups.joined_names(["a\x00b"]) is None and speedups.joined_names(["\udc80"]) is None
+    assert speedups.joined_names(["a", 1]) is None
