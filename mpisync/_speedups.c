@@ -698,7 +698,9 @@ sorted_names(PyObject *module, PyObject *mapping)
         PyErr_SetString(PyExc_TypeError, "sorted_names() takes a dict");
         return NULL;
     }
-    PyObject *names = PyDict_Keys(mapping);
+    /* A dict's own order is its iteration order; an OrderedDict iterates in its own (move_to_end
+     * changes it, not the dict's), which is the order its values() give. */
+    PyObject *names = PyDict_CheckExact(mapping) ? PyDict_Keys(mapping) : PySequence_List(mapping);
     if (names == NULL)
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(names);

@@ -153,3 +153,17 @@ def test_bulk_scan_reads_the_re_checked_states_when_the_dict_is_in_sorted_order(
     shuffled = {k: values[k] for k in ["p3", "p0", "p4", "p1", "p2"]}
     assert _scan(shuffled).states is None  # the re-check compares in the dict's order: read again
     assert _scan({1: np.zeros(2), 2: np.zeros(2)}) is None  # names must be str: the general path says so
+
+
+def test_bulk_scan_pairs_names_and_arrays_of_a_reordered_ordered_dict():
+    # An OrderedDict's iteration order can differ from the dict's beneath it (move_to_end): the
+    # scan must pair each name with its own array whatever the order.
+    import collections
+
+    speedups_or_skip()
+    params = collections.OrderedDict((f"p{i}", np.full(i + 1, i, np.float32)) for i in range(4))
+    params.move_to_end("p0")
+    manifest = _scan(params)
+    assert manifest.names == ["p0", "p1", "p2", "p3"]
+    assert all(manifest.values[i] is params[name] for i, name in enumerate(manifest.names))
+    assert manifest.states is None

@@ -140,6 +140,13 @@ def test_sorted_names_sorts_as_sorted_does_and_says_whether_the_dict_was_in_orde
     assert speedups.sorted_names({"b": 0, "a": 1, "é": 2}) == (["a", "b", "é"], False)
     assert speedups.sorted_names({}) == ([], True)
     assert speedups.sorted_names({"a": 0, 1: 1}) is None  # not all str: the caller's general path
+    import collections
+
+    moved = collections.OrderedDict((k, 0) for k in ["a", "b", "c"])
+    moved.move_to_end("a")  # iterates b, c, a; the dict underneath still holds a, b, c in that order
+    assert speedups.sorted_names(moved) == (["a", "b", "c"], False)
+    moved.move_to_end("b"), moved.move_to_end("c")
+    assert speedups.sorted_names(moved) == (["a", "b", "c"], True)
 
     class Name(str):
         pass
