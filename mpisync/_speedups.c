@@ -374,46 +374,6 @@ same_items(PyObject *module, PyObject *args)
     return PyBool_FromLong(i == n);
 }
 
-/* [[value, count], ...]: ``getattr(item, name)`` for consecutive items, runs of the same object
- * (by identity) merged. For the dtypes of thousands of arrays, which are mostly one object. */
-static PyObject *
-attribute_runs(PyObject *module, PyObject *args)
-{
-    PyObject *sequence, *name;
-    if (!PyArg_ParseTuple(args, "OU", &sequence, &name))
-        return NULL;
-    PyObject *items = PySequence_Fast(sequence, "attribute_runs() takes a sequence");
-    if (items == NULL)
-        return NULL;
-    PyObject *runs = PyList_New(0), *current = NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(items), count = 0;
-    PyObject **objects = PySequence_Fast_ITEMS(items);
-    for (Py_ssize_t i = 0; runs != NULL && i <= n; i++) {
-        PyObject *value = NULL;
-        if (i < n && (value = PyObject_GetAttr(objects[i], name)) == NULL) {
-            Py_CLEAR(runs);
-            break;
-        }
-        if (value == current && value != NULL) {
-            count++;
-            Py_DECREF(value);
-            continue;
-        }
-        if (current != NULL) {
-            PyObject *run = Py_BuildValue("[On]", current, count);
-            if (run == NULL || PyList_Append(runs, run) < 0)
-                Py_CLEAR(runs);
-            Py_XDECREF(run);
-            Py_DECREF(current);
-        }
-        current = value; /* the reference from GetAttr, or NULL at the end */
-        count = 1;
-    }
-    Py_XDECREF(current);
-    Py_DECREF(items);
-    return runs;
-}
-
 /* The dict's version tag (PEP 509): it changes with every change to the dict and is never shared
  * by two dicts (one global counter), so an equal tag means the same dict with the same entries.
  * -1 from Python 3.12 on, where the tag is deprecated, and on PyPy: callers then compare the entries. */
@@ -790,9 +750,6 @@ static PyMethodDef methods[] = {
     {"dict_version", dict_version, METH_O,
      "dict_version(dict) -> int: changes with every change to the dict, never equal for two dicts; "
      "-1 where the interpreter has no version tag (3.12 on)."},
-    {"attribute_runs", attribute_runs, METH_VARARGS,
-     "attribute_runs(items, name) -> [[value, count], ...]: getattr(item, name) over consecutive items, "
-     "runs of the same object merged."},
     {"same_items", same_items, METH_VARARGS,
      "same_items(dict, keys, values) -> bool: the dict holds exactly these objects, in order."},
     {NULL, NULL, 0, NULL},
