@@ -112,23 +112,27 @@ def params_digest(names: list, dtype_runs: list, shapes: bytes, count_runs: list
     on current CPUs) over about 40 bytes a tensor."""
     h = _hashlib.sha256()
     h.update(_struct.pack("=q", len(names)))
-    encoded = _speedups.joined_names(names) if _speedups is not None else None  # the "J" bytes, in C
-    if encoded is not None:
-        h.update(b"J")
-    else:
-        joined = "\x00".join(names)
-        if joined.count("\x00") == max(len(names) - 1, 0):  # no name holds a NUL: the separators are the bounds
-            h.update(b"J")
-        else:  # each name's length (in characters), then the names: unambiguous whatever they hold
-            h.update(b"L")
-            h.update(_array.array("q", map(len, names)).tobytes())
-            joined = "".join(names)
-        encoded = joined.encode("utf-8", "surrogatepass")  # lone surrogates are valid str, not UTF-8
-    h.update(encoded)
+    for part in _names_encoding(names):
+        h.update(part)
     h.update(_json.dumps([dtype_runs, count_runs, kind_runs]).encode())
     h.update(_struct.pack("=q", len(shapes)))
     h.update(shapes)
     return h.digest()[:16]
+
+
+def _names_encoding(names: list) -> tuple:
+    """``(form, names)`` as the digest takes them: ``b"J"`` and the NUL-joined UTF-8 when no name holds
+    a NUL (built in C where it can be), else ``b"L"`` with each name's length, and the names joined."""
+    joined = _speedups.joined_names(names) if _speedups is not None else None
+    if joined is not None:
+        return b"J", joined
+    text = "\x00".join(names)
+    if text.count("\x00") == max(len(names) - 1, 0):  # no name holds a NUL: the separators are the bounds
+        form = b"J"
+    else:  # each name's length (in characters), then the names: unambiguous whatever they hold
+        form = b"L" + _array.array("q", map(len, names)).tobytes()
+        text = "".join(names)
+    return form, text.encode("utf-8", "surrogatepass")  # lone surrogates are valid str, not UTF-8
 
 
 def runs(items) -> list:
