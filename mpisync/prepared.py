@@ -79,16 +79,15 @@ def keep_values(params, manifest) -> tuple:
     """``(values, keys, state)`` to recognise ``params`` next time (empty when it holds replica lists)."""
     if not manifest.leaves_only:
         return (), (), None
-    if isinstance(manifest, BulkManifest) and manifest.states is not None and not manifest.through_torch:
-        # The scan's sorted arrays are the dict's values in order: no second pass over the dict.
-        return tuple(manifest.values), tuple(manifest.names), snapshot(
-            manifest.values, dtypes=manifest.dtypes, words=manifest.states)
-    values = tuple(params.values())
     if not isinstance(manifest, BulkManifest):
+        values = tuple(params.values())
         return values, tuple(params), snapshot(values)
-    if manifest.through_torch:  # the tensors' numpy views, in the dict's order
-        views = manifest.values  # in sorted order: the dict's too when the scan read the states
-        if manifest.states is None:
-            views = list(map(dict(zip(manifest.names, views)).__getitem__, params))
-        return values, tuple(params), snapshot(values, dtypes=manifest.dtypes, views=views, words=manifest.states)
-    return values, tuple(params), snapshot(values, dtypes=manifest.dtypes, words=manifest.states)
+    # The scan read the states when the dict is in sorted order: its sorted lists are then the dict's.
+    in_order = manifest.states is not None
+    arrays = manifest.values  # numpy arrays, or the torch tensors' numpy views (their states are recorded)
+    if not in_order and manifest.through_torch:
+        arrays = list(map(dict(zip(manifest.names, arrays)).__getitem__, params))
+    values = tuple(arrays) if in_order and not manifest.through_torch else tuple(params.values())
+    keys = tuple(manifest.names) if in_order else tuple(params)
+    views = arrays if manifest.through_torch else None
+    return values, keys, snapshot(values, dtypes=manifest.dtypes, views=views, words=manifest.states)
