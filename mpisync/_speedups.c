@@ -393,8 +393,8 @@ dict_version(PyObject *module, PyObject *mapping)
 
 /* array_states / same_states: what a prepared sync relies on about each numpy array (data address,
  * dtype object, writability, ndim, shape, strides), read from the array's public struct fields
- * (numpy's PyArrayObject_fields, the same in numpy 1.x and 2.x) without numpy's headers: a few
- * nanoseconds an array, where a buffer export costs about 70. Items that are not exactly of
+ * (numpy's PyArrayObject_fields, the same in numpy 1.x and 2.x) without numpy's headers, far cheaper
+ * than a buffer export. Items that are not exactly of
  * ``array_type`` (torch tensors, ...) get one zero word and are checked by the caller. */
 typedef struct {
     PyObject_HEAD
@@ -514,10 +514,10 @@ same_states(PyObject *module, PyObject *args)
 }
 
 /* array_list: the BufferList, dtype runs and states of a sequence of exact ``array_type`` arrays in
- * one pass over numpy's struct fields, exporting no buffer (an export costs about 70 ns an array,
- * most of a cold scan of thousands of small arrays). It holds the arrays instead, so their memory
- * cannot be freed, and a resize needs refcheck=False; a later sync re-checks every address (see
- * mpisync/recheck.py) before it copies. Each array must be C-contiguous, as a PyBUF_ND export
+ * one pass over numpy's struct fields, exporting no buffer (taking and releasing an export per array
+ * was most of a cold scan of thousands of small arrays: docs/performance.md). It holds the arrays
+ * instead, so their memory cannot be freed, and a resize needs refcheck=False; a later sync
+ * re-checks every address (see mpisync/recheck.py) before it copies. Each array must be C-contiguous, as a PyBUF_ND export
  * requires; its byte length is its dtype's itemsize times its extents. */
 #define ARRAY_C_CONTIGUOUS 0x0001
 /* On a cold sync each array's header and extents are cache misses: ask for them a few arrays ahead. */

@@ -2,11 +2,11 @@
 no object per tensor.
 
 A general manifest (:mod:`mpisync.manifest`) builds a few Python objects per
-tensor and its plan and copy lists more: about 3.5 us a tensor, so a first
-sync of 5000 small tensors took 2-3x as long as a loop of blocking ``Bcast``.
+tensor and its plan and copy lists more, which on sets of thousands of small
+tensors costs more than moving their bytes (figures: docs/performance.md).
 When every value is a C-contiguous ``numpy.ndarray``, or every value a
 contiguous torch CPU tensor (a ``state_dict()``, seen through the numpy views
-``Tensor.numpy()`` gives at about 1.3 us a tensor), this path takes the set
+``Tensor.numpy()`` gives), this path takes the set
 whole: one sort of the names, one C pass over the arrays' struct fields
 (``mpisync._speedups.array_list``: exact type, contiguity, size, writability,
 shape, the dtypes in runs, the states a re-check compares), the plan cut with

@@ -65,9 +65,8 @@ class Step:
 
 #: Fusion buffers a plan takes turns in, however many collectives are in flight, where every rank
 #: is on one node. There the copies, not the wire, set the pace, and with two slots they stay in
-#: the caches from one bucket to the next: a repeated sync of 5000 x 400 B with the caches evicted
-#: before it took 0.56-0.58 ms with two slots, 0.59 with one and 0.65-0.69 with one per collective
-#: in flight (4 and 16); two let a bucket be packed while the last one moves. Across nodes each
+#: the caches from one bucket to the next (measured against one slot and one per collective in
+#: docs/performance.md); two let a bucket be packed while the last one moves. Across nodes each
 #: collective in flight keeps a slot of its own: a broadcast tree's stages and the network's
 #: latency want many buckets in flight.
 FUSED_SLOTS = 2

@@ -5,8 +5,8 @@ facts in one small all-reduce (every rank on one node? may every rank use
 cross-memory copies and the node's shared segment?); each sync then applies
 :func:`choose` to those facts and to what validation already made common
 (every host tensor smaller than ``fusion_bytes``?). Every input is the same on
-every rank, so the choice is too. A tuning file written by ``mpisync tune``
-for this machine, MPI library and rank layout replaces the built-in rule
+every rank, so the choice is too. A tuning file that ``mpisync tune`` wrote
+on the same machine, MPI library and rank layout replaces the built-in rule
 (see :mod:`mpisync.tuning`). The figures behind the rule are in
 docs/performance.md.
 """

@@ -47,7 +47,8 @@ def _machine() -> str:
 
 
 def identity(layout: str) -> dict:
-    """What a tuning file must match: this machine, this MPI library, ``layout`` (``"2x1"``: 2 ranks, one node)."""
+    """What a tuning file must match: the machine and MPI library it is read on, and ``layout``
+    (``"2x1"``: 2 ranks, one node)."""
     from mpi4py import MPI
 
     library = MPI.Get_library_version().strip().splitlines()
@@ -79,7 +80,7 @@ def load(path: str | None = None):
 
 def lookup(layout: str) -> tuple:
     """``(entries, why)``: the file's ``{"small": channel, "large": channel}`` when it was written for
-    this machine, MPI library and ``layout``, else ``({}, why not)``."""
+    the machine and MPI library it is read on and for ``layout``, else ``({}, why not)``."""
     doc = load()
     if doc is None:
         return {}, f"no tuning file at {tuning_path()}"
