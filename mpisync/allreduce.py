@@ -26,6 +26,8 @@ from .errors import InvalidParamError, SyncError
 from .manifest import Param, build_manifest
 from .fanout import fan_out
 from .reduceplan import compile_steps, local_reduce
+from .reducesegment import ReduceSegment
+from .selection import SHARED
 from .lifecycle import Reusable
 from .report import SyncReport
 from .ring import Expired, TrackedRing, wait_request
@@ -34,6 +36,9 @@ from .timeouts import timed_out
 
 __all__ = ["GradSync", "allreduce"]
 
+# The most fused bytes the node's segment takes, in buckets: each rank's region holds them all, so
+# the segment (ranks x regions) stays within what 16 buckets in flight per rank would hold.
+_SEGMENT_BUCKETS = 16
 # What timed-out all-reduces left in flight (requests, buffers, communicator): never freed.
 _ABANDONED: list = []
 
@@ -107,8 +112,17 @@ class GradSync(Reusable):
         self._comm = None
         self._dup = None
         self._prepared = None
+        self._segment = None  # the node's shared regions for fused buckets (ReduceSegment), once open
+        self._segment_tried = False
         self._closed = False
         self._broken = None
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of host buffers this syncer holds between calls (fusion arena or shared segment)."""
+        segment = self._segment.nbytes if self._segment is not None else 0
+        plan = self._prepared[4] if self._prepared is not None else None
+        return segment + (len(plan[3]) if plan is not None and plan[5] is None else 0)
 
     def close(self) -> None:
         """Free the duplicated communicator and cached buffers; further calls raise."""
@@ -116,6 +130,7 @@ class GradSync(Reusable):
             self._comm.Free()
         self._comm = None
         self._prepared = None
+        self._segment = None
         self._closed = True
 
     def allreduce(self, params, *, devices=None) -> SyncReport:
@@ -149,12 +164,15 @@ class GradSync(Reusable):
             elif manifest.errors:
                 raise diagnose([_json_doc(manifest)])
             if prepared is None:
-                prepared = self._prepare(params, devices, manifest, size)
+                phase = "set-up"
+                prepared = self._prepare(params, devices, manifest, size, call if size > 1 else None)
             phase = "all-reduce"
             ring = TrackedRing(self._values["max_concurrent"], timeout)
-            self._run(prepared, report, size, ring)
-        except Expired:
-            pending = [n for label in ring.pending_labels() for n in label] if ring is not None else manifest.names
+            self._run(prepared, report, size, ring, call if size > 1 else None)
+        except Expired as expired:
+            pending = getattr(expired, "pending", None)
+            if pending is None:
+                pending = [n for label in ring.pending_labels() for n in label] if ring is not None else manifest.names
             self._broken = f"an all-reduce timed out during the {phase}; its collectives may still be pending"
             # MPI may still write into the fusion and staging buffers: they outlive this object.
             _ABANDONED.append((ring, prepared, self._comm))
@@ -192,12 +210,31 @@ class GradSync(Reusable):
             return None
         return prepared if not storage or _storage(values) == storage else None
 
-    def _prepare(self, params, devices, manifest, size) -> tuple:
+    def _fused_arena(self, nbytes: int, call):
+        """``(arena, base)`` of this rank's region of the node's segment for ``nbytes`` of fused
+        buckets, or None (a private arena, MPI). The segment is opened (collectively) at the first
+        call with fused buckets that fit in ``_SEGMENT_BUCKETS`` buckets, the same call on every
+        rank: the agreed manifests and ``fusion_bytes`` fix ``nbytes`` and the bound."""
+        if call is None or nbytes > _SEGMENT_BUCKETS * self._values["fusion_bytes"]:
+            return None
+        if not self._segment_tried:
+            self._segment_tried = True
+            self._segment = ReduceSegment.open(self._comm, nbytes, call)
+        segment = self._segment
+        if segment is None or nbytes > segment.region_bytes:  # a larger set later: MPI, on every rank
+            return None
+        return segment.arena, segment.base
+
+    def _prepare(self, params, devices, manifest, size, call) -> tuple:
         staging = _Staging(manifest.device_params) if manifest.device_params else None
         host = manifest.host_params
         reduced = host + (staging.host if staging is not None else [])
-        steps, arena = compile_steps(reduced, self._op, self._values["fusion_bytes"], size)
-        plan = (reduced, staging, steps, arena, [p for p in reduced if len(p.replicas) > 1])
+        steps, arena = compile_steps(reduced, self._op, self._values["fusion_bytes"], size,
+                                     lambda nbytes: self._fused_arena(nbytes, call))
+        spans = None
+        if self._segment is not None and arena is self._segment.arena:
+            spans = self._segment.spans(steps)
+        plan = (reduced, staging, steps, arena, [p for p in reduced if len(p.replicas) > 1], spans)
         values = tuple(params.values())
         key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
         prepared = (values, tuple(params), key, manifest, plan, _storage(values))
@@ -205,14 +242,17 @@ class GradSync(Reusable):
             self._prepared = prepared
         return prepared
 
-    def _run(self, prepared, report, size, ring) -> None:
-        _reduced, staging, steps, _arena, replicated = prepared[4]
+    def _run(self, prepared, report, size, ring, call) -> None:
+        _reduced, staging, steps, _arena, replicated, spans = prepared[4]
         if staging is not None:
             staging.load()
             report.transport = "staged"
         local_reduce(replicated, self._op)
         op = _ops.mpi_op(self._op)
+        fused = [step for step in steps if step.fused] if spans is not None else ()
         for step in steps:
+            if fused and step.fused:
+                continue  # through the segment, below
             ring.make_room()
             if step.load is not None:
                 step.load()
@@ -220,12 +260,27 @@ class GradSync(Reusable):
                 ring.push(self._comm.Iallreduce(MPI.IN_PLACE, step.buffer, op), step.store, step.label)
             elif step.store is not None:
                 step.store()
+        if fused:
+            # The large tensors' all-reduces stay in flight meanwhile; the barriers come after them
+            # on every rank (one order of collectives on the communicator).
+            for step in fused:
+                step.load()
+            try:
+                self._segment.reduce(self._comm, spans, self._op, call)
+            except Expired as expired:
+                expired.pending = [n for label in ring.pending_labels() for n in label] + [
+                    n for step in fused for n in step.label]
+                raise
+            for step in fused:
+                step.store()
         ring.drain()
         fan_out(replicated)
         if staging is not None:
             staging.store()
-        report.collectives += len(steps) if size > 1 else 0
+        report.collectives += (len(steps) - len(fused) + (2 if fused else 0)) if size > 1 else 0
         report.fused_buckets = sum(1 for s in steps if s.fused)
+        if fused:
+            report.channel = SHARED
         report.transfers = len(steps)
 
 

@@ -105,8 +105,11 @@ def _direct_step(params, dtype, op, piece, rdtype, divide_for, label) -> ReduceS
                       _then(divide_for(buffer), lambda: _ops.narrow_into(sources[0], buffer, dtype)), False)
 
 
-def compile_steps(params: list, op: str, fusion_bytes: int, size: int) -> tuple:
-    """``(steps, arena)`` reducing the masters of ``params`` (in their agreed order) over ``size`` ranks."""
+def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for=None) -> tuple:
+    """``(steps, arena)`` reducing the masters of ``params`` (in their agreed order) over ``size`` ranks.
+
+    The fused buckets lie end to end in a private arena, or from byte ``base`` of the arena that
+    ``arena_for(nbytes)`` returns as ``(arena, base)`` (None: a private one)."""
     groups: dict = {}
     for index, p in enumerate(params):
         if p.nbytes:
@@ -123,15 +126,16 @@ def compile_steps(params: list, op: str, fusion_bytes: int, size: int) -> tuple:
             if transfer.fused:
                 offset, arena_bytes = arena_bytes, arena_bytes + -(-transfer.nbytes // _ALIGN) * _ALIGN
             layouts.append((dtype, rdtype, members, transfer, offset))
-    arena = Arena(arena_bytes, vectored=False)
+    placed = arena_for(arena_bytes) if arena_for is not None and arena_bytes else None
+    arena, base = placed if placed is not None else (Arena(arena_bytes, vectored=False), 0)
     steps = []
     for dtype, rdtype, members, transfer, offset in layouts:
         pieces = tuple((members[i], o, b, n) for i, o, b, n in transfer.pieces)
         label = tuple(params[i].name for i, _, _, _ in pieces)
         if transfer.fused:
-            buffer = _np.frombuffer(arena.view, rdtype, transfer.nbytes // rdtype.itemsize, offset)
+            buffer = _np.frombuffer(arena.view, rdtype, transfer.nbytes // rdtype.itemsize, base + offset)
             divide = _divider(op, size, params, pieces, buffer, rdtype.itemsize)
-            steps.append(_fused_step(params, dtype, op, pieces, buffer, arena, offset, divide, label))
+            steps.append(_fused_step(params, dtype, op, pieces, buffer, arena, base + offset, divide, label))
         else:
             piece = pieces[0]
             steps.append(_direct_step(

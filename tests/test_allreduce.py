@@ -5,7 +5,7 @@ import pytest
 
 import mpisync
 from mpisync.devices.simulated import SimulatedDeviceArray
-from mpiutil import last_rank, need_ranks, raises_everywhere
+from mpiutil import everyone, last_rank, need_ranks, raises_everywhere
 
 pytestmark = pytest.mark.mpi
 
@@ -82,9 +82,67 @@ def test_gradsync_reuses_its_plan_and_sees_new_values(comm):
             mean = sum(r + step for r in range(comm.size)) / comm.size
             assert all(np.allclose(a, mean) for a in params.values()), step
         assert report.fused_buckets >= 2 and report.transfers == report.fused_buckets + 1
-        assert report.collectives == (report.transfers + 1 if comm.size > 1 else 0)
+        # One agreement, then one all-reduce per transfer, or the large one and the segment's two barriers.
+        per_call = 1 + (report.transfers if report.channel == "mpi" else 1 + 2)
+        assert report.collectives == (per_call if comm.size > 1 else 0)
     with pytest.raises(mpisync.SyncError, match="closed"):
         syncer.allreduce(params)
+
+
+def _one_node_segment(comm) -> bool:
+    # Facts every rank shares: all ranks on one node, and the segment not switched off anywhere.
+    import os
+
+    from mpisync.crossmemory import host_word
+    from mpisync.intranode import available
+
+    words = comm.allgather(host_word())
+    allowed = os.environ.get("MPISYNC_SHARED_MEMORY", "").strip() != "0" and available()
+    return comm.size > 1 and len(set(words)) == 1 and everyone(comm, allowed)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "prod"])
+def test_fused_buckets_go_through_the_node_segment_on_one_node(comm, op):
+    dtypes = ["float32", "int64", "float16", "uint8"]
+    shapes = {f"{d}.{i:03d}": (5 + i, d) for d in dtypes for i in range(60)}
+    shapes["float64.big"] = (40000, "float64")
+    params = {name: _values(name, comm.rank, 0, n, d) for name, (n, d) in shapes.items()}
+    expected = {name: _expected(op, name, comm.size, 1, n, d) for name, (n, d) in shapes.items()}
+    with mpisync.GradSync(comm, op=op, fusion_bytes=4096) as syncer:
+        report = syncer.allreduce(params)
+        segment = _one_node_segment(comm)
+        assert report.channel == ("shared memory" if segment else "mpi")
+        for name, array in params.items():
+            assert array.tobytes() == expected[name].tobytes(), name
+        if segment:  # one region per rank of the fused bytes, nothing else kept
+            fused = sum(a.nbytes * (2 if a.dtype == np.float16 else 1) for n, a in params.items() if n != "float64.big")
+            assert fused * comm.size <= syncer.buffer_bytes <= (fused + 4096) * comm.size + 65536
+            assert report.collectives == 1 + 1 + 2  # agreement, the large tensor, two barriers
+
+
+def test_a_larger_set_after_the_segment_was_sized_goes_through_mpi(comm):
+    small = {f"s{i}": np.full(10, comm.rank + i, np.float32) for i in range(20)}
+    large = {f"s{i}": np.full(1000, comm.rank + i, np.float32) for i in range(20)}  # fused, in 2 buckets
+    with mpisync.GradSync(comm, op="sum", fusion_bytes=1 << 16) as syncer:
+        first = syncer.allreduce(small)
+        second = syncer.allreduce(large)
+        again = syncer.allreduce({k: np.full(10, comm.rank + 100.0, np.float32) for k in small})
+    total = sum(range(comm.size))
+    for i in range(20):
+        assert small[f"s{i}"].tolist() == [float(total + comm.size * i)] * 10
+        assert large[f"s{i}"].tolist() == [float(total + comm.size * i)] * 1000
+    segment = _one_node_segment(comm)
+    assert (first.channel, second.channel, again.channel) == (
+        ("shared memory", "mpi", "shared memory") if segment else ("mpi",) * 3)
+
+
+def test_fused_bytes_beyond_sixteen_buckets_stay_on_mpi(comm):
+    # The segment would hold every rank's fused bytes: past 16 buckets of them, MPI carries them.
+    params = {f"t{i:03d}": np.full(100, comm.rank + i, np.float64) for i in range(100)}  # 80 kB
+    with mpisync.GradSync(comm, op="max", fusion_bytes=4096) as syncer:
+        report = syncer.allreduce(params)
+    assert report.channel == "mpi" and report.fused_buckets >= 20
+    assert all(params[f"t{i:03d}"].tolist() == [float(comm.size - 1 + i)] * 100 for i in range(100))
 
 
 def test_mapping_replicas_with_devices_order(comm):

@@ -272,3 +272,22 @@ def test_host_copies_outlive_their_posting(comm):
     gather.wait()
     assert block.tolist() == [float(sum(r + 1 for r in range(comm.size)))] * 3
     assert gathered.tolist() == [float(2 * i + 100 * r) for r in range(comm.size) for i in range(4)]
+
+
+def test_an_operation_nobody_waits_for_completes_without_a_false_timeout(comm):
+    # Neither waited for nor asked for its future, an operation still completes (its float16 result
+    # is copied back by its completion) well within the group's timeout, which then never fires.
+    import time
+
+    group = _group(comm, timeout=4)
+    half = torch.ones(3, dtype=torch.float16)
+    work = group.allreduce([half])
+    deadline = time.monotonic() + 6
+    while half.tolist() != [float(comm.size)] * 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert half.tolist() == [float(comm.size)] * 3
+    work.wait()
+    future = work.get_future()  # asked for after the completion: already done, with the tensors
+    assert future.done() and future.value()[0] is half
+    group.shutdown()
+    comm.Barrier()

@@ -6,8 +6,10 @@ medians of the slowest rank's time):
 
 - ``sweep``: OSU-style ``all_reduce`` of float32 tensors, 4 B to ``--max-bytes``: the ``"mpisync"``
   backend, gloo, and mpi4py's blocking ``Allreduce`` of the same buffer;
-- ``grads``: ``GradSync.allreduce`` of the gradient sets of ResNet-50, BERT-base and 5000 x 400 B,
-  against one flat ``Allreduce`` of the same bytes and (5000 x 400 B) a loop of per-tensor ``Allreduce``;
+- ``grads``: ``GradSync.allreduce`` of the gradient sets of ResNet-50, BERT-base and 5000 x 400 B
+  (its fused buckets through the node's shared segment where every rank shares one node), the same
+  with every bucket through MPI, one flat ``Allreduce`` of the same bytes and (5000 x 400 B) a loop
+  of per-tensor ``Allreduce``;
 - ``ddp``: one DistributedDataParallel training step of an 8-layer 1024 x 1024 MLP (batch 32) on the
   ``"mpisync"`` backend, on gloo, and the same step without communication.
 
@@ -96,16 +98,23 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
         nbytes = sum(a.nbytes for a in params.values())
         flat = _np.zeros(nbytes // 4, _np.float32)
         syncer = GradSync(comm, op="sum")
+        mpi_only = GradSync(comm, op="sum")
+        mpi_only._segment_tried = True  # never opens the node's segment: every bucket through MPI
         runs = {"GradSync": lambda s=syncer, p=params: s.allreduce(p),
+                "GradSync, MPI only": lambda s=mpi_only, p=params: s.allreduce(p),
                 "flat Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, flat)}
         if name == "many-small":
             views = [a.reshape(-1) for a in params.values()]
             runs["per-tensor Allreduce"] = lambda: [comm.Allreduce(MPI.IN_PLACE, v) for v in views]
         timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
+        channel = syncer.allreduce(params).channel
         syncer.close()
+        mpi_only.close()
         row = {"workload": name, "tensors": len(params), "bytes": nbytes,
                **{f"{k}_ms": v.median * 1e3 for k, v in timings.items()}}
+        row["channel"] = channel
         row["vs_flat"] = timings["flat Allreduce"].median / timings["GradSync"].median
+        row["vs_mpi_only"] = timings["GradSync, MPI only"].median / timings["GradSync"].median
         if "per-tensor Allreduce" in timings:
             row["vs_per_tensor"] = timings["per-tensor Allreduce"].median / timings["GradSync"].median
         rows.append(row)
@@ -181,7 +190,8 @@ def table(result: dict) -> str:
         extra = f"  per-tensor {row['per-tensor Allreduce_ms']:.2f} ms x{row['vs_per_tensor']:.1f}" \
             if "vs_per_tensor" in row else ""
         lines.append(f"grads {row['workload']:>10} ({row['tensors']} tensors, {row['bytes'] / 1e6:.1f} MB): GradSync "
-                     f"{row['GradSync_ms']:.2f} ms  flat {row['flat Allreduce_ms']:.2f} ms x{row['vs_flat']:.2f}{extra}")
+                     f"{row['GradSync_ms']:.2f} ms ({row['channel']})  MPI only {row['GradSync, MPI only_ms']:.2f} ms "
+                     f"x{row['vs_mpi_only']:.2f}  flat {row['flat Allreduce_ms']:.2f} ms x{row['vs_flat']:.2f}{extra}")
     if "ddp" in result:
         row = result["ddp"]
         lines.append(f"ddp step MLP 8x1024^2 batch 32: mpisync {row['mpisync_ms']:.2f} ms  gloo {row['gloo_ms']:.2f} ms "

@@ -86,9 +86,13 @@ def csv_rows(results: dict) -> list:
                          "seconds": r[f"{name}_us"] / 1e6, "gbps": r["bytes"] / r[f"{name}_us"] / 1e3,
                          "vs_flat": "", "vs_per_tensor": ""})
     for r in reduced.get("grads", []):
-        rows.append({"section": "allreduce grads", "workload": r["workload"], "name": "GradSync", "value": r["bytes"],
-                     "seconds": r["GradSync_ms"] / 1e3, "gbps": r["bytes"] / r["GradSync_ms"] / 1e6,
-                     "vs_flat": r["vs_flat"], "vs_per_tensor": r.get("vs_per_tensor", "")})
+        for name in ("GradSync", "GradSync, MPI only"):
+            seconds = r[f"{name}_ms"] / 1e3
+            rows.append({"section": "allreduce grads", "workload": r["workload"], "name": name, "value": r["bytes"],
+                         "seconds": seconds, "gbps": r["bytes"] / seconds / 1e9,
+                         "vs_flat": r["flat Allreduce_ms"] / r[f"{name}_ms"],
+                         "vs_per_tensor": (r["per-tensor Allreduce_ms"] / r[f"{name}_ms"]
+                                           if "per-tensor Allreduce_ms" in r else "")})
     if "ddp" in reduced:
         for name in ("mpisync", "gloo", "no communication"):
             rows.append({"section": "allreduce ddp", "workload": "mlp", "name": name, "value": "",

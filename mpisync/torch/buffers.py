@@ -14,7 +14,7 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
-__all__ = ["ReduceBuffer", "byte_view", "check_reducible", "mpi_reduce_op", "reduced"]
+__all__ = ["ReduceBuffer", "byte_view", "check_reducible", "in_place_array", "mpi_reduce_op", "reduced"]
 
 _HALF = (torch.float16, torch.bfloat16)
 _REFUSED = (torch.bool,)
@@ -47,6 +47,22 @@ def check_reducible(mpi_op, tensors) -> None:
             raise ValueError(f"mpisync backend: bitwise reductions need integer tensors, got {tensor.dtype}")
         if mpi_op in (MPI.MIN, MPI.MAX) and tensor.is_complex():
             raise ValueError(f"mpisync backend: min/max are not defined for complex tensors ({tensor.dtype})")
+
+
+# Dtypes MPI reduces as they are, in the tensor's own memory (numpy and MPI know them).
+_IN_PLACE = frozenset((torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32,
+                       torch.int64))
+
+
+def in_place_array(tensor: torch.Tensor, mpi_op):
+    """The numpy view MPI reduces ``tensor`` through in place with ``mpi_op`` (no copy, nothing to
+    do afterwards), or None when it needs :class:`ReduceBuffer` (or must be refused)."""
+    if tensor.dtype not in _IN_PLACE or not tensor.is_cpu or not tensor.is_contiguous():
+        return None
+    if tensor.is_floating_point() and mpi_op in (MPI.BAND, MPI.BOR, MPI.BXOR):
+        return None  # refused by check_reducible
+    tensor = tensor.detach()
+    return tensor.numpy() if tensor.dim() else tensor.reshape(1).numpy()
 
 
 def byte_view(tensor: torch.Tensor) -> _np.ndarray:

@@ -19,7 +19,7 @@ from .. import config as _config
 from ..errors import SyncTimeoutError
 from ..sync import ParamSync
 from ..timeouts import abort_job, timed_out
-from .buffers import ReduceBuffer, byte_view, check_reducible, mpi_reduce_op
+from .buffers import ReduceBuffer, byte_view, check_reducible, in_place_array, mpi_reduce_op
 from .progress import Engine
 
 __all__ = ["ProcessGroupMPISync"]
@@ -38,14 +38,14 @@ class _Work(dist._Work):
 
     def wait(self, timeout=None) -> bool:
         self._engine.wait(self._operation)
-        self._operation.future.wait()  # raises the operation's error, if any
+        self._operation.raise_error()
         return True
 
     def is_completed(self) -> bool:
-        return self._operation.finished()
+        return self._engine.test(self._operation)
 
     def get_future(self):
-        return self._operation.future
+        return self._engine.future(self._operation)
 
 
 def _work(future) -> object:
@@ -135,6 +135,11 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         """All-reduce each tensor of ``tensors`` in place (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)."""
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
         mpi_op, average = mpi_reduce_op(op)
+        if len(tensors) == 1 and not average:  # the common case (a synchronous call, a DDP bucket)
+            array = in_place_array(tensors[0], mpi_op)
+            if array is not None:
+                return self._submit(lambda comm: (comm.Iallreduce(MPI.IN_PLACE, array, mpi_op),), None, tensors,
+                                    "all_reduce")
         check_reducible(mpi_op, tensors)
         buffers = [ReduceBuffer(t, self._size if average else 0, wide=average) for t in tensors]
 

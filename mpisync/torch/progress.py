@@ -1,20 +1,32 @@
 """The progress engine of the torch backend: nonblocking MPI operations posted in issue order,
-completed oldest first by one progress thread.
+completed by whoever needs them first.
 
 The calling thread posts each operation (``Iallreduce``, ``Iallgather``, ...)
 on the backend's private communicator the moment torch issues it, so every
 rank posts its collectives in the same order (MPI's rule for collectives on
 one communicator) and a bucket's reduction starts while the backward pass
-goes on. The progress thread waits for the oldest operation inside MPI (the
-GIL is released there), runs its completion (copies back, ``avg``'s
-division) and completes its torch future. That needs ``MPI_THREAD_MULTIPLE``
-(mpi4py's default); at a lower thread level every operation completes on the
-calling thread before the call returns (see :attr:`Engine.threaded`).
+goes on. An operation is completed (its requests waited for, its completion
+run: copies back, ``avg``'s division, then its torch future) by:
 
-A watchdog enforces the timeout: an operation in flight for longer is
+- the caller, when it waits for it (``work.wait()``, every synchronous
+  collective): no thread is woken and nothing is handed between threads;
+- the progress thread, once anyone asked for the operation's future (DDP's
+  buckets and communication hooks do, through ``work.get_future()``), a
+  caller waits for room under ``max_concurrent``, or a drain waits. It
+  completes what is pending oldest first, waiting inside MPI (the GIL is
+  released there), and sleeps once nothing is pending;
+- the progress thread too for an operation nobody asked about: the sweep
+  (every second, or a quarter of the timeout) hands it over once it has been
+  pending that long, so its buffers go and its timeout cannot fire falsely.
+
+That needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default); at a lower thread
+level every operation completes on the calling thread before the call
+returns (see :attr:`Engine.threaded`).
+
+The sweep's thread enforces the timeout: an operation in flight for longer is
 reported (which operations, on which rank) and the job aborts, as for
-``sync_params`` (``MPISYNC_TIMEOUT_ABORT=0``: its future and every later one
-fail with :class:`~mpisync.SyncTimeoutError` instead). Below
+``sync_params`` (``MPISYNC_TIMEOUT_ABORT=0``: it and every later one fail
+with :class:`~mpisync.SyncTimeoutError` instead). Below
 ``MPI_THREAD_MULTIPLE`` the caller polls its operation against the same
 deadline, with the same outcome.
 
@@ -45,32 +57,27 @@ from ..ring import Expired, wait_request
 
 __all__ = ["Engine", "Operation"]
 
-# Seconds the progress thread leaves a fresh operation to its caller: a synchronous call waits for
-# its operation at once and completes it on its own thread, without a hand-over between threads
-# (see docs/allreduce.md). Asynchronous operations start completing this much later; their
-# transfer is already posted.
-_CALLER_HEAD_START = 0.0005
-# An idle progress thread looks for new operations this often, and sleeps until woken after this
-# long without any.
-_IDLE_POLL_SECONDS = 0.0005
-_IDLE_SLEEP_AFTER = 0.2
+# The sweep's period without a timeout (with one: a quarter of it, at most this).
+_SWEEP_SECONDS = 1.0
 # Failed operations (requests and buffers): never freed, since MPI may still complete them.
 _ABANDONED: list = []
 
 
 class Operation:
-    """One posted operation: its requests, what runs once they complete, and its future."""
+    """One posted operation: its requests, what runs once they complete, its outcome and its future."""
 
-    __slots__ = ("requests", "finish", "result", "label", "future", "posted", "claim", "done", "buffers")
+    __slots__ = ("requests", "finish", "result", "label", "future", "error", "posted", "claim", "done", "buffers")
 
-    def __init__(self, requests, finish, result, label, future):
-        self.requests, self.finish, self.result, self.label, self.future = requests, finish, result, label, future
+    def __init__(self, finish, result, label):
+        self.requests, self.finish, self.result, self.label = (), finish, result, label
+        self.future = None  # made when first asked for (Engine.future): a synchronous call never needs one
+        self.error = None  # what the operation failed with, once finished
         # What the requests read and write (the poster's closure holds the host copies): MPI may use
         # a buffer until its request completes, and mpi4py's requests need not keep it alive.
         self.buffers = None
         self.posted = _time.monotonic()
         # Whoever takes ``claim`` waits for the requests (MPI forbids two threads waiting on one
-        # request): the progress thread, or a caller that waits before the thread got to it.
+        # request): the caller, the progress thread, or a test from ``is_completed``.
         self.claim = _threading.Lock()
         self.done = _threading.Lock()  # held until the operation completes (a lighter Event)
         self.done.acquire()
@@ -84,10 +91,18 @@ class Operation:
         with self.done:
             pass
 
-    def mark_finished(self) -> None:
-        """Release whoever waits in :meth:`wait_finished` (once)."""
-        if self.done.locked():
-            self.done.release()
+    def raise_error(self) -> None:
+        """Raise what the (finished) operation failed with, if anything."""
+        if self.error is not None:
+            raise self.error
+
+
+def _settle(operation, future) -> None:
+    """Complete ``future`` with the finished ``operation``'s outcome (runs its callbacks here)."""
+    if operation.error is not None:
+        future.set_exception(operation.error)
+    else:
+        future.set_result(operation.result)
 
 
 class Engine:
@@ -103,9 +118,10 @@ class Engine:
         self._post_lock = _threading.Lock()  # one poster at a time: the posting order is the issue order
         self._broken = None
         self._closing = False
-        # Waking a thread is not free: submit wakes the progress thread only when it sleeps untimed
-        # (idle for a while; otherwise it polls every _IDLE_POLL_SECONDS), and a retirement wakes
-        # only threads waiting for room or for a drain.
+        # The progress thread completes what is pending only while _urgent (a future was asked for, a
+        # caller waits for room or a drain, or the sweep found an operation nobody asked about), and
+        # is woken only when it sleeps: a synchronous call wakes no thread.
+        self._urgent = False
         self._asleep = False
         self._waiters = 0
         self._abort = _abort_on_timeout()
@@ -114,40 +130,42 @@ class Engine:
         if self.threaded:
             self._thread = _threading.Thread(target=self._progress, name="mpisync-progress", daemon=True)
             self._thread.start()
-            if timeout is not None:
-                _threading.Thread(target=self._watch, name="mpisync-watchdog", daemon=True).start()
+            _threading.Thread(target=self._watch, name="mpisync-watchdog", daemon=True).start()
 
     def submit(self, post, finish=None, result=None, label: str = "") -> Operation:
         """Post ``post(comm)`` (an iterable of requests) now; once they complete, run ``finish()`` and
-        complete the operation's future with ``result``."""
-        future = torch.futures.Future()
+        complete the operation (and its future, if asked for) with ``result``."""
+        operation = Operation(finish, result, label)
         if not self.threaded:  # no progress thread may call MPI: complete here, now
             with self._post_lock:
                 self._check()
-                operation = Operation((), finish, result, label, future)
                 operation.claim.acquire()  # completed here: nobody waits for its requests again
                 operation.buffers = post
                 operation.requests = self._post(post, operation)
             self._wait_here(operation)  # outside _post_lock: a callback of its future may submit
             return operation
-        if _threading.current_thread() is not self._thread:
+        if len(self._pending) >= self._capacity and _threading.current_thread() is not self._thread:
             # The progress thread never waits for room (a callback of a future it completes may
             # submit): only it frees room. Nor does a caller waiting for room hold _post_lock.
             with self._cond:
                 while len(self._pending) >= self._capacity and self._broken is None:
                     self._waiters += 1
+                    self._hurry()
                     self._cond.wait()
                     self._waiters -= 1
         with self._post_lock:
             self._check()
-            operation = Operation((), finish, result, label, future)
             operation.buffers = post
             operation.requests = self._post(post, operation)
             with self._cond:
                 self._pending.append(operation)
-                if self._asleep:
-                    self._cond.notify_all()
         return operation
+
+    def _hurry(self) -> None:
+        """Have the progress thread complete what is pending (call with ``_cond`` held)."""
+        self._urgent = True
+        if self._asleep:
+            self._cond.notify_all()
 
     def _post(self, post, operation) -> list:
         """The requests ``post`` posts; if it fails after posting some, they stay alive and the
@@ -161,7 +179,7 @@ class Engine:
                 raise
             operation.requests = requests
             self._fail(operation, exc)
-            operation.future.wait()  # raises the SyncError _fail set
+            operation.raise_error()  # the SyncError _fail set
         return requests
 
     def _wait_here(self, operation) -> None:
@@ -176,11 +194,11 @@ class Engine:
         except MPI.Exception as exc:
             self._fail(operation, exc)
             return
-        self._complete(operation)
+        self._retire(operation)
 
     def wait(self, operation: Operation) -> None:
-        """Wait for ``operation``: complete it on this thread if the progress thread has not started
-        on it (a synchronous call then costs no hand-over between threads), else wait for it."""
+        """Wait for ``operation``: complete it on this thread unless another thread is completing it
+        (then wait for that). Its error, if any, is left in ``operation.error``."""
         if not operation.claim.acquire(blocking=False):
             operation.wait_finished()
             return
@@ -193,11 +211,43 @@ class Engine:
                     wait_request(request, deadline)
         except Expired:
             self._expire()
-            return  # the future holds the timeout error set by _expire
+            return  # operation.error holds the timeout error set by _expire
         except MPI.Exception as exc:
             self._fail(operation, exc)
             return
         self._retire(operation)
+
+    def test(self, operation: Operation) -> bool:
+        """Whether ``operation`` finished; completes it here if its requests have (``is_completed``)."""
+        if operation.finished():
+            return True
+        if not operation.claim.acquire(blocking=False):
+            return False  # another thread is completing it
+        try:
+            complete = MPI.Request.Testall(operation.requests)
+        except MPI.Exception as exc:
+            self._fail(operation, exc)
+            return True
+        if not complete:
+            operation.claim.release()
+            return False
+        self._retire(operation)
+        return True
+
+    def future(self, operation: Operation):
+        """The torch future of ``operation`` (made on the first request); from then on the progress
+        thread completes what is pending, so the future completes without anyone waiting."""
+        settle = False
+        with self._cond:
+            future = operation.future
+            if future is None:
+                future = operation.future = torch.futures.Future()
+                settle = operation.finished()  # else whoever finishes it completes the future
+            if not operation.finished():
+                self._hurry()
+        if settle:
+            _settle(operation, future)
+        return future
 
     @property
     def broken(self) -> bool:
@@ -209,6 +259,7 @@ class Engine:
         with self._cond:
             while self._pending and self._broken is None:
                 self._waiters += 1
+                self._hurry()
                 self._cond.wait()
                 self._waiters -= 1
         self._check()
@@ -229,50 +280,52 @@ class Engine:
         if self._closing:
             raise SyncError("mpisync: this process group is shut down")
 
-    @staticmethod
-    def _complete(operation) -> None:
+    def _retire(self, operation) -> None:
+        """Run the completion of ``operation`` (its requests are done), then finish it."""
+        error = None
         try:
             if operation.finish is not None:
                 operation.finish()
         except BaseException as exc:  # a failed copy-back fails the operation, not the thread
-            operation.future.set_exception(exc)
-        else:
-            operation.future.set_result(operation.result)
-        operation.buffers = None  # done with: the host copies may go
-        operation.mark_finished()
-
-    def _retire(self, operation) -> None:
+            error = exc
         with self._cond:
-            if self._broken is not None:  # the watchdog already failed this future
+            if operation.finished():  # failed meanwhile with the engine (a timeout elsewhere)
                 return
-            self._pending.remove(operation)
+            operation.error = error
+            try:
+                self._pending.remove(operation)
+            except ValueError:  # completed at submit, below MPI_THREAD_MULTIPLE
+                pass
+            operation.buffers = None  # done with: the host copies may go
+            operation.done.release()
+            future = operation.future
             if self._waiters:
                 self._cond.notify_all()
-        self._complete(operation)
+        if future is not None:
+            _settle(operation, future)
+
+    def _next(self):
+        """The oldest pending operation once there is work for the progress thread; None: stop."""
+        cond, pending = self._cond, self._pending
+        with cond:
+            while True:
+                if self._broken is not None:
+                    return None
+                if pending and (self._urgent or self._closing):
+                    return pending[0]
+                if not pending:
+                    self._urgent = False
+                    if self._closing:
+                        return None
+                self._asleep = True
+                cond.wait()
+                self._asleep = False
 
     def _progress(self) -> None:
-        cond, pending = self._cond, self._pending
-        active = _time.monotonic()
         while True:
-            with cond:
-                if not pending and not self._closing:
-                    if _time.monotonic() - active < _IDLE_SLEEP_AFTER:
-                        cond.wait(_IDLE_POLL_SECONDS)
-                    else:
-                        self._asleep = True
-                        cond.wait()
-                        self._asleep = False
-                    continue
-                if not pending:
-                    return
-                active = _time.monotonic()
-                if self._broken is not None:
-                    return
-                operation = pending[0]
-                head_start = operation.posted + _CALLER_HEAD_START - _time.monotonic()
-                if head_start > 0 and not operation.claim.locked():
-                    cond.wait(head_start)
-                    continue
+            operation = self._next()
+            if operation is None:
+                return
             if operation.claim.acquire(blocking=False):
                 try:
                     MPI.Request.Waitall(operation.requests)  # in MPI, without the GIL
@@ -284,21 +337,24 @@ class Engine:
                 operation.wait_finished()
 
     def _watch(self) -> None:
-        period = min(1.0, self._timeout / 4)
+        period = _SWEEP_SECONDS if self._timeout is None else min(_SWEEP_SECONDS, self._timeout / 4)
         while True:
             _time.sleep(period)
             with self._cond:
-                if self._closing and not self._pending:
+                if (self._closing and not self._pending) or self._broken is not None:
                     return
-                if self._broken is not None:
-                    return
-                if not self._pending or _time.monotonic() - self._pending[0].posted < self._timeout:
+                if not self._pending:
+                    continue
+                age = _time.monotonic() - self._pending[0].posted
+                if age >= period:  # nobody asked for it, or nobody could: the progress thread takes it
+                    self._hurry()
+                if self._timeout is None or age < self._timeout:
                     continue
             self._expire()
             return
 
     def _expire(self, extra=()) -> None:
-        """Report the operations in flight (once): abort, or fail every pending future (and ``extra``)."""
+        """Report the operations in flight (once): abort, or fail every pending one (and ``extra``)."""
         with self._cond:
             if self._broken is not None:
                 return
@@ -322,11 +378,18 @@ class Engine:
         self._abandon(failed, SyncError(f"mpisync: rank {self.comm.rank}: {reason}; this process group is "
                                         "unusable (its collectives may no longer match the other ranks')"))
 
-    @staticmethod
-    def _abandon(failed: list, error: BaseException) -> None:
+    def _abandon(self, failed: list, error: BaseException) -> None:
         # Requests that may still be in flight keep their buffers alive (MPI may write into them).
         _ABANDONED.extend(failed)
-        for operation in failed:
-            if not operation.future.done():
-                operation.future.set_exception(error)
-            operation.mark_finished()
+        futures = []
+        with self._cond:
+            for operation in failed:
+                if operation.finished():
+                    continue
+                operation.error = error
+                operation.done.release()
+                if operation.future is not None:
+                    futures.append(operation)
+            self._cond.notify_all()
+        for operation in futures:
+            _settle(operation, operation.future)
