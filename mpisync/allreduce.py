@@ -49,6 +49,14 @@ def _check_comm(comm) -> None:
         raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
 
 
+def _call_within(timeout):
+    """``call(request)``: wait for one request, at most ``timeout`` seconds from the wait's start
+    (each collective its own ``timeout``, as in the ring)."""
+    if timeout is None:
+        return lambda request: wait_request(request, None)
+    return lambda request: wait_request(request, _time.monotonic() + timeout)
+
+
 def _storage(values: tuple) -> tuple:
     torch = _sys.modules.get("torch")
     if torch is None:
@@ -154,8 +162,7 @@ class GradSync(Reusable):
         phase, ring = "validation", None
         try:
             if size > 1:
-                deadline = None if timeout is None else _time.monotonic() + timeout
-                call = lambda request: wait_request(request, deadline)  # noqa: E731
+                call = _call_within(timeout)
                 if self._comm is None:
                     call(self._dup[1])
                     self._comm, self._dup = self._dup[0], None

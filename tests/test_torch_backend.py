@@ -291,3 +291,21 @@ def test_an_operation_nobody_waits_for_completes_without_a_false_timeout(comm):
     assert future.done() and future.value()[0] is half
     group.shutdown()
     comm.Barrier()
+
+
+def test_is_completed_while_the_progress_thread_completes_futures(comm):
+    # is_completed() tests an operation's requests while the progress thread, woken by the futures,
+    # completes the same operations: neither may leave the other waiting for a claim nobody holds.
+    group = _group(comm, timeout=60, max_concurrent=4)
+    tensors = [torch.full((n,), float(comm.rank + 1)) for n in (1, 1000, 100000) * 40]
+    futures = []
+    for tensor in tensors:
+        work = group.allreduce([tensor])
+        futures.append(work.get_future())
+        work.is_completed()
+    torch.futures.wait_all(futures)
+    total = float(sum(r + 1 for r in range(comm.size)))
+    assert all(bool(torch.all(t == total)) for t in tensors)
+    assert all(f.done() and f.value()[0] is t for f, t in zip(futures, tensors))
+    group.shutdown()
+    comm.Barrier()

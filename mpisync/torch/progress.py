@@ -63,10 +63,16 @@ _SWEEP_SECONDS = 1.0
 _ABANDONED: list = []
 
 
+_PENDING, _RETIRING, _FINISHED = "pending", "retiring", "finished"
+# How often a thread waiting to claim an operation checks whether it finished meanwhile (failed
+# with the engine while its claimer is still inside MPI).
+_CLAIM_POLL_SECONDS = 0.05
+
+
 class Operation:
     """One posted operation: its requests, what runs once they complete, its outcome and its future."""
 
-    __slots__ = ("requests", "finish", "result", "label", "future", "error", "posted", "claim", "done", "buffers")
+    __slots__ = ("requests", "finish", "result", "label", "future", "error", "posted", "claim", "state", "buffers")
 
     def __init__(self, finish, result, label):
         self.requests, self.finish, self.result, self.label = (), finish, result, label
@@ -76,20 +82,14 @@ class Operation:
         # a buffer until its request completes, and mpi4py's requests need not keep it alive.
         self.buffers = None
         self.posted = _time.monotonic()
-        # Whoever takes ``claim`` waits for the requests (MPI forbids two threads waiting on one
-        # request): the caller, the progress thread, or a test from ``is_completed``.
+        # Whoever holds ``claim`` waits for or tests the requests (MPI forbids two threads waiting on
+        # one request), and releases it when done with them.
         self.claim = _threading.Lock()
-        self.done = _threading.Lock()  # held until the operation completes (a lighter Event)
-        self.done.acquire()
+        self.state = _PENDING  # changed under the engine's lock only
 
     def finished(self) -> bool:
         """Whether the operation completed (or failed)."""
-        return not self.done.locked()
-
-    def wait_finished(self) -> None:
-        """Block until the operation completed (or failed)."""
-        with self.done:
-            pass
+        return self.state is _FINISHED
 
     def raise_error(self) -> None:
         """Raise what the (finished) operation failed with, if anything."""
@@ -137,12 +137,12 @@ class Engine:
         complete the operation (and its future, if asked for) with ``result``."""
         operation = Operation(finish, result, label)
         if not self.threaded:  # no progress thread may call MPI: complete here, now
-            with self._post_lock:
-                self._check()
-                operation.claim.acquire()  # completed here: nobody waits for its requests again
-                operation.buffers = post
-                operation.requests = self._post(post, operation)
-            self._wait_here(operation)  # outside _post_lock: a callback of its future may submit
+            with operation.claim:
+                with self._post_lock:
+                    self._check()
+                    operation.buffers = post
+                    operation.requests = self._post(post, operation)
+                self._wait_here(operation)  # outside _post_lock: a callback of its future may submit
             return operation
         if len(self._pending) >= self._capacity and _threading.current_thread() is not self._thread:
             # The progress thread never waits for room (a callback of a future it completes may
@@ -196,11 +196,23 @@ class Engine:
             return
         self._retire(operation)
 
+    @staticmethod
+    def _take(operation: Operation) -> bool:
+        """Claim ``operation``'s requests (True), or wait until it finished (False). A claimer
+        releases the claim once it completed the operation, or when a test found it pending."""
+        while True:
+            if operation.claim.acquire(timeout=_CLAIM_POLL_SECONDS):
+                if operation.finished():
+                    operation.claim.release()
+                    return False
+                return True
+            if operation.finished():  # failed with the engine while its claimer is still in MPI
+                return False
+
     def wait(self, operation: Operation) -> None:
         """Wait for ``operation``: complete it on this thread unless another thread is completing it
         (then wait for that). Its error, if any, is left in ``operation.error``."""
-        if not operation.claim.acquire(blocking=False):
-            operation.wait_finished()
+        if not self._take(operation):
             return
         try:
             if self._timeout is None or self._abort:  # the watchdog aborts the job if it never completes
@@ -210,29 +222,28 @@ class Engine:
                 for request in operation.requests:
                     wait_request(request, deadline)
         except Expired:
-            self._expire()
-            return  # operation.error holds the timeout error set by _expire
+            self._expire()  # operation.error holds the timeout error set by _expire
         except MPI.Exception as exc:
             self._fail(operation, exc)
-            return
-        self._retire(operation)
+        else:
+            self._retire(operation)
+        finally:
+            operation.claim.release()
 
     def test(self, operation: Operation) -> bool:
         """Whether ``operation`` finished; completes it here if its requests have (``is_completed``)."""
         if operation.finished():
             return True
         if not operation.claim.acquire(blocking=False):
-            return False  # another thread is completing it
+            return False  # another thread is waiting for it
         try:
-            complete = MPI.Request.Testall(operation.requests)
+            if not operation.finished() and MPI.Request.Testall(operation.requests):
+                self._retire(operation)
         except MPI.Exception as exc:
             self._fail(operation, exc)
-            return True
-        if not complete:
+        finally:
             operation.claim.release()
-            return False
-        self._retire(operation)
-        return True
+        return operation.finished()
 
     def future(self, operation: Operation):
         """The torch future of ``operation`` (made on the first request); from then on the progress
@@ -243,7 +254,7 @@ class Engine:
             if future is None:
                 future = operation.future = torch.futures.Future()
                 settle = operation.finished()  # else whoever finishes it completes the future
-            if not operation.finished():
+            if operation.state is _PENDING:
                 self._hurry()
         if settle:
             _settle(operation, future)
@@ -281,7 +292,11 @@ class Engine:
             raise SyncError("mpisync: this process group is shut down")
 
     def _retire(self, operation) -> None:
-        """Run the completion of ``operation`` (its requests are done), then finish it."""
+        """Run the completion of ``operation`` (its requests are done, its claim held), then finish it."""
+        with self._cond:
+            if operation.state is not _PENDING:  # failed meanwhile with the engine (a timeout elsewhere)
+                return
+            operation.state = _RETIRING  # from here on it completes: a failure elsewhere leaves it be
         error = None
         try:
             if operation.finish is not None:
@@ -289,15 +304,13 @@ class Engine:
         except BaseException as exc:  # a failed copy-back fails the operation, not the thread
             error = exc
         with self._cond:
-            if operation.finished():  # failed meanwhile with the engine (a timeout elsewhere)
-                return
             operation.error = error
             try:
                 self._pending.remove(operation)
             except ValueError:  # completed at submit, below MPI_THREAD_MULTIPLE
                 pass
             operation.buffers = None  # done with: the host copies may go
-            operation.done.release()
+            operation.state = _FINISHED
             future = operation.future
             if self._waiters:
                 self._cond.notify_all()
@@ -326,15 +339,17 @@ class Engine:
             operation = self._next()
             if operation is None:
                 return
-            if operation.claim.acquire(blocking=False):
-                try:
-                    MPI.Request.Waitall(operation.requests)  # in MPI, without the GIL
-                except MPI.Exception as exc:
-                    self._fail(operation, exc)
-                    return
+            if not self._take(operation):  # a caller completed it
+                continue
+            try:
+                MPI.Request.Waitall(operation.requests)  # in MPI, without the GIL
+            except MPI.Exception as exc:
+                self._fail(operation, exc)
+                return
+            else:
                 self._retire(operation)
-            else:  # a caller is completing it
-                operation.wait_finished()
+            finally:
+                operation.claim.release()
 
     def _watch(self) -> None:
         period = _SWEEP_SECONDS if self._timeout is None else min(_SWEEP_SECONDS, self._timeout / 4)
@@ -384,10 +399,10 @@ class Engine:
         futures = []
         with self._cond:
             for operation in failed:
-                if operation.finished():
+                if operation.state is not _PENDING:  # completed, or completing
                     continue
                 operation.error = error
-                operation.done.release()
+                operation.state = _FINISHED
                 if operation.future is not None:
                     futures.append(operation)
             self._cond.notify_all()
