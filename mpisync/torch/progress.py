@@ -91,6 +91,18 @@ class Operation:
         """Whether the operation completed (or failed)."""
         return self.state is _FINISHED
 
+    def take(self) -> bool:
+        """Claim the requests (True), or wait until the operation finished (False). A claimer
+        releases the claim once it completed the operation, or when a test found it pending."""
+        while True:
+            if self.claim.acquire(timeout=_CLAIM_POLL_SECONDS):
+                if self.finished():
+                    self.claim.release()
+                    return False
+                return True
+            if self.finished():  # failed with the engine while its claimer is still in MPI
+                return False
+
     def raise_error(self) -> None:
         """Raise what the (finished) operation failed with, if anything."""
         if self.error is not None:
@@ -105,7 +117,70 @@ def _settle(operation, future) -> None:
         future.set_result(operation.result)
 
 
-class Engine:
+class _Failures:
+    """How the engine breaks: the sweep's thread (stale operations handed over, the timeout
+    enforced), a timeout's report, an MPI error; failed operations are kept alive."""
+
+    def _watch(self) -> None:
+        period = _SWEEP_SECONDS if self._timeout is None else min(_SWEEP_SECONDS, self._timeout / 4)
+        while True:
+            _time.sleep(period)
+            with self._cond:
+                if (self._closing and not self._pending) or self._broken is not None:
+                    return
+                if not self._pending:
+                    continue
+                age = _time.monotonic() - self._pending[0].posted
+                if age >= period:  # nobody asked for it, or nobody could: the progress thread takes it
+                    self._hurry()
+                if self._timeout is None or age < self._timeout:
+                    continue
+            self._expire()
+            return
+
+    def _expire(self, extra=()) -> None:
+        """Report the operations in flight (once): abort, or fail every pending one (and ``extra``)."""
+        with self._cond:
+            if self._broken is not None:
+                return
+            self._broken = "an operation timed out; its collectives may still be pending"
+            failed = list(extra) + list(self._pending)
+            self._cond.notify_all()
+        error = self._on_timeout([op.label for op in failed])  # aborts the job, unless MPISYNC_TIMEOUT_ABORT=0
+        self._broken = f"an operation timed out ({error}); its collectives may still be pending"
+        self._abandon(failed, SyncTimeoutError(error))
+
+    def _fail(self, operation, exc: BaseException) -> None:
+        """An MPI error in ``operation`` (or an error posting it after some of its requests were
+        posted): break the engine, fail it and every pending operation."""
+        kind = "MPI error" if isinstance(exc, MPI.Exception) else type(exc).__name__
+        reason = f"{kind} in {operation.label or 'an operation'}: {exc}"
+        with self._cond:
+            if self._broken is None:
+                self._broken = reason
+            failed = [operation] + [op for op in self._pending if op is not operation]
+            self._cond.notify_all()
+        self._abandon(failed, SyncError(f"mpisync: rank {self.comm.rank}: {reason}; this process group is "
+                                        "unusable (its collectives may no longer match the other ranks')"))
+
+    def _abandon(self, failed: list, error: BaseException) -> None:
+        # Requests that may still be in flight keep their buffers alive (MPI may write into them).
+        _ABANDONED.extend(failed)
+        futures = []
+        with self._cond:
+            for operation in failed:
+                if operation.state is not _PENDING:  # completed, or completing
+                    continue
+                operation.error = error
+                operation.state = _FINISHED
+                if operation.future is not None:
+                    futures.append(operation)
+            self._cond.notify_all()
+        for operation in futures:
+            _settle(operation, operation.future)
+
+
+class Engine(_Failures):
     """Nonblocking operations on ``comm``: at most ``capacity`` in flight, each within ``timeout`` seconds."""
 
     def __init__(self, comm, capacity: int, timeout: float | None, on_timeout):
@@ -196,23 +271,10 @@ class Engine:
             return
         self._retire(operation)
 
-    @staticmethod
-    def _take(operation: Operation) -> bool:
-        """Claim ``operation``'s requests (True), or wait until it finished (False). A claimer
-        releases the claim once it completed the operation, or when a test found it pending."""
-        while True:
-            if operation.claim.acquire(timeout=_CLAIM_POLL_SECONDS):
-                if operation.finished():
-                    operation.claim.release()
-                    return False
-                return True
-            if operation.finished():  # failed with the engine while its claimer is still in MPI
-                return False
-
     def wait(self, operation: Operation) -> None:
         """Wait for ``operation``: complete it on this thread unless another thread is completing it
         (then wait for that). Its error, if any, is left in ``operation.error``."""
-        if not self._take(operation):
+        if not operation.take():
             return
         try:
             if self._timeout is None or self._abort:  # the watchdog aborts the job if it never completes
@@ -339,7 +401,7 @@ class Engine:
             operation = self._next()
             if operation is None:
                 return
-            if not self._take(operation):  # a caller completed it
+            if not operation.take():  # a caller completed it
                 continue
             try:
                 MPI.Request.Waitall(operation.requests)  # in MPI, without the GIL
@@ -350,61 +412,3 @@ class Engine:
                 self._retire(operation)
             finally:
                 operation.claim.release()
-
-    def _watch(self) -> None:
-        period = _SWEEP_SECONDS if self._timeout is None else min(_SWEEP_SECONDS, self._timeout / 4)
-        while True:
-            _time.sleep(period)
-            with self._cond:
-                if (self._closing and not self._pending) or self._broken is not None:
-                    return
-                if not self._pending:
-                    continue
-                age = _time.monotonic() - self._pending[0].posted
-                if age >= period:  # nobody asked for it, or nobody could: the progress thread takes it
-                    self._hurry()
-                if self._timeout is None or age < self._timeout:
-                    continue
-            self._expire()
-            return
-
-    def _expire(self, extra=()) -> None:
-        """Report the operations in flight (once): abort, or fail every pending one (and ``extra``)."""
-        with self._cond:
-            if self._broken is not None:
-                return
-            self._broken = "an operation timed out; its collectives may still be pending"
-            failed = list(extra) + list(self._pending)
-            self._cond.notify_all()
-        error = self._on_timeout([op.label for op in failed])  # aborts the job, unless MPISYNC_TIMEOUT_ABORT=0
-        self._broken = f"an operation timed out ({error}); its collectives may still be pending"
-        self._abandon(failed, SyncTimeoutError(error))
-
-    def _fail(self, operation, exc: BaseException) -> None:
-        """An MPI error in ``operation`` (or an error posting it after some of its requests were
-        posted): break the engine, fail it and every pending operation."""
-        kind = "MPI error" if isinstance(exc, MPI.Exception) else type(exc).__name__
-        reason = f"{kind} in {operation.label or 'an operation'}: {exc}"
-        with self._cond:
-            if self._broken is None:
-                self._broken = reason
-            failed = [operation] + [op for op in self._pending if op is not operation]
-            self._cond.notify_all()
-        self._abandon(failed, SyncError(f"mpisync: rank {self.comm.rank}: {reason}; this process group is "
-                                        "unusable (its collectives may no longer match the other ranks')"))
-
-    def _abandon(self, failed: list, error: BaseException) -> None:
-        # Requests that may still be in flight keep their buffers alive (MPI may write into them).
-        _ABANDONED.extend(failed)
-        futures = []
-        with self._cond:
-            for operation in failed:
-                if operation.state is not _PENDING:  # completed, or completing
-                    continue
-                operation.error = error
-                operation.state = _FINISHED
-                if operation.future is not None:
-                    futures.append(operation)
-            self._cond.notify_all()
-        for operation in futures:
-            _settle(operation, operation.future)
