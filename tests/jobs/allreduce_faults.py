@@ -18,6 +18,28 @@ import mpisync
 kind = sys.argv[1]
 comm = MPI.COMM_WORLD
 victim = comm.rank == comm.size - 1
+pids = comm.allgather(os.getpid())  # one node: the victim watches the others end
+
+
+def _running(pid: int) -> bool:
+    try:  # a zombie (exited, not yet reaped by the launcher) counts as ended
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _outlive_the_others(seconds: float) -> None:
+    """The victim's stay (it never joins): ``seconds``, or until every other rank has ended, so that
+    a launcher slow to end the job after a rank aborted or exited cannot keep it alive."""
+    others = [pid for pid in pids if pid != os.getpid()]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not any(_running(pid) for pid in others):
+            os._exit(4)  # the others are gone: MPI_Finalize would wait for them
+        time.sleep(0.2)
+
+
 if kind == "thread-level":
     import torch
     import torch.distributed as dist
@@ -75,5 +97,6 @@ else:
         except Exception as exc:  # MPISYNC_TIMEOUT_ABORT=0 only
             print(f"rank {comm.rank} raised {type(exc).__name__}: {exc}", flush=True)
             os._exit(3)  # a collective is still pending: MPI_Finalize could wait for it
-time.sleep(60 if victim else 0)
+if victim:
+    _outlive_the_others(60)
 print(f"rank {comm.rank} finished", flush=True)
