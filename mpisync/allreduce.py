@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from . import reduceops as _ops
 from .agreement import agree, diagnose
+from .clock import Deadline
 from .arrays import ArrayView
 from .errors import InvalidParamError, SyncError
 from .manifest import Param, build_manifest
@@ -30,7 +31,7 @@ from .reducesegment import ReduceSegment
 from .selection import SHARED
 from .lifecycle import Reusable
 from .report import SyncReport
-from .ring import Expired, TrackedRing, wait_request
+from .ring import Expired, TrackedRing
 from .speedups import speedups as _speedups
 from .timeouts import timed_out
 
@@ -47,14 +48,6 @@ def _check_comm(comm) -> None:
         raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
     if comm.Is_inter():
         raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
-
-
-def _call_within(timeout):
-    """``call(request)``: wait for one request, at most ``timeout`` seconds from the wait's start
-    (each collective its own ``timeout``, as in the ring)."""
-    if timeout is None:
-        return lambda request: wait_request(request, None)
-    return lambda request: wait_request(request, _time.monotonic() + timeout)
 
 
 def _storage(values: tuple) -> tuple:
@@ -162,7 +155,7 @@ class GradSync(Reusable):
         phase, ring = "validation", None
         try:
             if size > 1:
-                call = _call_within(timeout)
+                call = Deadline(timeout).wait  # each collective its own timeout, as in the ring
                 if self._comm is None:
                     call(self._dup[1])
                     self._comm, self._dup = self._dup[0], None

@@ -17,9 +17,10 @@ from . import reduceops as _ops
 from .arena import Arena, copy_list
 from .plan import build_plan
 
-__all__ = ["ReduceStep", "compile_steps", "local_reduce"]
+__all__ = ["BUCKET_ALIGN", "ReduceStep", "compile_steps", "local_reduce"]
 
-_ALIGN = 64
+#: Bytes every fused bucket starts on (a multiple of every itemsize): buckets of one dtype lie end to end.
+BUCKET_ALIGN = 64
 _CHUNK_BYTES = 1 << 30  # a multiple of every itemsize: chunks never split a value
 
 
@@ -124,7 +125,7 @@ def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for
         for transfer in plan:
             offset = -1
             if transfer.fused:
-                offset, arena_bytes = arena_bytes, arena_bytes + -(-transfer.nbytes // _ALIGN) * _ALIGN
+                offset, arena_bytes = arena_bytes, arena_bytes + -(-transfer.nbytes // BUCKET_ALIGN) * BUCKET_ALIGN
             layouts.append((dtype, rdtype, members, transfer, offset))
     placed = arena_for(arena_bytes) if arena_for is not None and arena_bytes else None
     arena, base = placed if placed is not None else (Arena(arena_bytes, vectored=False), 0)

@@ -17,11 +17,10 @@ from __future__ import annotations
 import numpy as _np
 
 from . import reduceops as _ops
-from .intranode import NodeSegment, available, setting
+from .intranode import NodeSegment, setting
+from .reduceplan import BUCKET_ALIGN as _ALIGN
 
 __all__ = ["ReduceSegment"]
-
-_ALIGN = 64  # the plan's bucket alignment (mpisync.reduceplan): buckets of one dtype end to end
 
 
 class ReduceSegment:
@@ -40,8 +39,8 @@ class ReduceSegment:
         (ranks on several nodes, ``MPISYNC_SHARED_MEMORY=0`` anywhere, no ``/dev/shm``, ...).
         Collective (see :meth:`NodeSegment.open`)."""
         region = -(-nbytes // _ALIGN) * _ALIGN
-        wanted = setting() is not False and available()
-        segment = NodeSegment.open(comm, 0, comm.size, region, call, requested=wanted)
+        # Unless switched off; NodeSegment.open also refuses where the platform lacks what it needs.
+        segment = NodeSegment.open(comm, 0, comm.size, region, call, requested=setting() is not False)
         return cls(segment, comm.rank, comm.size) if segment is not None else None
 
     @property
