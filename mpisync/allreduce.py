@@ -12,9 +12,9 @@ rank may start, or on the one error every rank raises.
 from __future__ import annotations
 
 import collections.abc as _abc
+import functools as _functools
 import json as _json
 import operator as _operator
-import sys as _sys
 import time as _time
 
 from mpi4py import MPI
@@ -24,8 +24,12 @@ from .agreement import agree, diagnose
 from .clock import Deadline
 from .arrays import ArrayView
 from .errors import InvalidParamError, SyncError
+from .bulk import BulkManifest
 from .manifest import Param, build_manifest
 from .fanout import fan_out
+from .prepared import keep_values
+from .recheck import unchanged
+from .reducebulk import compile_bulk_steps, scan_for_reduce
 from .reduceplan import compile_steps, local_reduce
 from .reducesegment import ReduceSegment
 from .selection import SHARED
@@ -48,14 +52,6 @@ def _check_comm(comm) -> None:
         raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
     if comm.Is_inter():
         raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
-
-
-def _storage(values: tuple) -> tuple:
-    torch = _sys.modules.get("torch")
-    if torch is None:
-        return ()
-    # ``tensor.data = other`` keeps the object but moves its bytes: compare where they are.
-    return tuple(v.data_ptr() for v in values if isinstance(v, torch.Tensor))
 
 
 class _Staging:
@@ -115,6 +111,7 @@ class GradSync(Reusable):
         self._prepared = None
         self._segment = None  # the node's shared regions for fused buckets (ReduceSegment), once open
         self._segment_tried = False
+        self._calls = 0  # calls completed: the same count on every rank (a failed call fails on every rank)
         self._closed = False
         self._broken = None
 
@@ -123,7 +120,7 @@ class GradSync(Reusable):
         """Bytes of host buffers this syncer holds between calls (fusion arena or shared segment)."""
         segment = self._segment.nbytes if self._segment is not None else 0
         plan = self._prepared[4] if self._prepared is not None else None
-        return segment + (len(plan[3]) if plan is not None and plan[5] is None else 0)
+        return segment + (len(plan[2]) if plan is not None and plan[4] is None else 0)
 
     def close(self) -> None:
         """Free the duplicated communicator and cached buffers; further calls raise."""
@@ -161,6 +158,8 @@ class GradSync(Reusable):
                     self._comm, self._dup = self._dup[0], None
                 agree(self._comm, manifest, call)
                 report.collectives += 1
+                if prepared is not None and self._segment_due(prepared[4][2]):
+                    prepared = None  # on every rank: its fused buckets move onto the node's segment
             elif manifest.errors:
                 raise diagnose([_json_doc(manifest)])
             if prepared is None:
@@ -169,6 +168,7 @@ class GradSync(Reusable):
             phase = "all-reduce"
             ring = TrackedRing(self._values["max_concurrent"], timeout)
             self._run(prepared, report, size, ring, call if size > 1 else None)
+            self._calls += 1
         except Expired as expired:
             pending = getattr(expired, "pending", None)
             if pending is None:
@@ -183,6 +183,10 @@ class GradSync(Reusable):
     def _manifest(self, params, devices, rank, size):
         settings = {"op": self._op if isinstance(self._op, str) else repr(self._op),
                     "fusion_bytes": self._values["fusion_bytes"]}
+        if not self._settings_error:
+            manifest = scan_for_reduce(params, self._op, rank=rank, size=size, devices=devices, settings=settings)
+            if manifest is not None:
+                return manifest
         manifest = build_manifest(params, rank=rank, size=size, root=0, devices=devices, settings=settings)
         if self._settings_error:
             manifest.errors.append((None, self._settings_error))
@@ -199,7 +203,7 @@ class GradSync(Reusable):
         prepared = self._prepared
         if prepared is None or not isinstance(params, _abc.Mapping):
             return None
-        values, keys, devices_key, _, _, storage = prepared
+        values, keys, devices_key, _, _, state = prepared
         key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
         if key != devices_key:
             return None
@@ -208,14 +212,25 @@ class GradSync(Reusable):
                 return None
         elif tuple(params) != keys or not all(map(_operator.is_, params.values(), values)):
             return None
-        return prepared if not storage or _storage(values) == storage else None
+        # Each array still where, and as, it was compiled: ``resize(refcheck=False)`` moves a numpy
+        # array's bytes (buffer exports do not stop it), ``tensor.data = other`` a tensor's.
+        return prepared if unchanged(values, state) else None
+
+    def _segment_due(self, arena) -> bool:
+        """Whether a plan on the private ``arena`` is to be compiled again onto the node's segment:
+        the segment was never tried, a call has completed, and the plan has fused buckets within the bound."""
+        return (not self._segment_tried and self._calls > 0
+                and 0 < len(arena) <= _SEGMENT_BUCKETS * self._values["fusion_bytes"])
 
     def _fused_arena(self, nbytes: int, call):
         """``(arena, base)`` of this rank's region of the node's segment for ``nbytes`` of fused
-        buckets, or None (a private arena, MPI). The segment is opened (collectively) at the first
-        call with fused buckets that fit in ``_SEGMENT_BUCKETS`` buckets, the same call on every
-        rank: the agreed manifests and ``fusion_bytes`` fix ``nbytes`` and the bound."""
-        if call is None or nbytes > _SEGMENT_BUCKETS * self._values["fusion_bytes"]:
+        buckets, or None (a private arena, MPI). The first call goes through MPI: setting the
+        segment up and touching its pages costs more than one all-reduce of the buckets
+        (docs/allreduce.md), so a one-shot ``allreduce`` never opens it. The segment is opened
+        (collectively) at the first later call with fused buckets that fit in ``_SEGMENT_BUCKETS``
+        buckets, the same call on every rank: the agreed manifests and ``fusion_bytes`` fix
+        ``nbytes`` and the bound, and every rank counts the same completed calls."""
+        if call is None or self._calls == 0 or nbytes > _SEGMENT_BUCKETS * self._values["fusion_bytes"]:
             return None
         if not self._segment_tried:
             self._segment_tried = True
@@ -226,24 +241,29 @@ class GradSync(Reusable):
         return segment.arena, segment.base
 
     def _prepare(self, params, devices, manifest, size, call) -> tuple:
-        staging = _Staging(manifest.device_params) if manifest.device_params else None
-        host = manifest.host_params
-        reduced = host + (staging.host if staging is not None else [])
-        steps, arena = compile_steps(reduced, self._op, self._values["fusion_bytes"], size,
-                                     lambda nbytes: self._fused_arena(nbytes, call))
+        arena_for = _functools.partial(self._fused_arena, call=call)
+        fusion = self._values["fusion_bytes"]
+        if isinstance(manifest, BulkManifest):
+            staging, replicated = None, []
+            steps, arena = compile_bulk_steps(manifest, self._op, fusion, size, arena_for)
+        else:
+            staging = _Staging(manifest.device_params) if manifest.device_params else None
+            reduced = manifest.host_params + (staging.host if staging is not None else [])
+            replicated = [p for p in reduced if len(p.replicas) > 1]
+            steps, arena = compile_steps(reduced, self._op, fusion, size, arena_for)
         spans = None
         if self._segment is not None and arena is self._segment.arena:
             spans = self._segment.spans(steps)
-        plan = (reduced, staging, steps, arena, [p for p in reduced if len(p.replicas) > 1], spans)
-        values = tuple(params.values())
+        plan = (staging, steps, arena, replicated, spans)
         key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
-        prepared = (values, tuple(params), key, manifest, plan, _storage(values))
-        if manifest.leaves_only:  # a mapping of bare arrays: the same objects may come back
+        values, keys, state = keep_values(params, manifest)  # state None: replica lists, not kept
+        prepared = (values, keys, key, manifest, plan, state)
+        if state is not None:  # a mapping of bare arrays: the same objects may come back
             self._prepared = prepared
         return prepared
 
     def _run(self, prepared, report, size, ring, call) -> None:
-        _reduced, staging, steps, _arena, replicated, spans = prepared[4]
+        staging, steps, _arena, replicated, spans = prepared[4]
         if staging is not None:
             staging.load()
             report.transport = "staged"

@@ -17,11 +17,12 @@ from . import reduceops as _ops
 from .arena import Arena, copy_list
 from .plan import build_plan
 
-__all__ = ["BUCKET_ALIGN", "ReduceStep", "compile_steps", "local_reduce"]
+__all__ = ["BUCKET_ALIGN", "CHUNK_BYTES", "ReduceStep", "compile_steps", "local_reduce"]
 
 #: Bytes every fused bucket starts on (a multiple of every itemsize): buckets of one dtype lie end to end.
 BUCKET_ALIGN = 64
-_CHUNK_BYTES = 1 << 30  # a multiple of every itemsize: chunks never split a value
+#: The largest in-place all-reduce (a multiple of every itemsize: chunks never split a value).
+CHUNK_BYTES = 1 << 30
 
 
 class ReduceStep:
@@ -121,7 +122,7 @@ def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for
         rdtype = _ops.reduce_dtype(dtype, op)
         scale = rdtype.itemsize / _ops.itemsize(dtype)
         sizes = [int(params[i].nbytes * scale) for i in members]
-        plan = build_plan(sizes, fusion_bytes, _CHUNK_BYTES)
+        plan = build_plan(sizes, fusion_bytes, CHUNK_BYTES)
         for transfer in plan:
             offset = -1
             if transfer.fused:

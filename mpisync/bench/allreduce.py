@@ -8,8 +8,8 @@ medians of the slowest rank's time):
   backend, gloo, and mpi4py's blocking ``Allreduce`` of the same buffer;
 - ``grads``: ``GradSync.allreduce`` of the gradient sets of ResNet-50, BERT-base and 5000 x 400 B
   (its fused buckets through the node's shared segment where every rank shares one node), the same
-  with every bucket through MPI, one flat ``Allreduce`` of the same bytes and (5000 x 400 B) a loop
-  of per-tensor ``Allreduce``;
+  with every bucket through MPI, the one-shot ``mpisync.allreduce`` (a new syncer each call), one
+  flat ``Allreduce`` of the same bytes and (5000 x 400 B) a loop of per-tensor ``Allreduce``;
 - ``ddp``: one DistributedDataParallel training step of an 8-layer 1024 x 1024 MLP (batch 32) on the
   ``"mpisync"`` backend, on gloo, and the same step without communication.
 
@@ -88,7 +88,7 @@ def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
 
 def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
     """``GradSync.allreduce`` of gradient-shaped sets against flat and per-tensor ``Allreduce``."""
-    from ..allreduce import GradSync
+    from ..allreduce import GradSync, allreduce
 
     rows = []
     for name in sets:
@@ -102,6 +102,7 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
         mpi_only._segment_tried = True  # never opens the node's segment: every bucket through MPI
         runs = {"GradSync": lambda s=syncer, p=params: s.allreduce(p),
                 "GradSync, MPI only": lambda s=mpi_only, p=params: s.allreduce(p),
+                "allreduce, one-shot": lambda p=params: allreduce(p, comm, op="sum"),
                 "flat Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, flat)}
         if name == "many-small":
             views = [a.reshape(-1) for a in params.values()]
@@ -115,8 +116,11 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
         row["channel"] = channel
         row["vs_flat"] = timings["flat Allreduce"].median / timings["GradSync"].median
         row["vs_mpi_only"] = timings["GradSync, MPI only"].median / timings["GradSync"].median
+        row["one_shot_vs_flat"] = timings["flat Allreduce"].median / timings["allreduce, one-shot"].median
         if "per-tensor Allreduce" in timings:
             row["vs_per_tensor"] = timings["per-tensor Allreduce"].median / timings["GradSync"].median
+            row["one_shot_vs_per_tensor"] = (timings["per-tensor Allreduce"].median
+                                             / timings["allreduce, one-shot"].median)
         rows.append(row)
     return rows
 
@@ -187,11 +191,12 @@ def table(result: dict) -> str:
         lines.append(f"sweep {row['bytes']:>10} B: mpisync {row['mpisync_us']:9.1f} us  gloo {row['gloo_us']:9.1f} us"
                      f"  mpi Allreduce {row['mpi Allreduce_us']:9.1f} us  x{row['speedup_vs_gloo']:.2f} vs gloo")
     for row in result.get("grads", []):
-        extra = f"  per-tensor {row['per-tensor Allreduce_ms']:.2f} ms x{row['vs_per_tensor']:.1f}" \
-            if "vs_per_tensor" in row else ""
+        extra = (f"  per-tensor {row['per-tensor Allreduce_ms']:.2f} ms x{row['vs_per_tensor']:.1f}"
+                 f" (one-shot x{row['one_shot_vs_per_tensor']:.1f})") if "vs_per_tensor" in row else ""
         lines.append(f"grads {row['workload']:>10} ({row['tensors']} tensors, {row['bytes'] / 1e6:.1f} MB): GradSync "
                      f"{row['GradSync_ms']:.2f} ms ({row['channel']})  MPI only {row['GradSync, MPI only_ms']:.2f} ms "
-                     f"x{row['vs_mpi_only']:.2f}  flat {row['flat Allreduce_ms']:.2f} ms x{row['vs_flat']:.2f}{extra}")
+                     f"x{row['vs_mpi_only']:.2f}  one-shot allreduce {row['allreduce, one-shot_ms']:.2f} ms  "
+                     f"flat {row['flat Allreduce_ms']:.2f} ms x{row['vs_flat']:.2f}{extra}")
     if "ddp" in result:
         row = result["ddp"]
         lines.append(f"ddp step MLP 8x1024^2 batch 32: mpisync {row['mpisync_ms']:.2f} ms  gloo {row['gloo_ms']:.2f} ms "

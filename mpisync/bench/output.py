@@ -86,7 +86,7 @@ def csv_rows(results: dict) -> list:
                          "seconds": r[f"{name}_us"] / 1e6, "gbps": r["bytes"] / r[f"{name}_us"] / 1e3,
                          "vs_flat": "", "vs_per_tensor": ""})
     for r in reduced.get("grads", []):
-        for name in ("GradSync", "GradSync, MPI only"):
+        for name in ("GradSync", "GradSync, MPI only", "allreduce, one-shot"):
             seconds = r[f"{name}_ms"] / 1e3
             rows.append({"section": "allreduce grads", "workload": r["workload"], "name": name, "value": r["bytes"],
                          "seconds": seconds, "gbps": r["bytes"] / seconds / 1e9,
