@@ -104,7 +104,7 @@ class BulkManifest:
 def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> BulkManifest | None:
     """The bulk manifest of ``params``, or ``None`` when it does not qualify (see the module doc)."""
     if (_speedups is None or devices is not None or type(params) not in _PLAIN_DICTS or not params
-            or size < 2 or type(root) is not int or not 0 <= root < size):
+            or type(root) is not int or not 0 <= root < size):
         return None
     sorted_names = _speedups.sorted_names(params)
     if sorted_names is None:

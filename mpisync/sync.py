@@ -54,7 +54,8 @@ def _sync_alone(manifest, report, verify, trace, t_validate, device) -> None:
         raise diagnose([_json.loads(manifest.encode())])
     trace.span("validate", t_validate, tensors=manifest.tensors)
     t_fan_out = trace.now()
-    fan_out(manifest.host_params)
+    if not isinstance(manifest, BulkManifest):  # a bulk set holds one host replica per name: nothing to copy
+        fan_out(manifest.host_params)
     if manifest.device_params:
         device.fan_out_local(manifest.device_params)
     trace.span("fan-out", t_fan_out, replicas=manifest.nreplicas - manifest.tensors)

@@ -319,7 +319,7 @@ def test_ranks_on_the_bulk_and_the_general_path_match(comm):
     if general:
         params = {name: [array] for name, array in params.items()}
     took_bulk = scan(params, rank=comm.rank, size=comm.size, root=0, devices=None, settings={}) is not None
-    assert took_bulk == (enabled() and comm.size > 1 and not general)
+    assert took_bulk == (enabled() and not general)
     report = mpisync.sync_params(params, comm, root=0, fusion_bytes=1024, verify=True)
     for name, (shape, dtype) in shapes.items():
         got = params[name][0] if general else params[name]

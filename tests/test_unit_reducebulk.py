@@ -31,7 +31,7 @@ def test_sets_of_one_dtype_mpi_reduces_as_it_is_take_the_bulk_path():
     readonly.flags.writeable = False
     assert _scan({"a": readonly}, rank=0) is None  # every rank writes, root included
     assert _scan({"a": [np.zeros(3, np.float32)] * 2}) is None
-    assert _scan(ok, size=1) is None and _scan(ok, devices=["cpu"]) is None
+    assert _scan(ok, size=1) is not None and _scan(ok, devices=["cpu"]) is None
     assert _scan(ok, op=np.add) is None
 
 
