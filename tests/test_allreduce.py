@@ -66,24 +66,26 @@ class _OtherDict(dict):
     """A dict subclass: the general path (a plain dict of arrays of one dtype takes the bulk scan)."""
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "complex64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "complex64", "mixed"])
 @pytest.mark.parametrize("op", ["sum", "avg", "min", "max", "prod"])
 def test_one_array_per_name_on_the_bulk_and_general_paths_matches_numpy(comm, op, dtype):
     if dtype == "complex64" and op in ("min", "max"):
         pytest.skip("no ordering for complex values (refused: see test_refused_inputs)")
     # Odd ranks pass a dict subclass: ranks on both paths must issue the same collectives on the
     # same bucket layout (the node's shared regions line up from the second call on).
-    sizes = dict(_SIZES, **{"a.empty": 0, "e.more": 300})
+    sizes = dict(_SIZES, **{"a.empty": 0, "e.more": 300, "f.more": 90})
+    mixed = ("float64", "int64", "float32", "int64")  # "mixed": dtypes interleaved in sorted order
+    kinds = {name: mixed[i % 4] if dtype == "mixed" else dtype for i, name in enumerate(sorted(sizes))}
     mapping = _OtherDict if comm.rank % 2 else dict
-    params = mapping({name: _values(name, comm.rank, 0, n, dtype) for name, n in sizes.items()})
+    params = mapping({name: _values(name, comm.rank, 0, n, kinds[name]) for name, n in sizes.items()})
     with mpisync.GradSync(comm, op=op, fusion_bytes=4096) as syncer:
         for call in range(3):
             for name, n in sizes.items():
-                params[name][...] = _values(name, comm.rank, call, n, dtype)
+                params[name][...] = _values(name, comm.rank, call, n, kinds[name])
             syncer.allreduce(params)
             for name, n in sizes.items():
-                expected = _expected(op, name, comm.size, 1, n, dtype, salt=call)
-                if np.dtype(dtype).kind in "iu":
+                expected = _expected(op, name, comm.size, 1, n, kinds[name], salt=call)
+                if np.dtype(kinds[name]).kind in "iu":
                     assert params[name].tobytes() == expected.tobytes(), (call, name)
                 else:
                     assert np.allclose(params[name], expected, rtol=1e-6), (call, name)

@@ -16,14 +16,15 @@ def _scan(params, op="sum", rank=0, size=2, devices=None):
     return scan_for_reduce(params, op, rank=rank, size=size, devices=devices, settings=dict(_SETTINGS, op=op))
 
 
-def test_sets_of_one_dtype_mpi_reduces_as_it_is_take_the_bulk_path():
+def test_sets_of_dtypes_mpi_reduces_as_they_are_take_the_bulk_path():
     speedups_or_skip()
     ok = {f"g{i:02d}": np.zeros(i % 7, np.float32) for i in range(20)}
     assert _scan(ok) is not None and _scan(ok, "max", rank=1) is not None
     assert _scan({"a": np.zeros(3, np.int32)}, "avg") is None  # narrow integers: summed in int64
     assert _scan({"a": np.zeros(3, np.int64)}, "avg") is not None
     assert _scan({"a": np.zeros(3, np.float16)}) is None  # reduced in float32
-    assert _scan({"a": np.zeros(3, np.float32), "b": np.zeros(3, np.float64)}) is None
+    assert _scan({"a": np.zeros(3, np.float32), "b": np.zeros(3, np.float64)}) is not None
+    assert _scan({"a": np.zeros(3, np.float32), "b": np.zeros(3, np.float16)}) is None
     assert _scan({"a": np.zeros(3, np.complex64)}, "max") is None  # refused: the general path says why
     assert _scan({"a": np.zeros(3, ">f4")}) is None
     assert _scan({"a": np.zeros(3, np.bool_)}) is None
@@ -36,7 +37,7 @@ def test_sets_of_one_dtype_mpi_reduces_as_it_is_take_the_bulk_path():
 
 
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
-@pytest.mark.parametrize("dtype", ["float32", "int64", "uint8"])
+@pytest.mark.parametrize("dtype", ["float32", "int64", "uint8", "mixed"])
 def test_bulk_steps_are_the_general_plans_steps(op, dtype):
     from mpisync.manifest import build_manifest
     from mpisync.reducebulk import compile_bulk_steps
@@ -46,7 +47,8 @@ def test_bulk_steps_are_the_general_plans_steps(op, dtype):
     rng = random.Random(f"{op}{dtype}")
     for trial in range(20):
         sizes = [rng.choice([0, 1, 3, 40, 64, 65, 200, 300, 1000]) for _ in range(rng.randint(1, 30))]
-        params = {f"t{i:03d}": (np.arange(n) % 5 + i).astype(dtype) for i, n in enumerate(sizes)}
+        kinds = [rng.choice(["float32", "int64", "float64"]) if dtype == "mixed" else dtype for _ in sizes]
+        params = {f"t{i:03d}": (np.arange(n) % 5 + i).astype(kinds[i]) for i, n in enumerate(sizes)}
         fusion = rng.choice([0, 64, 256, 1024])
         bulk = _scan(params, op)
         if bulk is None:  # uint8 avg: the general path alone
@@ -76,7 +78,7 @@ def test_bulk_steps_are_the_general_plans_steps(op, dtype):
             s.store()
         for s in packed:
             for name in s.label:
-                expected = np.full(params[name].size, 1 if op == "avg" else 2, dtype)
+                expected = np.full(params[name].size, 1 if op == "avg" else 2, params[name].dtype)
                 assert params[name].tobytes() == expected.tobytes(), name
 
 
