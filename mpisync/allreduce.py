@@ -94,9 +94,10 @@ class GradSync(Reusable):
     (``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or ``"prod"``).
 
     The first call duplicates ``comm``; later calls reuse it, and when the same
-    arrays come back (same keys and objects; torch: same storage) the
-    validation and the compiled buckets too; every call still agrees with the
-    other ranks on the manifest digest. ``close()`` frees everything.
+    arrays come back (same keys and objects, each still at the same address
+    with the same shape, strides, dtype and writability) the validation and
+    the compiled buckets too; every call still agrees with the other ranks on
+    the manifest digest. ``close()`` frees everything.
     """
 
     def __init__(self, comm=None, *, op="sum", max_concurrent=None, fusion_bytes=None, gpu_transport=None,
@@ -111,7 +112,8 @@ class GradSync(Reusable):
         self._prepared = None
         self._segment = None  # the node's shared regions for fused buckets (ReduceSegment), once open
         self._segment_tried = False
-        self._calls = 0  # calls completed: the same count on every rank (a failed call fails on every rank)
+        # Calls whose validation all-reduce agreed: the same count on every rank, whatever fails after.
+        self._agreed = 0
         self._closed = False
         self._broken = None
 
@@ -157,6 +159,7 @@ class GradSync(Reusable):
                     call(self._dup[1])
                     self._comm, self._dup = self._dup[0], None
                 agree(self._comm, manifest, call)
+                self._agreed += 1
                 report.collectives += 1
                 if prepared is not None and self._segment_due(prepared[4][2]):
                     prepared = None  # on every rank: its fused buckets move onto the node's segment
@@ -168,7 +171,6 @@ class GradSync(Reusable):
             phase = "all-reduce"
             ring = TrackedRing(self._values["max_concurrent"], timeout)
             self._run(prepared, report, size, ring, call if size > 1 else None)
-            self._calls += 1
         except Expired as expired:
             pending = getattr(expired, "pending", None)
             if pending is None:
@@ -218,8 +220,9 @@ class GradSync(Reusable):
 
     def _segment_due(self, arena) -> bool:
         """Whether a plan on the private ``arena`` is to be compiled again onto the node's segment:
-        the segment was never tried, a call has completed, and the plan has fused buckets within the bound."""
-        return (not self._segment_tried and self._calls > 0
+        the segment was never tried, this is not the first agreed call, and the plan has fused buckets
+        within the bound."""
+        return (not self._segment_tried and self._agreed > 1
                 and 0 < len(arena) <= _SEGMENT_BUCKETS * self._values["fusion_bytes"])
 
     def _fused_arena(self, nbytes: int, call):
@@ -229,8 +232,8 @@ class GradSync(Reusable):
         (docs/allreduce.md), so a one-shot ``allreduce`` never opens it. The segment is opened
         (collectively) at the first later call with fused buckets that fit in ``_SEGMENT_BUCKETS``
         buckets, the same call on every rank: the agreed manifests and ``fusion_bytes`` fix
-        ``nbytes`` and the bound, and every rank counts the same completed calls."""
-        if call is None or self._calls == 0 or nbytes > _SEGMENT_BUCKETS * self._values["fusion_bytes"]:
+        ``nbytes`` and the bound, and every rank counts the same agreed calls."""
+        if call is None or self._agreed < 2 or nbytes > _SEGMENT_BUCKETS * self._values["fusion_bytes"]:
             return None
         if not self._segment_tried:
             self._segment_tried = True

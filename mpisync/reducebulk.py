@@ -7,7 +7,7 @@ bytes (figures: docs/allreduce.md). A set that :func:`mpisync.bulk.scan` takes
 (plain numpy arrays or torch CPU tensors, C-contiguous), whose arrays are all
 writable and of dtypes that MPI reduces as they are under ``op``, gets its
 manifest from that scan and its buckets as parts of the scan's one
-``BufferList`` (of one ``BufferList`` per dtype, when it holds several).
+``BufferList`` (or of one ``BufferList`` per dtype, when it holds several).
 Anything else (half precision, ``avg`` of narrow integers, replica lists,
 devices, a read-only array) takes the general path, which also words the
 errors.
@@ -101,6 +101,8 @@ def compile_bulk_steps(manifest: BulkManifest, op: str, fusion_bytes: int, size:
                 arena_bytes += -(-nbytes // BUCKET_ALIGN) * BUCKET_ALIGN
     placed = arena_for(arena_bytes) if arena_for is not None and arena_bytes else None
     arena, base = placed if placed is not None else (Arena(arena_bytes, vectored=False), 0)
+    if not arena.compiled:  # its copy groups are BufferList parts alone: only the C loops copy them
+        raise ValueError("compile_bulk_steps needs an arena that copies with mpisync._speedups")
     count = size if op == "avg" else 1  # one replica of each array on every rank
     steps, offsets = [], iter(offsets)
     for dtype, held, names, values, plan in groups:

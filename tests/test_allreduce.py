@@ -76,13 +76,22 @@ def test_one_array_per_name_on_the_bulk_and_general_paths_matches_numpy(comm, op
     sizes = dict(_SIZES, **{"a.empty": 0, "e.more": 300, "f.more": 90})
     mixed = ("float64", "int64", "float32", "int64")  # "mixed": dtypes interleaved in sorted order
     kinds = {name: mixed[i % 4] if dtype == "mixed" else dtype for i, name in enumerate(sorted(sizes))}
+    from mpisync.reducebulk import scan_for_reduce
+    from mpisync.speedups import enabled
+
     mapping = _OtherDict if comm.rank % 2 else dict
     params = mapping({name: _values(name, comm.rank, 0, n, kinds[name]) for name, n in sizes.items()})
+    staged = op == "avg" and any(kinds[name] in ("int32", "uint8") for name in sizes)  # summed in int64
+    took_bulk = scan_for_reduce(params, op, rank=comm.rank, size=comm.size, devices=None,
+                                settings={"op": op, "fusion_bytes": 4096}) is not None
+    assert took_bulk == (enabled() and mapping is dict and not staged)
+    segment = _one_node_segment(comm)
     with mpisync.GradSync(comm, op=op, fusion_bytes=4096) as syncer:
         for call in range(3):
             for name, n in sizes.items():
                 params[name][...] = _values(name, comm.rank, call, n, kinds[name])
-            syncer.allreduce(params)
+            report = syncer.allreduce(params)
+            assert report.channel == ("shared memory" if segment and call else "mpi"), call
             for name, n in sizes.items():
                 expected = _expected(op, name, comm.size, 1, n, kinds[name], salt=call)
                 if np.dtype(kinds[name]).kind in "iu":
@@ -117,13 +126,14 @@ def test_an_array_resized_in_place_is_never_reduced_at_its_old_address(comm, who
 def test_a_torch_tensor_given_new_memory_is_reduced_there(comm):
     torch = pytest.importorskip("torch")
     grads = {f"p{i}": torch.full((300,), float(comm.rank + i)) for i in range(6)}
+    total = sum(range(comm.size))
     with mpisync.GradSync(comm, op="sum", fusion_bytes=4096) as syncer:
         syncer.allreduce(grads)
+        syncer.allreduce(grads)  # the node's segment, where every rank shares one node
         grads["p3"].data = torch.full((300,), 100.0 + comm.rank)  # the same object, new memory
         syncer.allreduce(grads)
-    total = sum(range(comm.size))
     assert torch.equal(grads["p3"], torch.full((300,), 100.0 * comm.size + total))
-    assert torch.equal(grads["p1"], torch.full((300,), float(comm.size * (total + comm.size))))
+    assert torch.equal(grads["p1"], torch.full((300,), float(comm.size ** 2 * (total + comm.size))))
 
 
 def test_torch_bfloat16_and_float16_reduce_in_float32(comm):

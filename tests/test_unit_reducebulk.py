@@ -1,5 +1,6 @@
 """Unit tests of mpisync.reducebulk: which sets take the bulk path, and that its steps are the general plan's."""
 
+import collections
 import random
 
 import numpy as np
@@ -48,7 +49,10 @@ def test_bulk_steps_are_the_general_plans_steps(op, dtype):
     for trial in range(20):
         sizes = [rng.choice([0, 1, 3, 40, 64, 65, 200, 300, 1000]) for _ in range(rng.randint(1, 30))]
         kinds = [rng.choice(["float32", "int64", "float64"]) if dtype == "mixed" else dtype for _ in sizes]
-        params = {f"t{i:03d}": (np.arange(n) % 5 + i).astype(kinds[i]) for i, n in enumerate(sizes)}
+        items = [(f"t{i:03d}", (np.arange(n) % 5 + i).astype(kinds[i])) for i, n in enumerate(sizes)]
+        if trial % 2:  # an OrderedDict out of sorted order (what a state_dict may be)
+            rng.shuffle(items)
+        params = (collections.OrderedDict if trial % 2 else dict)(items)
         fusion = rng.choice([0, 64, 256, 1024])
         bulk = _scan(params, op)
         if bulk is None:  # uint8 avg: the general path alone
@@ -72,14 +76,36 @@ def test_bulk_steps_are_the_general_plans_steps(op, dtype):
                 assert g.buffer.tobytes() == w.buffer.tobytes()
             else:  # the array's own memory
                 assert g.buffer.ctypes.data == w.buffer.ctypes.data
-        packed = [s for s in got if s.fused]
-        for s in packed:
-            s.buffer[...] = 2  # as if reduced; store() writes it back (divided for avg)
-            s.store()
-        for s in packed:
+        for s in got:  # as if reduced; store() divides for avg, and unpacks a bucket
+            s.buffer[...] = 2
+            if s.store is not None:
+                s.store()
+        for s in got:
             for name in s.label:
                 expected = np.full(params[name].size, 1 if op == "avg" else 2, params[name].dtype)
                 assert params[name].tobytes() == expected.tobytes(), name
+
+
+def test_torch_cpu_tensors_take_the_bulk_path_through_their_numpy_views():
+    torch = pytest.importorskip("torch")
+    from mpisync.manifest import build_manifest
+    from mpisync.reducebulk import compile_bulk_steps
+    from mpisync.reduceplan import compile_steps
+
+    speedups_or_skip()
+    grads = collections.OrderedDict((f"w{i}", torch.full((i * 30 + 1,), float(i))) for i in (3, 1, 2, 0))
+    bulk = _scan(grads, "avg")
+    full = build_manifest(grads, rank=0, size=2, root=0, settings=dict(_SETTINGS, op="avg"))
+    assert bulk is not None and bulk.digest() == full.digest()
+    got, _ = compile_bulk_steps(bulk, "avg", 256, 2)
+    want, _ = compile_steps(full.host_params, "avg", 256, 2)
+    assert [(s.fused, s.buffer.size, s.label) for s in got] == [(s.fused, s.buffer.size, s.label) for s in want]
+    for s in got:
+        if s.load is not None:
+            s.load()
+        s.buffer *= 2  # as if summed over two ranks holding the same values
+        s.store()
+    assert all(torch.equal(t, torch.full(t.shape, float(i))) for i, t in ((int(n[1:]), t) for n, t in grads.items()))
 
 
 def test_an_arena_from_arena_for_holds_the_buckets_from_its_base():
