@@ -69,35 +69,48 @@ class _OtherDict(dict):
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "complex64", "mixed"])
 @pytest.mark.parametrize("op", ["sum", "avg", "min", "max", "prod"])
 def test_one_array_per_name_on_the_bulk_and_general_paths_matches_numpy(comm, op, dtype):
+    _bulk_beside_general(comm, op, dtype, "subclass")
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_bulk_ranks_beside_ranks_holding_replica_lists(comm, op):
+    _bulk_beside_general(comm, op, "mixed", "lists")
+
+
+def _bulk_beside_general(comm, op, dtype, other):
     if dtype == "complex64" and op in ("min", "max"):
         pytest.skip("no ordering for complex values (refused: see test_refused_inputs)")
-    # Odd ranks pass a dict subclass: ranks on both paths must issue the same collectives on the
-    # same bucket layout (the node's shared regions line up from the second call on).
-    sizes = dict(_SIZES, **{"a.empty": 0, "e.more": 300, "f.more": 90})
-    mixed = ("float64", "int64", "float32", "int64")  # "mixed": dtypes interleaved in sorted order
-    kinds = {name: mixed[i % 4] if dtype == "mixed" else dtype for i, name in enumerate(sorted(sizes))}
+    # Odd ranks pass a dict subclass (kept and reused), or one-replica lists (prepared again at
+    # every call): ranks on both paths must issue the same collectives on the same bucket layout
+    # (the node's shared regions line up from the second call on).
     from mpisync.reducebulk import scan_for_reduce
     from mpisync.speedups import enabled
 
-    mapping = _OtherDict if comm.rank % 2 else dict
+    sizes = dict(_SIZES, **{"a.empty": 0, "e.more": 300, "f.more": 90})
+    mixed = ("float64", "int64", "float32", "int64")  # "mixed": dtypes interleaved in sorted order
+    kinds = {name: mixed[i % 4] if dtype == "mixed" else dtype for i, name in enumerate(sorted(sizes))}
+    mapping = _OtherDict if comm.rank % 2 and other == "subclass" else dict
     params = mapping({name: _values(name, comm.rank, 0, n, kinds[name]) for name, n in sizes.items()})
+    arrays = dict(params)
+    if comm.rank % 2 and other == "lists":
+        params = {name: [array] for name, array in arrays.items()}
     staged = op == "avg" and any(kinds[name] in ("int32", "uint8") for name in sizes)  # summed in int64
     took_bulk = scan_for_reduce(params, op, rank=comm.rank, size=comm.size, devices=None,
                                 settings={"op": op, "fusion_bytes": 4096}) is not None
-    assert took_bulk == (enabled() and mapping is dict and not staged)
+    assert took_bulk == (enabled() and not comm.rank % 2 and not staged)
     segment = _one_node_segment(comm)
     with mpisync.GradSync(comm, op=op, fusion_bytes=4096) as syncer:
         for call in range(3):
             for name, n in sizes.items():
-                params[name][...] = _values(name, comm.rank, call, n, kinds[name])
+                arrays[name][...] = _values(name, comm.rank, call, n, kinds[name])
             report = syncer.allreduce(params)
             assert report.channel == ("shared memory" if segment and call else "mpi"), call
             for name, n in sizes.items():
                 expected = _expected(op, name, comm.size, 1, n, kinds[name], salt=call)
                 if np.dtype(kinds[name]).kind in "iu":
-                    assert params[name].tobytes() == expected.tobytes(), (call, name)
+                    assert arrays[name].tobytes() == expected.tobytes(), (call, name)
                 else:
-                    assert np.allclose(params[name], expected, rtol=1e-6), (call, name)
+                    assert np.allclose(arrays[name], expected, rtol=1e-6), (call, name)
 
 
 @pytest.mark.parametrize("who", ["one rank", "every rank"])
