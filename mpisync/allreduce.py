@@ -44,6 +44,9 @@ __all__ = ["GradSync", "allreduce"]
 # The most fused bytes the node's segment takes, in buckets: each rank's region holds them all, so
 # the segment (ranks x regions) stays within what 16 buckets in flight per rank would hold.
 _SEGMENT_BUCKETS = 16
+# The fewest fused bytes the segment takes: below, its two barriers cost more than one all-reduce of
+# the bytes through MPI (the crossover measured at 2 ranks: docs/allreduce.md).
+_SEGMENT_MIN_BYTES = 24 << 10
 # What timed-out all-reduces left in flight (requests, buffers, communicator): never freed.
 _ABANDONED: list = []
 
@@ -220,20 +223,22 @@ class GradSync(Reusable):
 
     def _segment_due(self, arena) -> bool:
         """Whether a plan on the private ``arena`` is to be compiled again onto the node's segment:
-        the segment was never tried, this is not the first agreed call, and the plan has fused buckets
-        within the bound."""
-        return (not self._segment_tried and self._agreed > 1
-                and 0 < len(arena) <= _SEGMENT_BUCKETS * self._values["fusion_bytes"])
+        the segment was never tried, this is not the first agreed call, and the plan's fused bytes
+        suit the segment."""
+        return not self._segment_tried and self._agreed > 1 and self._segment_fits(len(arena))
+
+    def _segment_fits(self, nbytes: int) -> bool:
+        return _SEGMENT_MIN_BYTES <= nbytes <= _SEGMENT_BUCKETS * self._values["fusion_bytes"]
 
     def _fused_arena(self, nbytes: int, call):
         """``(arena, base)`` of this rank's region of the node's segment for ``nbytes`` of fused
         buckets, or None (a private arena, MPI). The first call goes through MPI: setting the
         segment up and touching its pages costs more than one all-reduce of the buckets
         (docs/allreduce.md), so a one-shot ``allreduce`` never opens it. The segment is opened
-        (collectively) at the first later call with fused buckets that fit in ``_SEGMENT_BUCKETS``
-        buckets, the same call on every rank: the agreed manifests and ``fusion_bytes`` fix
-        ``nbytes`` and the bound, and every rank counts the same agreed calls."""
-        if call is None or self._agreed < 2 or nbytes > _SEGMENT_BUCKETS * self._values["fusion_bytes"]:
+        (collectively) at the first later call whose fused bytes are at least ``_SEGMENT_MIN_BYTES``
+        and fit in ``_SEGMENT_BUCKETS`` buckets, the same call on every rank: the agreed manifests
+        and ``fusion_bytes`` fix ``nbytes`` and the bounds, and every rank counts the same agreed calls."""
+        if call is None or self._agreed < 2 or not self._segment_fits(nbytes):
             return None
         if not self._segment_tried:
             self._segment_tried = True

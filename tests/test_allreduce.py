@@ -86,7 +86,8 @@ def _bulk_beside_general(comm, op, dtype, other):
     from mpisync.reducebulk import scan_for_reduce
     from mpisync.speedups import enabled
 
-    sizes = dict(_SIZES, **{"a.empty": 0, "e.more": 300, "f.more": 90})
+    # Fused bytes within the node segment's bounds for every dtype (24 KiB to 16 buckets).
+    sizes = dict(_SIZES, **{"a.empty": 0, "e.more": 300, "f.more": 90}, **{f"g.{i:02d}": 500 for i in range(50)})
     mixed = ("float64", "int64", "float32", "int64")  # "mixed": dtypes interleaved in sorted order
     kinds = {name: mixed[i % 4] if dtype == "mixed" else dtype for i, name in enumerate(sorted(sizes))}
     mapping = _OtherDict if comm.rank % 2 and other == "subclass" else dict
@@ -96,10 +97,10 @@ def _bulk_beside_general(comm, op, dtype, other):
         params = {name: [array] for name, array in arrays.items()}
     staged = op == "avg" and any(kinds[name] in ("int32", "uint8") for name in sizes)  # summed in int64
     took_bulk = scan_for_reduce(params, op, rank=comm.rank, size=comm.size, devices=None,
-                                settings={"op": op, "fusion_bytes": 4096}) is not None
+                                settings={"op": op, "fusion_bytes": 16384}) is not None
     assert took_bulk == (enabled() and not comm.rank % 2 and not staged)
     segment = _one_node_segment(comm)
-    with mpisync.GradSync(comm, op=op, fusion_bytes=4096) as syncer:
+    with mpisync.GradSync(comm, op=op, fusion_bytes=16384) as syncer:
         for call in range(3):
             for name, n in sizes.items():
                 arrays[name][...] = _values(name, comm.rank, call, n, kinds[name])
@@ -139,8 +140,9 @@ def test_an_array_resized_in_place_is_never_reduced_at_its_old_address(comm, who
 def test_a_torch_tensor_given_new_memory_is_reduced_there(comm):
     torch = pytest.importorskip("torch")
     grads = {f"p{i}": torch.full((300,), float(comm.rank + i)) for i in range(6)}
+    grads.update({f"q{i}": torch.zeros(2000) for i in range(6)})  # 55 kB fused: the segment's
     total = sum(range(comm.size))
-    with mpisync.GradSync(comm, op="sum", fusion_bytes=4096) as syncer:
+    with mpisync.GradSync(comm, op="sum", fusion_bytes=16384) as syncer:
         syncer.allreduce(grads)
         syncer.allreduce(grads)  # the node's segment, where every rank shares one node
         grads["p3"].data = torch.full((300,), 100.0 + comm.rank)  # the same object, new memory
@@ -216,20 +218,31 @@ def test_fused_buckets_go_through_the_node_segment_on_one_node(comm, op):
 
 
 def test_a_larger_set_after_the_segment_was_sized_goes_through_mpi(comm):
-    small = {f"s{i}": np.full(10, comm.rank + i, np.float32) for i in range(20)}
-    large = {f"s{i}": np.full(1000, comm.rank + i, np.float32) for i in range(20)}  # fused, in 2 buckets
+    small = {f"s{i}": np.full(400, comm.rank + i, np.float32) for i in range(20)}  # 32 kB: the segment's
+    large = {f"s{i}": np.full(4000, comm.rank + i, np.float32) for i in range(20)}  # fused, in 5 buckets
     with mpisync.GradSync(comm, op="sum", fusion_bytes=1 << 16) as syncer:
         first = syncer.allreduce(small)
         sized = syncer.allreduce(small)  # the segment opens here, sized for this set
         larger = syncer.allreduce(large)
-        again = syncer.allreduce({k: np.full(10, comm.rank + 100.0, np.float32) for k in small})
+        again = syncer.allreduce({k: np.full(400, comm.rank + 100.0, np.float32) for k in small})
     total = sum(range(comm.size))
     for i in range(20):
-        assert small[f"s{i}"].tolist() == [float(comm.size * (total + comm.size * i))] * 10
-        assert large[f"s{i}"].tolist() == [float(total + comm.size * i)] * 1000
+        assert small[f"s{i}"].tolist() == [float(comm.size * (total + comm.size * i))] * 400
+        assert large[f"s{i}"].tolist() == [float(total + comm.size * i)] * 4000
     segment = _one_node_segment(comm)
     assert (first.channel, sized.channel, larger.channel, again.channel) == (
         ("mpi", "shared memory", "mpi", "shared memory") if segment else ("mpi",) * 4)
+
+
+def test_fused_bytes_under_the_segments_floor_stay_on_mpi(comm):
+    # Under 24 KiB of fused bytes one all-reduce through MPI beats the segment's two barriers.
+    params = {"loss": np.array(comm.rank + 1.0), "acc": np.full(8, float(comm.rank), np.float32)}
+    with mpisync.GradSync(comm, op="sum") as syncer:
+        channels = [syncer.allreduce(params).channel for _ in range(3)]
+    assert channels == ["mpi"] * 3
+    total = sum(range(comm.size))
+    assert float(params["loss"]) == float(comm.size ** 2 * (total + comm.size))
+    assert params["acc"].tolist() == [float(comm.size ** 2 * total)] * 8
 
 
 def test_fused_bytes_beyond_sixteen_buckets_stay_on_mpi(comm):
