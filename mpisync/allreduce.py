@@ -16,6 +16,7 @@ import functools as _functools
 import json as _json
 import operator as _operator
 import time as _time
+import typing as _typing
 
 from mpi4py import MPI
 
@@ -55,6 +56,27 @@ def _check_comm(comm) -> None:
         raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
     if comm.Is_inter():
         raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
+
+
+class _Plan(_typing.NamedTuple):
+    """What one parameter set compiled to: its steps and the buffers they use."""
+
+    staging: object  # _Staging of the device replicas, or None
+    steps: list
+    arena: object  # the fusion arena (private, or the node's segment)
+    replicated: list  # parameters with several local replicas (reduced locally, then fanned out)
+    spans: list | None  # the segment's spans of the fused buckets, None when they go through MPI
+
+
+class _Prepared(_typing.NamedTuple):
+    """A compiled set kept for the next call, and what recognises it."""
+
+    values: tuple
+    keys: tuple
+    devices: object
+    manifest: object
+    plan: _Plan
+    state: object  # recheck.Snapshot of the values, None when not kept (replica lists)
 
 
 class _Staging:
@@ -124,8 +146,8 @@ class GradSync(Reusable):
     def buffer_bytes(self) -> int:
         """Bytes of host buffers this syncer holds between calls (fusion arena or shared segment)."""
         segment = self._segment.nbytes if self._segment is not None else 0
-        plan = self._prepared[4] if self._prepared is not None else None
-        return segment + (len(plan[2]) if plan is not None and plan[4] is None else 0)
+        plan = self._prepared.plan if self._prepared is not None else None
+        return segment + (len(plan.arena) if plan is not None and plan.spans is None else 0)
 
     def close(self) -> None:
         """Free the duplicated communicator and cached buffers; further calls raise."""
@@ -149,7 +171,7 @@ class GradSync(Reusable):
         if size > 1 and self._comm is None and self._dup is None:
             self._dup = comm.Idup()  # overlaps this rank's manifest building
         prepared = self._match(params, devices)
-        manifest = prepared[3] if prepared is not None else self._manifest(params, devices, rank, size)
+        manifest = prepared.manifest if prepared is not None else self._manifest(params, devices, rank, size)
         timeout = self._values["timeout"]
         report = SyncReport(tensors=manifest.tensors, replicas=manifest.nreplicas, bytes=manifest.nbytes,
                             collectives=0, seconds=0.0, transport="host" if size > 1 else "local",
@@ -164,7 +186,7 @@ class GradSync(Reusable):
                 agree(self._comm, manifest, call)
                 self._agreed += 1
                 report.collectives += 1
-                if prepared is not None and self._segment_due(prepared[4][2]):
+                if prepared is not None and self._segment_due(prepared.plan.arena):
                     prepared = None  # on every rank: its fused buckets move onto the node's segment
             elif manifest.errors:
                 raise diagnose([_json_doc(manifest)])
@@ -248,7 +270,7 @@ class GradSync(Reusable):
             return None
         return segment.arena, segment.base
 
-    def _prepare(self, params, devices, manifest, size, call) -> tuple:
+    def _prepare(self, params, devices, manifest, size, call) -> _Prepared:
         arena_for = _functools.partial(self._fused_arena, call=call)
         fusion = self._values["fusion_bytes"]
         if isinstance(manifest, BulkManifest):
@@ -262,16 +284,16 @@ class GradSync(Reusable):
         spans = None
         if self._segment is not None and arena is self._segment.arena:
             spans = self._segment.spans(steps)
-        plan = (staging, steps, arena, replicated, spans)
+        plan = _Plan(staging, steps, arena, replicated, spans)
         key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
         values, keys, state = keep_values(params, manifest)  # state None: replica lists, not kept
-        prepared = (values, keys, key, manifest, plan, state)
+        prepared = _Prepared(values, keys, key, manifest, plan, state)
         if state is not None:  # a mapping of bare arrays: the same objects may come back
             self._prepared = prepared
         return prepared
 
     def _run(self, prepared, report, size, ring, call) -> None:
-        staging, steps, _arena, replicated, spans = prepared[4]
+        staging, steps, _arena, replicated, spans = prepared.plan
         if staging is not None:
             staging.load()
             report.transport = "staged"

@@ -22,10 +22,9 @@ from __future__ import annotations
 import numpy as _np
 
 from . import reduceops as _ops
-from .arena import Arena
 from .arrays import UnsupportedArray, _byte_view, _dtype_name
 from .bulk import BulkManifest, bulk_plan, scan
-from .reduceplan import BUCKET_ALIGN, CHUNK_BYTES, ReduceStep
+from .reduceplan import CHUNK_BYTES, ReduceStep, aligned, fused_arena
 from .speedups import speedups as _speedups
 
 __all__ = ["scan_for_reduce", "dtype_groups", "compile_bulk_steps"]
@@ -89,18 +88,16 @@ def compile_bulk_steps(manifest: BulkManifest, op: str, fusion_bytes: int, size:
     """``(steps, arena)`` as :func:`mpisync.reduceplan.compile_steps` gives them for the same set.
 
     Per dtype group, the plan is :func:`mpisync.bulk.bulk_plan` (the sequence ``build_plan`` gives;
-    empty arrays add nothing to a bucket) and the buckets lie end to end from ``BUCKET_ALIGN``-aligned
-    offsets, in a private arena or from byte ``base`` of the arena ``arena_for(nbytes)`` returns as
-    ``(arena, base)``."""
+    empty arrays add nothing to a bucket) and the buckets lie end to end from aligned offsets, placed
+    by :func:`mpisync.reduceplan.fused_arena` as there."""
     groups = _group_plans(manifest, op, fusion_bytes)
     offsets, arena_bytes = [], 0
     for _, _, _, _, plan in groups:
         for fused, _, _, nbytes in plan:
             offsets.append(arena_bytes if fused else -1)
             if fused:
-                arena_bytes += -(-nbytes // BUCKET_ALIGN) * BUCKET_ALIGN
-    placed = arena_for(arena_bytes) if arena_for is not None and arena_bytes else None
-    arena, base = placed if placed is not None else (Arena(arena_bytes, vectored=False), 0)
+                arena_bytes += aligned(nbytes)
+    arena, base = fused_arena(arena_bytes, arena_for)
     if not arena.compiled:  # its copy groups are BufferList parts alone: only the C loops copy them
         raise ValueError("compile_bulk_steps needs an arena that copies with mpisync._speedups")
     count = size if op == "avg" else 1  # one replica of each array on every rank

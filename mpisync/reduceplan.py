@@ -17,12 +17,24 @@ from . import reduceops as _ops
 from .arena import Arena, copy_list
 from .plan import build_plan
 
-__all__ = ["BUCKET_ALIGN", "CHUNK_BYTES", "ReduceStep", "compile_steps", "local_reduce"]
+__all__ = ["BUCKET_ALIGN", "CHUNK_BYTES", "ReduceStep", "aligned", "compile_steps", "fused_arena", "local_reduce"]
 
 #: Bytes every fused bucket starts on (a multiple of every itemsize): buckets of one dtype lie end to end.
 BUCKET_ALIGN = 64
 #: The largest in-place all-reduce (a multiple of every itemsize: chunks never split a value).
 CHUNK_BYTES = 1 << 30
+
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of :data:`BUCKET_ALIGN`."""
+    return -(-nbytes // BUCKET_ALIGN) * BUCKET_ALIGN
+
+
+def fused_arena(nbytes: int, arena_for=None) -> tuple:
+    """``(arena, base)`` for ``nbytes`` of fused buckets: what ``arena_for(nbytes)`` returns, unless
+    it is None (or there are no fused bytes), then a private arena from byte 0."""
+    placed = arena_for(nbytes) if arena_for is not None and nbytes else None
+    return placed if placed is not None else (Arena(nbytes, vectored=False), 0)
 
 
 class ReduceStep:
@@ -126,10 +138,9 @@ def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for
         for transfer in plan:
             offset = -1
             if transfer.fused:
-                offset, arena_bytes = arena_bytes, arena_bytes + -(-transfer.nbytes // BUCKET_ALIGN) * BUCKET_ALIGN
+                offset, arena_bytes = arena_bytes, arena_bytes + aligned(transfer.nbytes)
             layouts.append((dtype, rdtype, members, transfer, offset))
-    placed = arena_for(arena_bytes) if arena_for is not None and arena_bytes else None
-    arena, base = placed if placed is not None else (Arena(arena_bytes, vectored=False), 0)
+    arena, base = fused_arena(arena_bytes, arena_for)
     steps = []
     for dtype, rdtype, members, transfer, offset in layouts:
         pieces = tuple((members[i], o, b, n) for i, o, b, n in transfer.pieces)

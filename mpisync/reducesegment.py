@@ -18,7 +18,7 @@ import numpy as _np
 
 from . import reduceops as _ops
 from .intranode import NodeSegment, setting
-from .reduceplan import BUCKET_ALIGN as _ALIGN
+from .reduceplan import aligned
 
 __all__ = ["ReduceSegment"]
 
@@ -38,7 +38,7 @@ class ReduceSegment:
         """A segment of ``comm.size`` regions of ``nbytes`` (rounded up), or None on every rank
         (ranks on several nodes, ``MPISYNC_SHARED_MEMORY=0`` anywhere, no ``/dev/shm``, ...).
         Collective (see :meth:`NodeSegment.open`)."""
-        region = -(-nbytes // _ALIGN) * _ALIGN
+        region = aligned(nbytes)
         # Unless switched off; NodeSegment.open also refuses where the platform lacks what it needs.
         segment = NodeSegment.open(comm, 0, comm.size, region, call, requested=setting() is not False)
         return cls(segment, comm.rank, comm.size) if segment is not None else None
@@ -59,7 +59,7 @@ class ReduceSegment:
             start = buffer.ctypes.data - self._address - self.base
             stop = start + buffer.nbytes
             last = spans[-1] if spans else None
-            if last is not None and last[0] == buffer.dtype and -(-last[2] // _ALIGN) * _ALIGN == start:
+            if last is not None and last[0] == buffer.dtype and aligned(last[2]) == start:
                 spans[-1] = (last[0], last[1], stop)
             else:
                 spans.append((buffer.dtype, start, stop))
