@@ -50,8 +50,8 @@ def measure(comm, fn, *, iterations: int, warmup: int) -> Timing:
 def measure_interleaved(comm, runs: dict, *, iterations: int, warmup: int, progress=None) -> dict:
     """Time every ``runs[name]()`` side by side: each iteration runs each once, in a shuffled order.
 
-    On a shared, noisy machine this keeps slow spells from landing on one
-    strategy only, so ratios of medians compare like with like. The order is
+    A slow spell of the machine then lands on every strategy alike, not on one
+    only, so ratios of medians compare like with like. The order is
     shuffled (the same on every rank: seeded by the iteration) rather than
     rotated: rotated, each run always followed the same neighbour, so what
     that neighbour left in the caches favoured or hurt it in every iteration.
