@@ -7,6 +7,7 @@ import hashlib as _hashlib
 import numpy as _np
 
 from .agreement import all_equal
+from .bulk import BulkManifest
 from .errors import VerificationError
 
 __all__ = ["param_digests", "verify"]
@@ -21,6 +22,12 @@ def param_digests(manifest, to_host=None) -> _np.ndarray:
 
     ``to_host(view)`` copies a device replica's bytes to host memory.
     """
+    if isinstance(manifest, BulkManifest):  # one C-contiguous host replica per name, the master
+        rows = _np.ones((len(manifest.values), 3), dtype=_np.int64)
+        for i, array in enumerate(manifest.values):
+            rows[i, :2] = _np.frombuffer(_digest(array), dtype=_np.int64)
+        return rows
+
     def digest_of(view):
         return _digest(view.data if view.kind == "host" else to_host(view))
 
@@ -55,8 +62,12 @@ def verify(comm, manifest, root: int, call, to_host=None) -> int:
     bad = []
     for rank in range(table.shape[0]):
         wrong = (table[rank, :, :2] != reference).any(axis=1) | (table[rank, :, 2] == 0)
-        bad.extend(f"rank {rank}: {manifest.params[i].name!r}" for i in _np.nonzero(wrong)[0])
+        bad.extend(f"rank {rank}: {_name(manifest, i)!r}" for i in _np.nonzero(wrong)[0])
     if not bad:
         return collectives
     shown = "; ".join(bad[:20]) + (f"; ... and {len(bad) - 20} more" if len(bad) > 20 else "")
     raise VerificationError(f"mpisync: verification failed, bytes differ from root rank {root}'s: {shown}")
+
+
+def _name(manifest, i: int) -> str:
+    return manifest.names[i] if isinstance(manifest, BulkManifest) else manifest.params[i].name

@@ -174,6 +174,29 @@ def test_verification_names_rank_and_parameter(comm):
                       f"rank {bad}: 'b'")
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["bulk everywhere", "bulk beside general"])
+def test_verification_of_a_bulk_set_names_rank_and_parameter(comm, mixed):
+    """A dict of bare arrays is verified from its scan; ranks on the general path compare alike."""
+    from mpisync.bulk import BulkManifest, scan
+    from mpisync.speedups import speedups
+
+    need_ranks(comm, 2)
+    if speedups is None:  # the same in every rank of a pass
+        pytest.skip("the bulk scan needs mpisync._speedups")
+    bad = last_rank(comm)
+    params = {n: values(n, 0, (8,), "int16") for n in ("a", "b", "c")}
+    if mixed and comm.rank % 2 == 1:
+        manifest = build_manifest(params, rank=comm.rank, size=comm.size, root=0)
+    else:
+        manifest = scan(params, rank=comm.rank, size=comm.size, root=0, devices=None, settings={})
+        assert isinstance(manifest, BulkManifest)
+    assert verify(comm, manifest, 0, lambda request: request.Wait()) == 1  # equal: one all-reduce
+    if comm.rank == bad:
+        params["b"][3] += 1
+    raises_everywhere(comm, mpisync.VerificationError,
+                      lambda: verify(comm, manifest, 0, lambda request: request.Wait()),
+                      f"rank {bad}: 'b'")
+
 def test_verification_catches_local_replica_divergence(comm):
     params = {"a": [values("a", 0, (8,), "int16"), values("a", 0, (8,), "int16")]}
     params["a"][1][0] += 1
