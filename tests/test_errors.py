@@ -197,6 +197,7 @@ def test_verification_of_a_bulk_set_names_rank_and_parameter(comm, mixed):
                       lambda: verify(comm, manifest, 0, lambda request: request.Wait()),
                       f"rank {bad}: 'b'")
 
+
 def test_verification_catches_local_replica_divergence(comm):
     params = {"a": [values("a", 0, (8,), "int16"), values("a", 0, (8,), "int16")]}
     params["a"][1][0] += 1

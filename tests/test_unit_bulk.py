@@ -30,6 +30,7 @@ def test_verification_digests_of_a_bulk_set_are_the_full_manifests():
     differs = (changed[:, :2] != rows[:, :2]).any(axis=1)
     assert [bulk.names[i] for i in np.flatnonzero(differs)] == ["w007"]
 
+
 def test_bulk_scan_gives_the_full_manifests_digest():
     from mpisync.bulk import BulkManifest
     from mpisync.manifest import build_manifest
