@@ -24,14 +24,6 @@ import argparse
 import sys
 
 
-def _noop_hook(state, bucket):
-    import torch
-
-    future = torch.futures.Future()
-    future.set_result(bucket.buffer())
-    return future
-
-
 def main(argv=None) -> int:
     """Time the parts; rank 0 prints them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,7 +36,7 @@ def main(argv=None) -> int:
     from mpi4py import MPI
     from torch.nn.parallel import DistributedDataParallel
 
-    from mpisync.bench.allreduce import _groups, _mlp
+    from mpisync.bench.allreduce import _groups, _mlp, noop_hook
     from mpisync.bench.timing import measure_interleaved
 
     torch.set_num_threads(args.threads)
@@ -55,7 +47,7 @@ def main(argv=None) -> int:
               "DDP, no-op hook": DistributedDataParallel(_mlp(comm.rank), process_group=mpisync_group),
               "DDP mpisync": DistributedDataParallel(_mlp(comm.rank), process_group=mpisync_group),
               "DDP gloo": DistributedDataParallel(_mlp(comm.rank), process_group=gloo_group)}
-    models["DDP, no-op hook"].register_comm_hook(None, _noop_hook)
+    models["DDP, no-op hook"].register_comm_hook(None, noop_hook)
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-6) for name, m in models.items()}
     gradients = torch.zeros(sum(p.numel() for p in models["no communication"].parameters()))
     buckets = gradients.split(25 << 18)  # 25 MiB of float32, DDP's bucket_cap_mb

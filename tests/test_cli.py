@@ -152,10 +152,11 @@ def test_bench_allreduce_rows_beside_gloo_and_flat_allreduce(installed, bounded_
     assert grads["vs_flat"] > 0 and grads["vs_per_tensor"] > 0 and grads["vs_mpi_only"] > 0
     assert grads["one_shot_vs_flat"] > 0 and grads["one_shot_vs_per_tensor"] > 0 and grads["allreduce, one-shot_ms"] > 0
     assert grads["channel"] == "shared memory" or bounded_env.get("MPISYNC_SHARED_MEMORY") == "0", grads
-    assert reduced["ddp"]["gloo_ms"] > 0 and reduced["ddp"]["mpisync_ms"] > 0
+    assert reduced["ddp"]["gloo_ms"] > 0 and reduced["ddp"]["mpisync_ms"] > 0 and reduced["ddp"]["DDP, no-op hook_ms"] > 0
+    assert 0 < reduced["ddp"]["compute_fraction_free_communication"]
     sections = [line.split(",")[0] for line in (tmp_path / "ar.csv").read_text().splitlines()[1:]]
     assert sections.count("allreduce sweep") == 9 and sections.count("allreduce grads") == 3
-    assert sections.count("allreduce ddp") == 3
+    assert sections.count("allreduce ddp") == 4
 
 
 def test_timeline_of_a_job_renders_every_span(installed, bounded_env, tmp_path):

@@ -11,7 +11,8 @@ medians of the slowest rank's time):
   with every bucket through MPI, the one-shot ``mpisync.allreduce`` (a new syncer each call), one
   flat ``Allreduce`` of the same bytes and (5000 x 400 B) a loop of per-tensor ``Allreduce``;
 - ``ddp``: one DistributedDataParallel training step of an 8-layer 1024 x 1024 MLP (batch 32) on the
-  ``"mpisync"`` backend, on gloo, and the same step without communication.
+  ``"mpisync"`` backend, on gloo, the same step without communication, and through DDP with a
+  communication hook that moves nothing (DDP's own cost: what compute/step is with free communication).
 
 Every rank runs torch with ``--threads`` intra-op threads (default 1: ranks share the cores).
 """
@@ -135,14 +136,26 @@ def _mlp(seed: int):
     return torch.nn.Sequential(*layers[:-1])
 
 
+def noop_hook(state, bucket):
+    """A DDP communication hook that returns each bucket as it is: DDP's own work, no bytes moved."""
+    import torch
+
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
 def ddp_step(comm, groups, iterations: int) -> dict:
-    """One DDP step (forward, backward, SGD) of the MLP on each backend, and without communication."""
+    """One DDP step (forward, backward, SGD) of the MLP on each backend, without communication, and
+    through DDP with :func:`noop_hook`."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
     batch = torch.randn(32, 1024)
     models = {name: DistributedDataParallel(_mlp(comm.rank), process_group=g) for name, g in groups.items()}
     models["no communication"] = _mlp(comm.rank)
+    models["DDP, no-op hook"] = DistributedDataParallel(_mlp(comm.rank), process_group=groups["mpisync"])
+    models["DDP, no-op hook"].register_comm_hook(None, noop_hook)
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-6) for name, m in models.items()}
 
     def step(name):
@@ -155,6 +168,8 @@ def ddp_step(comm, groups, iterations: int) -> dict:
     row = {f"{k}_ms": v.median * 1e3 for k, v in timings.items()}
     row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
     row["compute_fraction"] = timings["no communication"].median / timings["mpisync"].median
+    row["compute_fraction_free_communication"] = (timings["no communication"].median
+                                                  / timings["DDP, no-op hook"].median)
     return row
 
 
@@ -201,7 +216,8 @@ def table(result: dict) -> str:
         row = result["ddp"]
         lines.append(f"ddp step MLP 8x1024^2 batch 32: mpisync {row['mpisync_ms']:.2f} ms  gloo {row['gloo_ms']:.2f} ms "
                      f"(x{row['speedup_vs_gloo']:.2f})  no communication {row['no communication_ms']:.2f} ms "
-                     f"(compute/step {row['compute_fraction']:.2f})")
+                     f"(compute/step {row['compute_fraction']:.2f})  DDP, no-op hook {row['DDP, no-op hook_ms']:.2f} ms "
+                     f"(compute/step {row['compute_fraction_free_communication']:.2f})")
     return "\n".join(lines)
 
 

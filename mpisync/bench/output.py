@@ -94,7 +94,7 @@ def csv_rows(results: dict) -> list:
                          "vs_per_tensor": (r["per-tensor Allreduce_ms"] / r[f"{name}_ms"]
                                            if "per-tensor Allreduce_ms" in r else "")})
     if "ddp" in reduced:
-        for name in ("mpisync", "gloo", "no communication"):
+        for name in ("mpisync", "gloo", "no communication", "DDP, no-op hook"):
             rows.append({"section": "allreduce ddp", "workload": "mlp", "name": name, "value": "",
                          "seconds": reduced["ddp"][f"{name}_ms"] / 1e3, "gbps": "", "vs_flat": "", "vs_per_tensor": ""})
     return rows
