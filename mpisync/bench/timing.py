@@ -50,7 +50,7 @@ def measure(comm, fn, *, iterations: int, warmup: int) -> Timing:
 def measure_interleaved(comm, runs: dict, *, iterations: int, warmup: int, progress=None) -> dict:
     """Time every ``runs[name]()`` side by side: each iteration runs each once, in a shuffled order.
 
-    A slow spell of the machine then lands on every strategy alike, not on one
+    Load that comes and goes then lands on every strategy alike, not on one
     only, so ratios of medians compare like with like. The order is
     shuffled (the same on every rank: seeded by the iteration) rather than
     rotated: rotated, each run always followed the same neighbour, so what
