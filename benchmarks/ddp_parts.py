@@ -11,7 +11,9 @@ Rows (medians of the slowest rank, interleaved in a shuffled order per iteration
   group of every gradient's bytes, in pieces of DDP's default bucket size (25 MiB): the
   communication without any overlap;
 - the all_reduces alone;
-- DDP on mpisync and on gloo (the bench's DDP row).
+- mpisync and gloo: DDP on each backend.
+
+The model steps are the bench's DDP row (``mpisync.bench.allreduce.ddp_runs``).
 
 The ratios that bound the bench's targets follow: what compute/step could be with free
 communication (DDP's own cost only) and with communication after the backward pass instead
@@ -34,35 +36,23 @@ def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
     from mpi4py import MPI
-    from torch.nn.parallel import DistributedDataParallel
 
-    from mpisync.bench.allreduce import _groups, _mlp, noop_hook
+    from mpisync.bench.allreduce import _groups, _mlp, ddp_runs
     from mpisync.bench.timing import measure_interleaved
 
     torch.set_num_threads(args.threads)
     comm = MPI.COMM_WORLD
     mpisync_group, gloo_group, created = _groups(comm)
-    batch = torch.randn(32, 1024)
-    models = {"no communication": _mlp(comm.rank),
-              "DDP, no-op hook": DistributedDataParallel(_mlp(comm.rank), process_group=mpisync_group),
-              "DDP mpisync": DistributedDataParallel(_mlp(comm.rank), process_group=mpisync_group),
-              "DDP gloo": DistributedDataParallel(_mlp(comm.rank), process_group=gloo_group)}
-    models["DDP, no-op hook"].register_comm_hook(None, noop_hook)
-    optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-6) for name, m in models.items()}
-    gradients = torch.zeros(sum(p.numel() for p in models["no communication"].parameters()))
+    runs = ddp_runs(comm, {"mpisync": mpisync_group, "gloo": gloo_group})
+    gradients = torch.zeros(sum(p.numel() for p in _mlp(0).parameters()))
     buckets = gradients.split(25 << 18)  # 25 MiB of float32, DDP's bucket_cap_mb
 
     def all_reduces():
         for bucket in buckets:
             dist.all_reduce(bucket, group=mpisync_group)
 
-    def step(name):
-        optimizers[name].zero_grad()
-        models[name](batch).square().mean().backward()
-        optimizers[name].step()
-
-    runs = {name: (lambda n=name: step(n)) for name in models}
-    runs["step, then the all_reduces"] = lambda: (step("no communication"), all_reduces())
+    plain_step = runs["no communication"]
+    runs["step, then the all_reduces"] = lambda: (plain_step(), all_reduces())
     runs["the all_reduces alone"] = all_reduces
     timings = measure_interleaved(comm, runs, iterations=args.iterations, warmup=3)
     ms = {name: t.median * 1e3 for name, t in timings.items()}
@@ -76,9 +66,8 @@ def main(argv=None) -> int:
         print(f"  compute/step with free communication (DDP, no-op hook): {plain / ms['DDP, no-op hook']:.2f}")
         serial = ms["DDP, no-op hook"] + ms["the all_reduces alone"]
         print(f"  compute/step with the all_reduces after the backward pass: {plain / serial:.2f}"
-              f" (gloo / that step: {ms['DDP gloo'] / serial:.2f}x)")
-        print(f"  DDP mpisync: compute/step {plain / ms['DDP mpisync']:.2f}, "
-              f"x{ms['DDP gloo'] / ms['DDP mpisync']:.2f} vs gloo")
+              f" (gloo / that step: {ms['gloo'] / serial:.2f}x)")
+        print(f"  DDP on mpisync: compute/step {plain / ms['mpisync']:.2f}, x{ms['gloo'] / ms['mpisync']:.2f} vs gloo")
     if created:
         dist.destroy_process_group()
     else:

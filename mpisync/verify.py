@@ -59,15 +59,11 @@ def verify(comm, manifest, root: int, call, to_host=None) -> int:
         call(comm.Iallgather(rows, table))
         collectives = 2
     reference = table[root, :, :2]
-    bad = []
+    bad, names = [], manifest.names
     for rank in range(table.shape[0]):
         wrong = (table[rank, :, :2] != reference).any(axis=1) | (table[rank, :, 2] == 0)
-        bad.extend(f"rank {rank}: {_name(manifest, i)!r}" for i in _np.nonzero(wrong)[0])
+        bad.extend(f"rank {rank}: {names[i]!r}" for i in _np.nonzero(wrong)[0])
     if not bad:
         return collectives
     shown = "; ".join(bad[:20]) + (f"; ... and {len(bad) - 20} more" if len(bad) > 20 else "")
     raise VerificationError(f"mpisync: verification failed, bytes differ from root rank {root}'s: {shown}")
-
-
-def _name(manifest, i: int) -> str:
-    return manifest.names[i] if isinstance(manifest, BulkManifest) else manifest.params[i].name

@@ -69,7 +69,7 @@ def test_batch_script_fresh_then_staged_resume(bounded_env, tmp_path, script, la
 def test_ddp_parts_prints_every_part_and_the_bounds(bounded_env):
     out = _run(["mpiexec", "-n", "2", sys.executable, "benchmarks/ddp_parts.py", "--iterations", "1"], bounded_env)
     rows = {line.split("  ")[1].strip(): line for line in out.splitlines() if line.endswith(" ms")}
-    assert set(rows) == {"no communication", "DDP, no-op hook", "DDP mpisync", "DDP gloo",
+    assert set(rows) == {"no communication", "DDP, no-op hook", "mpisync", "gloo",
                          "step, then the all_reduces", "the all_reduces alone"}, out
     assert all(float(line.split()[-2]) > 0 for line in rows.values()), out
     assert "33.6 MB of gradients in 2 all_reduces" in out and "compute/step with free communication" in out, out

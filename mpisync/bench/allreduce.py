@@ -145,9 +145,9 @@ def noop_hook(state, bucket):
     return future
 
 
-def ddp_step(comm, groups, iterations: int) -> dict:
-    """One DDP step (forward, backward, SGD) of the MLP on each backend, without communication, and
-    through DDP with :func:`noop_hook`."""
+def ddp_runs(comm, groups) -> dict:
+    """``name -> one DDP step`` (forward, backward, SGD) of the MLP: on each backend of ``groups``,
+    without communication, and through DDP with :func:`noop_hook` ("DDP, no-op hook")."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -163,7 +163,12 @@ def ddp_step(comm, groups, iterations: int) -> dict:
         optimizer.zero_grad()
         model(batch).square().mean().backward()
         optimizer.step()
-    runs = {name: (lambda n=name: step(n)) for name in models}
+    return {name: (lambda n=name: step(n)) for name in models}
+
+
+def ddp_step(comm, groups, iterations: int) -> dict:
+    """The steps of :func:`ddp_runs`, timed side by side, and their ratios."""
+    runs = ddp_runs(comm, groups)
     timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
     row = {f"{k}_ms": v.median * 1e3 for k, v in timings.items()}
     row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
