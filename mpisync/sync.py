@@ -59,7 +59,7 @@ def _sync_alone(manifest, report, verify, trace, t_validate, device) -> None:
     if manifest.device_params:
         device.fan_out_local(manifest.device_params)
     trace.span("fan-out", t_fan_out, replicas=manifest.nreplicas - manifest.tensors)
-    if verify and not isinstance(manifest, BulkManifest):  # a bulk set's masters are its only replicas
+    if verify:
         _verify_on(None, manifest, 0, None, trace, device)
     report.transport, report.verified = "local", bool(verify)
 
