@@ -1,7 +1,7 @@
 """Jobs that go wrong on purpose: ``python faults.py KIND``, under mpiexec with 3 ranks.
 
-KIND: kill-rank (rank 1 SIGKILLs itself mid-sync), kill-root (root does), stall
-(rank 1 SIGSTOPs itself mid-sync), raise-between (rank 1 raises between two syncs).
+KIND: kill-rank (rank 1 SIGKILLs itself mid-sync, FAULT_AFTER seconds after its first sync), kill-root
+(root does), stall (rank 1 SIGSTOPs itself mid-sync), raise-between (rank 1 raises between two syncs).
 Ranks print "sync N done" as they go; a rank that finishes prints "finished".
 """
 
@@ -63,11 +63,14 @@ elif comm.rank == victim and kind == "stall" and cross:  # stop right after this
         return done
 
     crossmemory.Copies.run = run_then_stop
-elif comm.rank == victim and kind != "raise-between":
-    threading.Thread(target=strike, daemon=True).start()
+timed_strike = comm.rank == victim and kind != "raise-between" and not (kind == "stall" and (shared or cross))
 for n in range(1, 1000):
     syncer.sync(params)
     print(f"rank {comm.rank}: sync {n} done", flush=True)
+    if timed_strike and n == 1:
+        # Timed from the end of sync 1, not from start-up: on a slow machine a start-up timer can
+        # fire before the first sync has duplicated its communicator, which is not "mid-sync".
+        threading.Thread(target=strike, daemon=True).start()
     if kind == "raise-between" and comm.rank == victim and n == 2:
         raise RuntimeError("rank 1 failed between two syncs")
 print(f"rank {comm.rank}: finished", flush=True)
