@@ -140,6 +140,7 @@ def test_a_timed_out_sync_never_hands_its_buffers_on(comm, monkeypatch):
     monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # a small set through MPI's ring and the arena
     monkeypatch.setattr(sync_module, "_spare_arenas", [])
     params = {f"s{i}": values(f"s{i}", comm.rank, (16,), "float32") for i in range(10)}  # one bucket
+    comm.Barrier()  # together into the sync: only root's late broadcast may outlast the others' 1 s
     if comm.rank == 0:
         real = transports.MpiTransport.run
 
