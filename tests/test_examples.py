@@ -5,6 +5,7 @@ that start the same command with this machine's ``mpiexec`` (2 ranks).
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,12 @@ def test_ddp_parts_prints_every_part_and_the_bounds(bounded_env):
                          "step, then the all_reduces", "the all_reduces alone"}, out
     assert all(float(line.split()[-2]) > 0 for line in rows.values()), out
     assert "33.6 MB of gradients in 2 all_reduces" in out and "compute/step with free communication" in out, out
+
+
+def test_allreduce_sizes_prints_both_ways_at_each_size(bounded_env):
+    out = _run(["mpiexec", "-n", "2", sys.executable, "benchmarks/allreduce_sizes.py", "--sizes", "0.5", "3",
+                "--piece", "1", "--iterations", "1"], bounded_env)
+    rows = re.findall(r"^ +(\S+) MiB +one +(\S+) ms .* pieces +(\S+) ms +one/pieces +(\S+)$", out, re.M)
+    assert [row[0] for row in rows] == ["0.5", "3"], out
+    assert all(float(value) > 0 for row in rows for value in row[1:]), out
+    assert "pieces of 1 MiB" in out, out
