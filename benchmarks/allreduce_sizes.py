@@ -4,9 +4,10 @@
 
 Per size (MiB of float32): one ``Allreduce(IN_PLACE)`` of a fresh array, and the same array
 reduced in ``--piece`` MiB pieces one after the other, timed side by side (medians of the
-slowest rank). MPI's reduction algorithms take a temporary buffer as large as the message on
-every call; where glibc serves that from fresh pages (above its mmap threshold, 32 MiB at most
-by default), every call pays their page faults, which the pieces do not. Run it once as it is and
+slowest rank). MPICH reduces into a temporary buffer as large as the message, taken from
+``malloc`` on every call; where glibc serves that from fresh pages (at or above its mmap
+threshold, which grows to 32 MiB by default), every call pays their page faults, and pieces
+below the threshold do not. Run it once as it is and
 once with ``-genv MALLOC_MMAP_THRESHOLD_ 2147483647 -genv MALLOC_TRIM_THRESHOLD_ 4294967296``
 to see the allocator's share (docs/allreduce.md).
 """

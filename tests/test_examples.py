@@ -1,4 +1,5 @@
-"""The examples run as users run them: the training script, and the Slurm and PBS scripts.
+"""The examples run as users run them: the training script, the Slurm and PBS scripts, and
+smoke runs of the benchmark scripts under benchmarks/.
 
 The batch scripts run under bash with stand-ins for ``srun`` and ``mpirun``
 that start the same command with this machine's ``mpiexec`` (2 ranks).
