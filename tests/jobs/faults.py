@@ -38,6 +38,7 @@ def strike():
     os.kill(os.getpid(), signal.SIGSTOP if kind == "stall" else signal.SIGKILL)
 
 
+timed_strike = False  # the victim stops on a timer started after its first sync (below)
 if comm.rank == victim and kind == "stall" and shared:  # stop inside the broadcast: after 10 slots read
     from mpisync import intranode
 
@@ -63,7 +64,8 @@ elif comm.rank == victim and kind == "stall" and cross:  # stop right after this
         return done
 
     crossmemory.Copies.run = run_then_stop
-timed_strike = comm.rank == victim and kind != "raise-between" and not (kind == "stall" and (shared or cross))
+elif comm.rank == victim and kind != "raise-between":
+    timed_strike = True
 for n in range(1, 1000):
     syncer.sync(params)
     print(f"rank {comm.rank}: sync {n} done", flush=True)
