@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     import numpy as np
     from mpi4py import MPI
 
-    from mpisync.bench.timing import measure_interleaved
+    from mpisync.tools.bench.timing import measure_interleaved
 
     comm = MPI.COMM_WORLD
     piece = max(1, int(args.piece * (1 << 20)) // 4)

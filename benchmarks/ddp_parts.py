@@ -13,7 +13,7 @@ Rows (medians of the slowest rank, interleaved in a shuffled order per iteration
 - the all_reduces alone;
 - mpisync and gloo: DDP on each backend.
 
-The model steps are the bench's DDP row (``mpisync.bench.allreduce.ddp_runs``).
+The model steps are the bench's DDP row (``mpisync.tools.bench.allreduce.ddp_runs``).
 
 The ratios that bound the bench's targets follow: what compute/step could be with free
 communication (DDP's own cost only) and with communication after the backward pass instead
@@ -37,8 +37,8 @@ def main(argv=None) -> int:
     import torch.distributed as dist
     from mpi4py import MPI
 
-    from mpisync.bench.allreduce import _groups, _mlp, ddp_runs
-    from mpisync.bench.timing import measure_interleaved
+    from mpisync.tools.bench.allreduce import _groups, _mlp, ddp_runs
+    from mpisync.tools.bench.timing import measure_interleaved
 
     torch.set_num_threads(args.threads)
     comm = MPI.COMM_WORLD

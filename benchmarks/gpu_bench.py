@@ -20,9 +20,9 @@ import numpy as np
 from mpi4py import MPI
 
 import mpisync
-from mpisync.bench.timing import measure
+from mpisync.tools.bench.timing import measure
 from mpisync.devices.detect import choose_transport
-from mpisync.workloads import workload
+from mpisync.tools.workloads import workload
 
 N = 1 << 30
 

@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpisync
-from mpisync.workloads import make_params, workload
+from mpisync.tools.workloads import make_params, workload
 
 RX_BYTES = "/sys/class/net/eth0/statistics/rx_bytes"
 COLLECTIVES: dict = {}  # strategy -> collectives of one steady sync (from its SyncReport)

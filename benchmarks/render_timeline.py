@@ -5,7 +5,7 @@
 
 import sys
 
-from mpisync.cli import main
+from mpisync.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["timeline", *sys.argv[1:]]))

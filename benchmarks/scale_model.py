@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from mpisync.workloads import workload
+from mpisync.tools.workloads import workload
 
 #: The cluster of the projection (stated in docs/scale.md).
 LINK_BYTES_PER_S = 25e9

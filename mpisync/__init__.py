@@ -6,16 +6,10 @@
 """
 
 from .allreduce import GradSync, allreduce
-from .errors import (
-    InvalidParamError,
-    ManifestMismatchError,
-    SyncError,
-    SyncTimeoutError,
-    VerificationError,
-)
+from .errors import InvalidParamError, ManifestMismatchError, SyncError, SyncTimeoutError, VerificationError
 from .horovod import broadcast_optimizer_state, broadcast_parameters
 from .report import SyncReport
-from .ring import RequestRing
+from ._runtime.ring import RequestRing
 from .state import sync_state
 from .sync import ParamSync, sync_params
 

@@ -1,5 +1,5 @@
 """``python -m mpisync``: the same as the ``mpisync`` command."""
 
-from .cli import main
+from .tools.cli import main
 
 raise SystemExit(main())

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Tuple, Union
 
 from mpi4py import MPI
 
-from .agreement import all_equal, allgather_bytes
+from .params.agreement import all_equal, allgather_bytes
 from .errors import InvalidParamError
 from .state import _broadcast_bytes, sync_state
 from .sync import ParamSync

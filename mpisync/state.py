@@ -21,8 +21,8 @@ from typing import Any
 import numpy as _np
 from mpi4py import MPI
 
-from .agreement import all_equal, allgather_bytes
-from .arrays import is_array_like
+from .params.agreement import all_equal, allgather_bytes
+from .params.adapters import is_array_like
 from .errors import InvalidParamError, ManifestMismatchError
 from .sync import ParamSync
 

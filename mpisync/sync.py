@@ -1,10 +1,10 @@
 """``ParamSync`` and ``sync_params``: validate -> plan -> move -> fan out -> verify.
 
-Each step is a module: :mod:`~mpisync.prepared` and :mod:`~mpisync.manifest`
-(what this rank holds), :mod:`~mpisync.agreement` (one all-reduce), the plan
-(:mod:`~mpisync.plan`, :mod:`~mpisync.bulk`), a transport chosen by
-:mod:`~mpisync.selection` (:mod:`~mpisync.transports`, :mod:`~mpisync.devicepath`),
-and :mod:`~mpisync.verify`. The replicas' fan-out runs inside each program,
+Each step is a module: :mod:`~mpisync.plan.prepared` and :mod:`~mpisync.params.manifest`
+(what this rank holds), :mod:`~mpisync.params.agreement` (one all-reduce), the plan
+(:mod:`~mpisync.plan.transfers`, :mod:`~mpisync.params.bulk`), a transport chosen by
+:mod:`~mpisync.transports.selection` (:mod:`~mpisync.transports.base`, :mod:`~mpisync.transports.device`),
+and :mod:`~mpisync.params.verify`. The replicas' fan-out runs inside each program,
 after the bytes of a transfer arrived.
 """
 
@@ -19,25 +19,26 @@ from typing import Any, Mapping, Sequence
 
 from mpi4py import MPI
 
-from .agreement import agree, diagnose
-from .clock import Deadline, Trace
-from .timeouts import timed_out
-from .devicepath import DeviceTransport
-from .staged import DEFAULT_DEVICE_CHUNK_BYTES
+from .params.agreement import agree, diagnose
+from ._runtime.clock import Deadline, Trace
+from ._runtime.timeouts import timed_out
+from .transports.device import DeviceTransport
+from .transports.device_pipeline import DEFAULT_DEVICE_CHUNK_BYTES
 from .errors import InvalidParamError, SyncError
-from .fanout import fan_out
-from .layout import NO_RUNS, host_layout
-from .bulk import BulkManifest
-from .observe import configure_logging, logger, timeline_for
-from .plan import DEFAULT_CHUNK_BYTES
-from .prepared import Prepared, all_smaller, find_manifest, keep_values
-from .lifecycle import Reusable
+from .params.fanout import fan_out
+from .plan.spans import NO_RUNS, host_layout
+from .params.bulk import BulkManifest
+from ._runtime.observe import configure_logging, logger, timeline_for
+from .plan.transfers import DEFAULT_CHUNK_BYTES
+from .plan.prepared import Prepared, all_smaller, find_manifest, keep_values
+from ._runtime.lifecycle import Reusable
 from .report import SyncReport
-from .ring import Expired
-from .hostpath import HostTransports
-from .selection import CROSS, MPI as MPI_CHANNEL
-from .transports import Context, host_plan, quarantine
-from .verify import verify as _verify
+from ._runtime.ring import Expired
+from .transports.host import HostTransports
+from .transports.selection import CROSS, MPI as MPI_CHANNEL
+from .transports.base import Context, host_plan
+from ._runtime.keepalive import keep_alive
+from .params.verify import verify as _verify
 
 __all__ = ["ParamSync", "sync_params"]
 
@@ -84,7 +85,7 @@ class ParamSync(Reusable):
 
     The first ``sync`` duplicates ``comm`` (so mpisync's traffic never matches
     the caller's) and decides, the same way on every rank, how host bytes
-    move (see :mod:`mpisync.selection`); later syncs reuse the communicator,
+    move (see :mod:`mpisync.transports.selection`); later syncs reuse the communicator,
     the transport and its buffers. When a mapping of bare arrays comes back
     with the same array objects, each still at the same address with the same
     shape, strides, dtype and writability, its validation and compiled copies
@@ -119,7 +120,7 @@ class ParamSync(Reusable):
 
     @property
     def last_choice(self):
-        """How host bytes moved in the last sync and why (a :class:`mpisync.selection.Choice`), or None."""
+        """How host bytes moved in the last sync and why (a :class:`mpisync.transports.selection.Choice`), or None."""
         return self._host.last_choice
 
     @property
@@ -140,7 +141,7 @@ class ParamSync(Reusable):
         collectives still pending may write into them."""
         broken = self._broken is not None
         if broken:  # requests still pending may write into these
-            quarantine(self._facts, self._dup)
+            keep_alive(self._facts, self._dup)
         if self._comm is not None and not broken:
             self._comm.Free()
         self._comm = None
@@ -148,7 +149,7 @@ class ParamSync(Reusable):
         self._host.close(broken)
         if self._device is not None:
             if broken:  # its pinned and device buffers stay out of the allocators' reach
-                quarantine(self._device)
+                keep_alive(self._device)
             else:
                 self._device.close()
         self._device = None
@@ -214,7 +215,7 @@ class ParamSync(Reusable):
 
     @property
     def _device_slots(self):
-        # For tests/test_devices.py: the device transport's staging slots, once made.
+        # For tests/transports/test_device.py: the device transport's staging slots, once made.
         return self._device._slots if self._device is not None else None
 
     # -- the collective part ------------------------------------------------

@@ -8,7 +8,7 @@ ARENA_PATHS = {"compiled": {}, "vectored": {"compiled": False}, "loop": {"compil
 
 def speedups_or_skip():
     """The C loops module; the test is skipped where it is not built (or MPISYNC_SPEEDUPS=0)."""
-    from mpisync.speedups import speedups
+    from mpisync._runtime.speedups import speedups
 
     if speedups is None:
         pytest.skip("mpisync._speedups is not built here (or MPISYNC_SPEEDUPS=0)")

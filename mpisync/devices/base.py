@@ -17,7 +17,7 @@ _logger = _logging.getLogger("mpisync")
 
 
 class Backend(_abc.ABC):
-    """Device operations used by :mod:`mpisync.staged`; every copy is asynchronous on ``stream``."""
+    """Device operations used by :mod:`mpisync.transports.device_pipeline`; every copy is asynchronous on ``stream``."""
 
     name = "abstract"
     kernel_failure = None  # see __init__ (class-level too, for subclasses that do not call it)
@@ -39,7 +39,7 @@ class Backend(_abc.ABC):
         """Page-locked host memory as a numpy uint8 array (what MPI reads and writes).
 
         The array (through its ``base``) is all that keeps the memory: the backend keeps no
-        reference, so it is freed when its owner (a syncer's :class:`~mpisync.staged.DeviceSlots`)
+        reference, so it is freed when its owner (a syncer's :class:`~mpisync.transports.device_pipeline.DeviceSlots`)
         lets go of it.
         """
 

@@ -1,7 +1,7 @@
 """``ProcessGroupMPISync``: a torch.distributed process group over an MPI communicator.
 
 Collectives are posted on a private duplicate of the communicator through the
-progress engine (:mod:`mpisync.torch.progress`), in the order torch issues
+progress engine (:mod:`mpisync.torch.engine`), in the order torch issues
 them. Broadcasts (DDP's start-up and buffer broadcasts among them) go through
 mpisync's fused parameter sync instead, after everything issued before them
 has completed.
@@ -18,15 +18,13 @@ from torch._C._distributed_c10d import _create_work_from_future
 from .. import config as _config
 from ..errors import SyncTimeoutError
 from ..sync import ParamSync
-from ..timeouts import abort_job, timed_out
+from .._runtime.timeouts import abort_job, timed_out
 from .buffers import ReduceBuffer, byte_view, check_reducible, in_place_array, mpi_reduce_op
-from .progress import Engine
+from .engine import Engine
+from .._runtime.keepalive import keep_alive
 
 __all__ = ["ProcessGroupMPISync"]
 
-# Communicators of groups broken by a timeout or an MPI error: freeing one with requests still in
-# flight on it can crash the MPI library.
-_ABANDONED_COMMS: list = []
 
 
 class _Work(dist._Work):
@@ -110,8 +108,8 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         self._engine.close()
         for syncer in self._param_syncs.values():
             syncer.close()
-        if self._engine.broken:  # requests may still be in flight on it: never freed
-            _ABANDONED_COMMS.append(self._comm)
+        if self._engine.broken:  # freeing it with requests in flight can crash the MPI library
+            keep_alive(self._comm)
         else:
             self._comm.Free()
         self._comm = None

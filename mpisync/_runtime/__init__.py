@@ -1,0 +1,2 @@
+"""What every layer uses: the request ring, deadlines and timeouts, logging and tracing, the
+keep-alive list, the optional C loops."""

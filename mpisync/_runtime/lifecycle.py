@@ -1,0 +1,39 @@
+"""What the reusable syncers (``ParamSync``, ``GradSync``) share: fixed settings, closing as a context manager."""
+
+from __future__ import annotations
+
+from .. import config as _config
+from ..errors import InvalidParamError
+
+__all__ = ["Reusable"]
+
+
+class Reusable:
+    """A base for objects that hold ``self._settings`` for their life and free what they hold in ``close()``."""
+
+    _settings: _config.Settings
+
+    def _resolve_settings(self, max_concurrent, fusion_bytes, gpu_transport, timeout) -> None:
+        """Fix ``self._settings`` (and ``self._values``) for the object's life. A bad setting is kept
+        in ``self._settings_error`` and reported at the first call, collectively, like any bad input."""
+        self._settings_error = None
+        try:
+            self._settings = _config.resolve(max_concurrent, fusion_bytes, gpu_transport, timeout)
+        except InvalidParamError as exc:
+            self._settings_error = str(exc)
+            self._settings = _config.resolve(1, 0, "auto", _config.BUILTIN_DEFAULTS["timeout"])
+        self._values = self._settings.values()  # read-only: the settings are fixed
+
+    @property
+    def settings(self) -> _config.Settings:
+        """The effective settings and where each came from."""
+        return self._settings
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()

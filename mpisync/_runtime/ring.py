@@ -1,0 +1,132 @@
+"""A ring of nonblocking MPI requests that caps how many are in flight.
+
+This is Caffe2's ``CollectivesConcurrencyControl`` with MPI requests in place
+of common worlds: operation k waits for operation k - capacity.
+"""
+
+from __future__ import annotations
+
+import collections as _collections
+import os as _os
+import time as _time
+
+from .keepalive import keep_alive
+
+__all__ = ["RequestRing", "Expired", "wait_request"]
+
+# Python-level polling keeps the timeout enforceable. MPI nonblocking collectives
+# progress only inside MPI calls, so polling stays tight (yielding the core to
+# oversubscribed peers) and backs off to sleeping only after a long stall.
+_SPIN_SECONDS = 0.5
+_SLEEP_SECONDS = 0.001
+
+
+class Expired(Exception):
+    """A request's deadline passed before it completed."""
+
+
+def wait_request(request, deadline: float | None) -> None:
+    """Wait for ``request``; raise :class:`Expired` once ``time.monotonic()`` passes ``deadline``.
+
+    ``deadline=None`` waits forever inside MPI (``Wait``).
+    """
+    if deadline is None:
+        request.Wait()
+        return
+    if request.Test():
+        return
+    stall_start = _time.monotonic()
+    test, now, yield_ = request.Test, _time.monotonic, _os.sched_yield
+    while not test():
+        t = now()
+        if t >= deadline:
+            keep_alive(request)  # with the buffers mpi4py holds for it
+            raise Expired
+        if t - stall_start < _SPIN_SECONDS:
+            yield_()
+        else:
+            _time.sleep(_SLEEP_SECONDS)
+
+
+class RequestRing:
+    """At most ``capacity`` MPI requests in flight; ``push`` waits for the oldest when full.
+
+    >>> ring = RequestRing(4)
+    >>> for buf in buffers:            # doctest: +SKIP
+    ...     ring.push(comm.Ibcast(buf, root=0))
+    >>> ring.drain()                   # doctest: +SKIP
+    """
+
+    def __init__(self, capacity: int):
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+        self._capacity = capacity
+        self._pending: _collections.deque = _collections.deque()
+        self.retired = 0  # requests retired so far: request k (from 0, in push order) is done once this is > k
+
+    @property
+    def capacity(self) -> int:
+        """The most requests in flight at once."""
+        return self._capacity
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def push(self, request) -> None:
+        """Add ``request``, first waiting for the oldest one if ``capacity`` are in flight."""
+        self.make_room()
+        self._pending.append(request)
+
+    def make_room(self) -> None:
+        """Wait for the oldest requests until fewer than ``capacity`` are in flight."""
+        while len(self._pending) >= self._capacity:
+            self._retire_oldest()
+
+    def drain(self) -> None:
+        """Wait for every request in flight, oldest first."""
+        while self._pending:
+            self._retire_oldest()
+
+    def retire_through(self, k: int) -> None:
+        """Wait, oldest first, until the ``k``-th request pushed (from 0) is retired."""
+        while self.retired <= k and self._pending:
+            self._retire_oldest()
+
+    def _retire_oldest(self) -> None:
+        self._pending[0].Wait()
+        self._pending.popleft()
+        self.retired += 1
+
+
+class TrackedRing(RequestRing):
+    """The ring mpisync uses: each request has a deadline, a label and a completion callback.
+
+    Callbacks run oldest first, so a parameter split into several requests is
+    complete when the callback of its last request runs.
+    """
+
+    def __init__(self, capacity: int, timeout: float | None):
+        super().__init__(capacity)
+        self._timeout = timeout
+
+    def push(self, request, on_complete=None, label: str = "") -> None:  # type: ignore[override]
+        """Add ``request``; ``on_complete()`` runs when it is retired."""
+        self.make_room()
+        deadline = None if self._timeout is None else _time.monotonic() + self._timeout
+        self._pending.append((request, deadline, on_complete, label))
+
+    def pending_labels(self) -> list:
+        """Labels of the requests in flight, oldest first."""
+        return [entry[3] for entry in self._pending]
+
+    def _retire_oldest(self) -> None:
+        request, deadline, on_complete, _ = self._pending[0]
+        try:
+            wait_request(request, deadline)
+        except Expired:
+            keep_alive(*(entry[0] for entry in self._pending))  # every one in flight may still write
+            raise
+        self._pending.popleft()
+        self.retired += 1
+        if on_complete is not None:
+            on_complete()

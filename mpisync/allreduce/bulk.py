@@ -1,0 +1,117 @@
+"""The cold path of an all-reduce for a dict of bare arrays: the bulk scan and whole-set buckets.
+
+A general manifest (:mod:`mpisync.params.manifest`) and the per-parameter reduce
+plan (:mod:`mpisync.allreduce.plan`) build several Python objects per tensor,
+which on thousands of small gradients costs far more than reducing their
+bytes (figures: docs/allreduce.md). A set that :func:`mpisync.params.bulk.scan` takes
+(plain numpy arrays or torch CPU tensors, C-contiguous), whose arrays are all
+writable and of dtypes that MPI reduces as they are under ``op``, gets its
+manifest from that scan and its buckets as parts of the scan's one
+``BufferList`` (or of one ``BufferList`` per dtype, when it holds several).
+Anything else (half precision, ``avg`` of narrow integers, replica lists,
+devices, a read-only array) takes the general path, which also words the
+errors.
+
+Both paths give the same digest and the same collectives, in the same order,
+on the same fusion-arena layout: ranks on different paths still agree and
+match buffer for buffer, and the node's shared regions line up.
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+
+from . import ops as _ops
+from ..params.adapters import UnsupportedArray, _byte_view, _dtype_name
+from ..params.bulk import BulkManifest, scan
+from ..plan.transfers import bulk_plan
+from .plan import CHUNK_BYTES, ReduceStep, aligned, fused_arena
+from .._runtime.speedups import speedups as _speedups
+
+__all__ = ["scan_for_reduce", "dtype_groups", "compile_bulk_steps"]
+
+
+def dtype_groups(manifest: BulkManifest, op: str) -> list | None:
+    """``[(dtype, members)]``: the dtypes of ``manifest``'s arrays in the order the general plan takes
+    them (first appearance among non-empty arrays, in sorted order), each with the indices of its
+    non-empty arrays (``None``: every array, the set holding one dtype); None when MPI does not
+    reduce one of them as it is under ``op``."""
+    try:
+        names = {_dtype_name(dtype) for dtype in manifest.dtypes}
+    except UnsupportedArray:
+        return None
+    if any(_ops.check(name, op) is not None or _ops.is_staged(name, op) for name in names):
+        return None
+    if len(names) == 1:
+        return [(_np.dtype(names.pop()), None)]
+    groups: dict = {}
+    for index, (nbytes, value) in enumerate(zip(manifest.sizes.tolist(), manifest.values)):
+        if nbytes:
+            groups.setdefault(_dtype_name(value.dtype), []).append(index)
+    return [(_np.dtype(name), members) for name, members in groups.items()]
+
+
+def scan_for_reduce(params, op: str, *, rank: int, size: int, devices, settings: dict) -> BulkManifest | None:
+    """The bulk manifest of ``params`` for an all-reduce with ``op``, or None (the general path applies)."""
+    if not isinstance(op, str) or op not in _ops.OPS:
+        return None
+    manifest = scan(params, rank=rank, size=size, root=0, devices=devices, settings=settings)
+    if manifest is None or manifest.held.readonly or dtype_groups(manifest, op) is None:
+        return None  # every rank writes every array; a read-only one gets its error from the general path
+    return manifest
+
+
+def _fused(held, names, first: int, last: int, buffer, arena, offset: int, divide) -> ReduceStep:
+    copies = ((offset, (), buffer.nbytes, held.part(first, last)),)
+
+    def store():
+        if divide is not None:
+            divide()
+        arena.scatter(copies)
+    return ReduceStep(buffer, tuple(names[first:last]), lambda: arena.gather(copies), store, True)
+
+
+def _group_plans(manifest: BulkManifest, op: str, fusion_bytes: int) -> list:
+    """``(dtype, buffer list, names, arrays, plan)`` per dtype group, in the general plan's order."""
+    out = []
+    for dtype, members in dtype_groups(manifest, op):
+        if members is None:
+            held, names, values, sizes = manifest.held, manifest.names, manifest.values, manifest.sizes
+        else:
+            values = [manifest.values[i] for i in members]
+            names = [manifest.names[i] for i in members]
+            held, sizes = _speedups.array_list(values, _np.ndarray)[0], manifest.sizes[members]
+        out.append((dtype, held, names, values, bulk_plan(sizes, fusion_bytes, CHUNK_BYTES)))
+    return out
+
+
+def compile_bulk_steps(manifest: BulkManifest, op: str, fusion_bytes: int, size: int, arena_for=None) -> tuple:
+    """``(steps, arena)`` as :func:`mpisync.allreduce.plan.compile_steps` gives them for the same set.
+
+    Per dtype group, the plan is :func:`mpisync.plan.transfers.bulk_plan` (the sequence ``build_plan`` gives;
+    empty arrays add nothing to a bucket) and the buckets lie end to end from aligned offsets, placed
+    by :func:`mpisync.allreduce.plan.fused_arena` as there."""
+    groups = _group_plans(manifest, op, fusion_bytes)
+    offsets, arena_bytes = [], 0
+    for _, _, _, _, plan in groups:
+        for fused, _, _, nbytes in plan:
+            offsets.append(arena_bytes if fused else -1)
+            if fused:
+                arena_bytes += aligned(nbytes)
+    arena, base = fused_arena(arena_bytes, arena_for)
+    if not arena.compiled:  # its copy groups are BufferList parts alone: only the C loops copy them
+        raise ValueError("compile_bulk_steps needs an arena that copies with mpisync._speedups")
+    count = size if op == "avg" else 1  # one replica of each array on every rank
+    steps, offsets = [], iter(offsets)
+    for dtype, held, names, values, plan in groups:
+        for (fused, first, last, nbytes), offset in zip(plan, offsets):
+            if fused:
+                buffer = _np.frombuffer(arena.view, dtype, nbytes // dtype.itemsize, base + offset)
+            else:  # bytes last:last + nbytes of array ``first``, reduced in place
+                buffer = _np.frombuffer(_byte_view(values[first]), dtype, nbytes // dtype.itemsize, last)
+            divide = (lambda b=buffer: _ops.divide(b, count)) if count > 1 else None
+            if fused:
+                steps.append(_fused(held, names, first, last, buffer, arena, base + offset, divide))
+            else:
+                steps.append(ReduceStep(buffer, (names[first],), None, divide, False))
+    return steps, arena

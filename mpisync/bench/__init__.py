@@ -1,5 +1,0 @@
-"""The ``mpisync bench`` microbenchmark suite (see :func:`mpisync.bench.suite.main`)."""
-
-from .suite import main, parser, run
-
-__all__ = ["main", "parser", "run"]

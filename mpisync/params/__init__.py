@@ -1,0 +1,1 @@
+"""Parameter sets: array adapters, the manifest (what a rank holds), agreement, verification, fan-out."""

@@ -1,0 +1,1 @@
+"""The broadcast plan: transfers, spans, the fusion arena, compiled programs, prepared sets."""

@@ -1,0 +1,93 @@
+"""A validated parameter set with its compiled programs, reusable while the same arrays come back."""
+
+from __future__ import annotations
+
+import collections.abc as _abc
+import dataclasses as _dc
+import operator as _operator
+
+from ..params.bulk import BulkManifest, scan
+from ..params.manifest import build_manifest
+from ..params.recheck import Snapshot, snapshot, unchanged
+from .._runtime.speedups import speedups as _speedups
+
+__all__ = ["Prepared", "find_manifest"]
+
+
+@_dc.dataclass
+class Prepared:
+    """What a sync compiled for one parameter set and one transport."""
+
+    values: tuple  # the arrays prepared, compared by identity (held, so never recycled)
+    keys: tuple
+    devices: object
+    state: Snapshot | None  # each array's address, shape, strides, dtype, writability (see recheck)
+    manifest: object
+    runs: tuple  # the runs the plan sends as spans (every rank's layout agreed), else ()
+    layout: object
+    channel: str  # the host transport the program is for
+    program: object  # that transport's compiled program
+    fused_buckets: int
+    transfers: int  # host plan steps; device steps are added when they run
+    device_steps: list
+    host_bytes: int
+    small: bool  # every host tensor smaller than fusion_bytes
+    version: tuple = (None, -1)  # (the dict last matched, its version tag): see matches
+
+    def matches(self, params, devices) -> bool:
+        """Whether ``params`` holds exactly the arrays prepared, each still as it was prepared."""
+        if devices != self.devices:
+            return False
+        if _speedups is not None and type(params) is dict:
+            # An unchanged version tag means no entry changed: the walk over the entries is skipped.
+            version = _speedups.dict_version(params)
+            if version == -1 or version != self.version[1] or params is not self.version[0]:
+                if not _speedups.same_items(params, self.keys, self.values):
+                    return False
+                self.version = (params, version)
+        elif tuple(params) != self.keys or not all(map(_operator.is_, params.values(), self.values)):
+            return False
+        return unchanged(self.values, self.state)
+
+
+def find_manifest(params, devices, devices_key, prepared, *, rank, size, root, settings, settings_error):
+    """``(manifest, prepared)``: the prepared set when ``params`` still matches it, else a fresh
+    manifest (the bulk scan for plain numpy dicts, else the general one) and ``None``."""
+    if prepared is not None and isinstance(params, _abc.Mapping) and prepared.matches(params, devices_key):
+        manifest = prepared.manifest
+        if manifest.settings != settings:
+            manifest.settings = settings
+        return manifest, prepared
+    manifest = None if settings_error else scan(params, rank=rank, size=size, root=root, devices=devices,
+                                                settings=settings)
+    if manifest is None:
+        manifest = build_manifest(params, rank=rank, size=size, root=root, devices=devices, settings=settings)
+        if settings_error:
+            manifest.errors.append((None, settings_error))
+    return manifest, None
+
+
+def all_smaller(manifest, fusion_bytes: int) -> bool:
+    """Whether every host tensor of ``manifest`` is smaller than ``fusion_bytes`` (there is one at least)."""
+    if isinstance(manifest, BulkManifest):
+        return bool(len(manifest.sizes)) and int(manifest.sizes.max()) < fusion_bytes
+    host = manifest.host_params
+    return bool(host) and all(p.nbytes < fusion_bytes for p in host)
+
+
+def keep_values(params, manifest) -> tuple:
+    """``(values, keys, state)`` to recognise ``params`` next time (empty when it holds replica lists)."""
+    if not manifest.leaves_only:
+        return (), (), None
+    if not isinstance(manifest, BulkManifest):
+        values = tuple(params.values())
+        return values, tuple(params), snapshot(values)
+    # The scan read the states when the dict is in sorted order: its sorted lists are then the dict's.
+    in_order = manifest.states is not None
+    arrays = manifest.values  # numpy arrays, or the torch tensors' numpy views (their states are recorded)
+    if not in_order and manifest.through_torch:
+        arrays = list(map(dict(zip(manifest.names, arrays)).__getitem__, params))
+    values = tuple(arrays) if in_order and not manifest.through_torch else tuple(params.values())
+    keys = tuple(manifest.names) if in_order else tuple(params)
+    views = arrays if manifest.through_torch else None
+    return values, keys, snapshot(values, dtypes=manifest.dtypes, views=views, words=manifest.states)

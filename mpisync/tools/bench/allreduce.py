@@ -1,0 +1,254 @@
+"""All-reduce benchmark: mpisync's torch backend beside gloo, ``GradSync`` beside plain MPI.
+
+Run under ``mpiexec`` (``mpiexec -n 2 python -m mpisync.tools.bench.allreduce``). Rows, each timed side by
+side with its references in one interleaved loop (:func:`~mpisync.tools.bench.timing.measure_interleaved`:
+medians of the slowest rank's time):
+
+- ``sweep``: OSU-style ``all_reduce`` of float32 tensors, 4 B to ``--max-bytes``: the ``"mpisync"``
+  backend, gloo, and mpi4py's blocking ``Allreduce`` of the same buffer;
+- ``grads``: ``GradSync.allreduce`` of the gradient sets of ResNet-50, BERT-base and 5000 x 400 B
+  (its fused buckets through the node's shared segment where every rank shares one node), the same
+  with every bucket through MPI, the one-shot ``mpisync.allreduce`` (a new syncer each call), one
+  flat ``Allreduce`` of the same bytes and (5000 x 400 B) a loop of per-tensor ``Allreduce``;
+- ``ddp``: one DistributedDataParallel training step of an 8-layer 1024 x 1024 MLP (batch 32) on the
+  ``"mpisync"`` backend, on gloo, the same step without communication, and through DDP with a
+  communication hook that moves nothing (DDP's own cost: what compute/step is with free communication).
+
+Every rank runs torch with ``--threads`` intra-op threads (default 1: ranks share the cores).
+"""
+
+from __future__ import annotations
+
+import argparse as _argparse
+import json as _json
+import sys as _sys
+
+import numpy as _np
+from mpi4py import MPI
+
+from .timing import measure_interleaved
+from ..workloads import make_params, workload
+
+__all__ = ["GRAD_SETS", "main", "parser", "run", "table"]
+
+GRAD_SETS = ("resnet50", "bert-base", "many-small")
+
+
+def _groups(comm):
+    """``(mpisync group, gloo group, whether this made the default group)``; the default group is
+    gloo over a TCP store on 127.0.0.1 whose port rank 0 shares through MPI (as an int64, never
+    pickled), unless the caller (``mpisync bench``'s gloo strategy) made one already."""
+    import torch.distributed as dist
+
+    import mpisync.torch  # noqa: F401  (registers the backend)
+
+    if dist.is_initialized():
+        gloo = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        return dist.new_group(backend="mpisync"), gloo, False
+    port = _np.zeros(1, _np.int64)
+    store = None
+    if comm.rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, comm.size, True, wait_for_workers=False)
+        port[0] = store.port
+    comm.Bcast(port, 0)
+    if comm.rank != 0:
+        store = dist.TCPStore("127.0.0.1", int(port[0]), comm.size, False)
+    dist.init_process_group("gloo", store=store, rank=comm.rank, world_size=comm.size)
+    return dist.new_group(backend="mpisync"), dist.group.WORLD, True
+
+
+def _sizes(max_bytes: int) -> list:
+    out, size = [], 4
+    while size <= max_bytes:
+        out.append(size)
+        size *= 4
+    for extra in (1 << 20, 25 << 20):  # the targets' sizes
+        if extra <= max_bytes and extra not in out:
+            out.append(extra)
+    return sorted(out)
+
+
+def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
+    """``all_reduce`` latency per size on each backend, and mpi4py's ``Allreduce``."""
+    import torch
+    import torch.distributed as dist
+
+    rows = []
+    for size in _sizes(max_bytes):
+        tensors = {name: torch.zeros(size // 4) for name in ("mpisync", "gloo")}
+        flat = _np.zeros(size // 4, _np.float32)
+        runs = {name: (lambda t=tensors[name], g=groups[name]: dist.all_reduce(t, group=g)) for name in tensors}
+        runs["mpi Allreduce"] = lambda: comm.Allreduce(MPI.IN_PLACE, flat)
+        # Every size gets every iteration: gloo's time at 1 MB and more moves by 2x between runs.
+        timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
+        row = {"bytes": size, **{f"{k}_us": v.median * 1e6 for k, v in timings.items()}}
+        row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
+        rows.append(row)
+    return rows
+
+
+def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
+    """``GradSync.allreduce`` of gradient-shaped sets against flat and per-tensor ``Allreduce``."""
+    from ...allreduce.gradsync import GradSync, allreduce
+
+    rows = []
+    for name in sets:
+        params = make_params(workload(name), comm.rank)
+        for array in params.values():
+            array[...] = 0  # sums stay finite over every iteration
+        nbytes = sum(a.nbytes for a in params.values())
+        flat = _np.zeros(nbytes // 4, _np.float32)
+        syncer = GradSync(comm, op="sum")
+        mpi_only = GradSync(comm, op="sum")
+        mpi_only._segment_tried = True  # never opens the node's segment: every bucket through MPI
+        runs = {"GradSync": lambda s=syncer, p=params: s.allreduce(p),
+                "GradSync, MPI only": lambda s=mpi_only, p=params: s.allreduce(p),
+                "allreduce, one-shot": lambda p=params: allreduce(p, comm, op="sum"),
+                "flat Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, flat)}
+        if name == "many-small":
+            views = [a.reshape(-1) for a in params.values()]
+            runs["per-tensor Allreduce"] = lambda: [comm.Allreduce(MPI.IN_PLACE, v) for v in views]
+        timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
+        channel = syncer.allreduce(params).channel
+        syncer.close()
+        mpi_only.close()
+        row = {"workload": name, "tensors": len(params), "bytes": nbytes,
+               **{f"{k}_ms": v.median * 1e3 for k, v in timings.items()}}
+        row["channel"] = channel
+        row["vs_flat"] = timings["flat Allreduce"].median / timings["GradSync"].median
+        row["vs_mpi_only"] = timings["GradSync, MPI only"].median / timings["GradSync"].median
+        row["one_shot_vs_flat"] = timings["flat Allreduce"].median / timings["allreduce, one-shot"].median
+        if "per-tensor Allreduce" in timings:
+            row["vs_per_tensor"] = timings["per-tensor Allreduce"].median / timings["GradSync"].median
+            row["one_shot_vs_per_tensor"] = (timings["per-tensor Allreduce"].median
+                                             / timings["allreduce, one-shot"].median)
+        rows.append(row)
+    return rows
+
+
+def _mlp(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def noop_hook(state, bucket):
+    """A DDP communication hook that returns each bucket as it is: DDP's own work, no bytes moved."""
+    import torch
+
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def ddp_runs(comm, groups) -> dict:
+    """``name -> one DDP step`` (forward, backward, SGD) of the MLP: on each backend of ``groups``,
+    without communication, and through DDP with :func:`noop_hook` ("DDP, no-op hook")."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    batch = torch.randn(32, 1024)
+    models = {name: DistributedDataParallel(_mlp(comm.rank), process_group=g) for name, g in groups.items()}
+    models["no communication"] = _mlp(comm.rank)
+    models["DDP, no-op hook"] = DistributedDataParallel(_mlp(comm.rank), process_group=groups["mpisync"])
+    models["DDP, no-op hook"].register_comm_hook(None, noop_hook)
+    optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-6) for name, m in models.items()}
+
+    def step(name):
+        model, optimizer = models[name], optimizers[name]
+        optimizer.zero_grad()
+        model(batch).square().mean().backward()
+        optimizer.step()
+    return {name: (lambda n=name: step(n)) for name in models}
+
+
+def ddp_step(comm, groups, iterations: int) -> dict:
+    """The steps of :func:`ddp_runs`, timed side by side, and their ratios."""
+    runs = ddp_runs(comm, groups)
+    timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
+    row = {f"{k}_ms": v.median * 1e3 for k, v in timings.items()}
+    row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
+    row["compute_fraction"] = timings["no communication"].median / timings["mpisync"].median
+    row["compute_fraction_free_communication"] = (timings["no communication"].median
+                                                  / timings["DDP, no-op hook"].median)
+    return row
+
+
+def run(comm, args) -> dict:
+    """Run the rows ``args.rows`` asks for; return them (every rank)."""
+    out = {"ranks": comm.size}
+    groups, created = None, False
+    if {"sweep", "ddp"} & set(args.rows):  # the grads row needs no torch
+        import torch
+
+        torch.set_num_threads(args.threads)
+        mpisync_group, gloo_group, created = _groups(comm)
+        groups = {"mpisync": mpisync_group, "gloo": gloo_group}
+    if "sweep" in args.rows:
+        out["sweep"] = sweep(comm, groups, args.max_bytes, args.iterations)
+    if "grads" in args.rows:
+        out["grads"] = grads(comm, args.iterations, args.sets)
+    if "ddp" in args.rows:
+        out["ddp"] = ddp_step(comm, groups, args.iterations)
+    if groups is not None:
+        import torch.distributed as dist
+
+        if created:
+            dist.destroy_process_group()  # and every group made on it
+        else:
+            groups["mpisync"].shutdown()  # torch cannot destroy one Python group alone
+    return out
+
+
+def table(result: dict) -> str:
+    """The rows of :func:`run` as plain text."""
+    lines = [f"all-reduce bench, {result['ranks']} ranks (medians of the slowest rank)"]
+    for row in result.get("sweep", []):
+        lines.append(f"sweep {row['bytes']:>10} B: mpisync {row['mpisync_us']:9.1f} us  gloo {row['gloo_us']:9.1f} us"
+                     f"  mpi Allreduce {row['mpi Allreduce_us']:9.1f} us  x{row['speedup_vs_gloo']:.2f} vs gloo")
+    for row in result.get("grads", []):
+        extra = (f"  per-tensor {row['per-tensor Allreduce_ms']:.2f} ms x{row['vs_per_tensor']:.1f}"
+                 f" (one-shot x{row['one_shot_vs_per_tensor']:.1f})") if "vs_per_tensor" in row else ""
+        lines.append(f"grads {row['workload']:>10} ({row['tensors']} tensors, {row['bytes'] / 1e6:.1f} MB): GradSync "
+                     f"{row['GradSync_ms']:.2f} ms ({row['channel']})  MPI only {row['GradSync, MPI only_ms']:.2f} ms "
+                     f"x{row['vs_mpi_only']:.2f}  one-shot allreduce {row['allreduce, one-shot_ms']:.2f} ms  "
+                     f"flat {row['flat Allreduce_ms']:.2f} ms x{row['vs_flat']:.2f}{extra}")
+    if "ddp" in result:
+        row = result["ddp"]
+        lines.append(f"ddp step MLP 8x1024^2 batch 32: mpisync {row['mpisync_ms']:.2f} ms  gloo {row['gloo_ms']:.2f} ms "
+                     f"(x{row['speedup_vs_gloo']:.2f})  no communication {row['no communication_ms']:.2f} ms "
+                     f"(compute/step {row['compute_fraction']:.2f})  DDP, no-op hook {row['DDP, no-op hook_ms']:.2f} ms "
+                     f"(compute/step {row['compute_fraction_free_communication']:.2f})")
+    return "\n".join(lines)
+
+
+def parser() -> _argparse.ArgumentParser:
+    """The options of this bench (``mpisync bench --allreduce`` passes its own through them)."""
+    parser = _argparse.ArgumentParser(prog="python -m mpisync.tools.bench.allreduce", description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", nargs="+", default=["sweep", "grads", "ddp"], choices=["sweep", "grads", "ddp"])
+    parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--sets", nargs="+", default=list(GRAD_SETS), choices=list(GRAD_SETS),
+                        help="gradient sets of the grads row")
+    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return parser
+
+
+def main(argv=None) -> int:
+    """Command-line entry point: a table (or ``--json``) on rank 0."""
+    args = parser().parse_args(argv)
+    comm = MPI.COMM_WORLD
+    result = run(comm, args)
+    if comm.rank == 0:
+        print(_json.dumps(result, indent=1) if args.json else table(result))
+        _sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

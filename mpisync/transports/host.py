@@ -1,0 +1,102 @@
+"""The host transports of one syncer: which one each sync takes, set up on first use, freed together.
+
+The choice follows :func:`mpisync.transports.selection.choose` over facts every rank
+shares (gathered in one all-reduce posted with the communicator's
+duplication), so every rank opens and uses the same transport. A transport
+whose set-up failed on some rank is not offered again; a shared segment left
+by a closed syncer of the same ranks is adopted when every rank holds it.
+"""
+
+from __future__ import annotations
+
+from ..plan.arena import Arena
+from .nodesegment import setting as segment_setting
+from .selection import CROSS, MPI, SHARED, FactsExchange, choose
+from .crossmemory import CrossTransport
+from .mpi import MpiTransport
+from .segment import SegmentTransport, segment_geometry, spare_words
+from . import spares
+
+__all__ = ["HostTransports"]
+
+class HostTransports:
+    """Channel -> transport for one syncer (``None`` where a set-up failed on some rank)."""
+
+    def __init__(self, root: int, capacity: int, fusion: int, one_shot: bool = False):
+        self.root, self.capacity, self.fusion, self.one_shot = root, capacity, fusion, one_shot
+        self.preferred = None  # a channel asked for (tests, the bench)
+        self.facts = None  # selection.Facts, once the exchange completed
+        self.last_choice = None  # the selection.Choice of the last sync
+        self._open: dict = {}
+        self._spare = None  # a spare shared segment offered in the facts exchange
+
+    def geometry(self, every_set: bool) -> tuple:
+        """The shared segment's geometry under this syncer's settings."""
+        return segment_geometry(self.capacity, self.fusion, every_set or self.preferred == SHARED)
+
+    def post_facts(self, user_comm) -> FactsExchange:
+        """Post the facts all-reduce on ``user_comm`` (offering the spare segment, if this rank has one)."""
+        self._spare = spares.take(spares.SEGMENT)
+        return FactsExchange(user_comm, spare=spare_words(self._spare, user_comm, self.root,
+                                                          self.geometry(segment_setting() is True)))
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held between syncs by every transport set up."""
+        return sum(t.nbytes for t in self._open.values() if t is not None)
+
+    @property
+    def traced_bytes(self) -> int:
+        """The part of :attr:`nbytes` in plain memory (an arena not on a memory file)."""
+        mpi = self._open.get(MPI)
+        return len(mpi.arena) if mpi is not None and not mpi.arena.mapped else 0
+
+    def get(self, channel: str):
+        """The transport set up for ``channel``."""
+        return self._open[channel]
+
+    def choose(self, comm, small: bool, call) -> str:
+        """The channel for a set (``small``: every host tensor under ``fusion_bytes``), set up on every
+        rank on first use (collective: every rank makes the same choice from the same facts)."""
+        while True:
+            unavailable = tuple(c for c, t in self._open.items() if t is None)
+            self.last_choice = choose(self.facts, small, self.preferred, unavailable)
+            channel = self.last_choice.channel
+            if channel not in self._open:
+                self._open[channel] = self._set_up(comm, channel, call)
+            transport = self._open[channel]
+            if transport is not None and not (channel == CROSS and transport.failed):
+                return channel
+            self._open[channel] = None  # failed set-up, or a copy failed on some rank: not offered again
+
+    def _set_up(self, comm, channel: str, call):
+        if channel == MPI:
+            return MpiTransport(comm, self.root, spares.take(spares.ARENA) if self.one_shot else None)
+        if channel == SHARED and self.facts.spare:
+            spare, self._spare = self._spare, None  # the same segment on every rank (the facts agreed)
+            return SegmentTransport(comm, self.root, spare)
+        if channel == SHARED:
+            return SegmentTransport.open(comm, self.root, call, self.geometry(self.facts.shared_setting is True))
+        fallback = self._open.get(MPI) or MpiTransport(comm, self.root)
+        self._open.setdefault(MPI, fallback)
+        return CrossTransport.open(comm, self.root, call, fallback)
+
+    def close(self, broken: bool) -> None:
+        """Free every transport; after a timeout (``broken``) their buffers are kept out of use for good."""
+        for channel, transport in self._open.items():
+            if transport is None:
+                continue
+            if (channel == MPI and self.one_shot and not broken and len(transport.arena)
+                    and spares.offer(spares.ARENA, transport.arena)):  # for the next sync_params call
+                transport.arena = Arena(0)
+            if channel == SHARED:
+                transport.close(broken, keep=True)
+            else:
+                transport.close(broken)
+        self._open.clear()
+        if self._spare is not None and not broken:  # offered, not adopted: back to the pool
+            spares.offer(spares.SEGMENT, self._spare)
+        self._spare = None
+
+
+TRANSPORTS = {MPI: MpiTransport, CROSS: CrossTransport, SHARED: SegmentTransport}

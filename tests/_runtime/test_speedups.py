@@ -1,0 +1,155 @@
+"""Unit tests of the C loops module mpisync._speedups (through mpisync._runtime.speedups)."""
+
+import numpy as np
+import pytest
+
+from unitutil import speedups_or_skip
+
+
+def test_buffer_list_copies_within_the_arena_and_refuses_what_would_not_fit():
+    speedups = speedups_or_skip()
+    sources = [np.arange(n, dtype=np.uint8) + n for n in (5, 0, 3)]
+    held = speedups.BufferList([memoryview(a) for a in sources])
+    assert len(held) == 3 and held.nbytes == 8
+    arena = bytearray(12)
+    assert held.gather(arena, 2) == 8
+    assert bytes(arena) == bytes([0, 0, 5, 6, 7, 8, 9, 3, 4, 5, 0, 0])
+    with pytest.raises(ValueError, match="do not fit"):
+        held.gather(arena, 5)  # 8 bytes from offset 5 of 12
+    with pytest.raises(ValueError, match="do not fit"):
+        held.gather(arena, -1)
+    frozen = np.zeros(4, np.uint8)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        speedups.BufferList([frozen]).scatter(bytes(4))
+    assert not frozen.any()
+    with pytest.raises((ValueError, BufferError)):
+        speedups.BufferList([np.zeros((3, 3))[:, 0]])  # not contiguous
+    targets = [np.zeros(n, np.uint8) for n in (5, 0, 3)]
+    speedups.BufferList(targets).scatter(bytes(arena), 2)
+    assert [t.tolist() for t in targets] == [s.tolist() for s in sources]
+
+
+def test_buffer_list_streaming_gather_gives_the_same_bytes_at_every_alignment():
+    speedups = speedups_or_skip()
+    rng = np.random.default_rng(5)
+    sources = [rng.integers(0, 256, n, dtype=np.uint8) for n in (1, 15, 16, 17, 63, 64, 65, 400, 1000, 0, 3, 4096)]
+    packed = np.concatenate(sources)
+    held = speedups.BufferList(sources)
+    for offset in range(40):
+        expected = np.full(8192, 7, np.uint8)
+        expected[offset:offset + packed.size] = packed
+        for streaming in (False, True):
+            arena = np.full(8192, 7, np.uint8)
+            assert held.gather(arena, offset, streaming) == packed.size
+            assert arena.tobytes() == expected.tobytes(), (offset, streaming)
+    with pytest.raises(ValueError):
+        held.gather(np.zeros(packed.size, np.uint8), 1, True)  # one byte short: refused, nothing written
+
+
+def test_same_items_is_identity_of_keys_and_values_in_order():
+    speedups = speedups_or_skip()
+    a, b = np.zeros(1), np.zeros(1)
+    params = {"a": a, "b": b}
+    assert speedups.same_items(params, ("a", "b"), (a, b))
+    assert not speedups.same_items(params, ("b", "a"), (b, a))  # insertion order differs
+    assert not speedups.same_items(params, ("a", "b"), (a, np.zeros(1)))  # equal values, another array
+    assert not speedups.same_items(params, ("a",), (a,))
+    assert not speedups.same_items({"a": a, "b": b, "c": a}, ("a", "b"), (a, b))
+
+
+def test_dict_version_changes_with_every_change_and_differs_between_dicts():
+    speedups = speedups_or_skip()
+    a = np.zeros(1)
+    params = {"a": a}
+    version = speedups.dict_version(params)
+    if version == -1:
+        pytest.skip("no dict version tag in this Python (3.12 on): same_items alone decides")
+    params["a"] = a  # the same object again: nothing changed
+    assert speedups.dict_version(params) == version
+    params["a"] = np.zeros(1)
+    changed = speedups.dict_version(params)
+    assert changed != version
+    params["a"] = a  # back to the first array: still a new version
+    assert speedups.dict_version(params) not in (version, changed)
+    assert speedups.dict_version({"a": a}) != speedups.dict_version({"a": a})
+    with pytest.raises(TypeError):
+        speedups.dict_version([])
+
+
+def test_array_list_reads_what_buffer_exports_give_in_one_pass_and_holds_the_arrays():
+    speedups = speedups_or_skip()
+    rng = np.random.default_rng(3)
+    dtypes = [np.float32, np.float32, np.int16, np.float64, np.float64, np.uint8, np.complex64]
+    arrays = [rng.integers(0, 100, shape).astype(dtype) for shape, dtype in
+              zip([(3,), (0,), (2, 5), (), (4, 1, 2), (7,), (1,)], dtypes)]
+    arrays[2].flags.writeable = False
+    caller_list = list(arrays)
+    held, runs, states = speedups.array_list(caller_list, np.ndarray)
+    exported = speedups.BufferList(arrays, np.ndarray)
+    assert (held.lengths(), held.shapes(), held.nbytes, held.readonly, len(held)) == (
+        exported.lengths(), exported.shapes(), exported.nbytes, True, 7)
+    assert [[d.name, c] for d, c in runs] == [["float32", 2], ["int16", 1], ["float64", 2], ["uint8", 1],
+                                               ["complex64", 1]]
+    assert all(d is arrays[i].dtype for (d, _), i in zip(runs, [0, 2, 3, 5, 6]))  # the arrays' own objects
+    assert states == speedups.array_states(arrays, np.ndarray)
+    assert held.touching() == exported.touching()
+    assert held.part(2, 3).readonly and not held.part(3, 7).readonly and held.part(3, 7).nbytes == 8 + 64 + 7 + 8
+    packed = bytearray(held.nbytes)
+    held.gather(packed)
+    expected = b"".join(a.tobytes() for a in arrays)
+    caller_list.clear()  # the list holds its own references: the bytes stay readable and in place
+    del arrays[:], exported
+    again = bytearray(held.nbytes)
+    held.gather(again)
+    assert bytes(packed) == bytes(again) == expected
+    with pytest.raises(ValueError, match="keeps no shapes"):
+        held.part(0, 2).shapes()
+
+
+def test_array_list_refuses_what_a_buffer_export_refuses():
+    speedups = speedups_or_skip()
+    with pytest.raises(BufferError, match="item 1 is not C-contiguous"):
+        speedups.array_list([np.zeros(3), np.zeros((3, 3))[:, 0]], np.ndarray)
+    with pytest.raises(TypeError, match="item 1 is a list, not exactly a numpy.ndarray"):
+        speedups.array_list([np.zeros(3), [1.0]], np.ndarray)
+    class Subclass(np.ndarray):
+        pass
+
+    with pytest.raises(TypeError, match="item 0 is a Subclass, not exactly"):
+        speedups.array_list([np.zeros(2).view(Subclass)], np.ndarray)
+    held, runs, states = speedups.array_list([], np.ndarray)
+    assert (len(held), runs, states, held.nbytes) == (0, [], b"", 0)
+
+
+def test_sorted_names_sorts_as_sorted_does_and_says_whether_the_dict_was_in_order():
+    speedups = speedups_or_skip()
+    ordered = {f"p{i:03d}": i for i in range(50)}
+    names, in_order = speedups.sorted_names(ordered)
+    assert names == sorted(ordered) and in_order is True
+    shuffled = {k: ordered[k] for k in reversed(list(ordered))}
+    assert speedups.sorted_names(shuffled) == (sorted(ordered), False)
+    assert speedups.sorted_names({"b": 0, "a": 1, "é": 2}) == (["a", "b", "é"], False)
+    assert speedups.sorted_names({}) == ([], True)
+    assert speedups.sorted_names({"a": 0, 1: 1}) is None  # not all str: the caller's general path
+    import collections
+
+    moved = collections.OrderedDict((k, 0) for k in ["a", "b", "c"])
+    moved.move_to_end("a")  # iterates b, c, a; the dict underneath still holds a, b, c in that order
+    assert speedups.sorted_names(moved) == (["a", "b", "c"], False)
+    moved.move_to_end("b"), moved.move_to_end("c")
+    assert speedups.sorted_names(moved) == (["a", "b", "c"], True)
+
+    class Name(str):
+        pass
+
+    assert speedups.sorted_names({Name("a"): 0}) is None
+
+
+def test_joined_names_is_the_nul_joined_utf8_or_none():
+    speedups = speedups_or_skip()
+    names = ["a", "bé", "", "名"]
+    assert speedups.joined_names(names) == "\x00".join(names).encode()
+    assert speedups.joined_names([]) == b"" and speedups.joined_names(("x",)) == b"x"
+    assert speedups.joined_names(["a\x00b"]) is None and speedups.joined_names(["\udc80"]) is None
+    assert speedups.joined_names(["a", 1]) is None
