@@ -24,7 +24,8 @@ class FreshBuildPy(build_py):
 
 
 class FreshBuildExt(build_ext):
-    """Compile every time (no object reused); a failed optional build leaves no old extension behind."""
+    """Compile every time (no object reused); a failed optional build leaves no old extension
+    behind."""
 
     def initialize_options(self):
         super().initialize_options()

@@ -6,7 +6,8 @@ Rows (medians of the slowest rank, interleaved in a shuffled order per iteration
 
 - no communication: forward, backward and SGD of the plain model;
 - DDP, no-op hook: the same through ``DistributedDataParallel`` with a communication hook
-  that returns each bucket untouched: DDP's own cost (bucket copies, autograd hooks), no bytes moved;
+  that returns each bucket untouched: DDP's own cost (bucket copies, autograd hooks), no bytes
+  moved;
 - step, then the all_reduces: the plain step, then blocking ``all_reduce`` calls on the mpisync
   group of every gradient's bytes, in pieces of DDP's default bucket size (25 MiB): the
   communication without any overlap;
@@ -57,17 +58,28 @@ def main(argv=None) -> int:
     timings = measure_interleaved(comm, runs, iterations=args.iterations, warmup=3)
     ms = {name: t.median * 1e3 for name, t in timings.items()}
     if comm.rank == 0:
-        print(f"DDP parts, {comm.size} ranks, {gradients.numel() * 4 / 1e6:.1f} MB of gradients in {len(buckets)} "
-              f"all_reduces, "
-              f"{args.threads} torch thread(s) per rank, medians of {args.iterations} (slowest rank)")
+        print(
+            f"DDP parts, {comm.size} ranks, {gradients.numel() * 4 / 1e6:.1f} MB of gradients in "
+            f"{len(buckets)} "
+            f"all_reduces, "
+            f"{args.threads} torch thread(s) per rank, medians of {args.iterations} (slowest rank)"
+        )
         for name, value in ms.items():
             print(f"  {name:28} {value:8.2f} ms")
         plain = ms["no communication"]
-        print(f"  compute/step with free communication (DDP, no-op hook): {plain / ms['DDP, no-op hook']:.2f}")
+        print(
+            "  compute/step with free communication (DDP, no-op hook): "
+            f"{plain / ms['DDP, no-op hook']:.2f}"
+        )
         serial = ms["DDP, no-op hook"] + ms["the all_reduces alone"]
-        print(f"  compute/step with the all_reduces after the backward pass: {plain / serial:.2f}"
-              f" (gloo / that step: {ms['gloo'] / serial:.2f}x)")
-        print(f"  DDP on mpisync: compute/step {plain / ms['mpisync']:.2f}, x{ms['gloo'] / ms['mpisync']:.2f} vs gloo")
+        print(
+            f"  compute/step with the all_reduces after the backward pass: {plain / serial:.2f}"
+            f" (gloo / that step: {ms['gloo'] / serial:.2f}x)"
+        )
+        print(
+            f"  DDP on mpisync: compute/step {plain / ms['mpisync']:.2f}, "
+            f"x{ms['gloo'] / ms['mpisync']:.2f} vs gloo"
+        )
     if created:
         dist.destroy_process_group()
     else:

@@ -1,4 +1,5 @@
-"""GPU staging figures for ci/gpu-check.sh: pinned copies, host Bcast, staged syncs (run at 2 ranks).
+"""GPU staging figures for ci/gpu-check.sh: pinned copies, host Bcast, staged syncs (run at 2
+ranks).
 
     mpiexec -n 2 python benchmarks/gpu_bench.py [--library torch|cupy]
 
@@ -20,8 +21,8 @@ import numpy as np
 from mpi4py import MPI
 
 import mpisync
-from mpisync.tools.bench.timing import measure
 from mpisync.devices.detect import choose_transport
+from mpisync.tools.bench.timing import measure
 from mpisync.tools.workloads import workload
 
 N = 1 << 30
@@ -52,7 +53,9 @@ class TorchLib:
         self.torch.cuda.synchronize()
 
     def full(self, shape, value, dtype):
-        return self.torch.full(shape, value, dtype=getattr(self.torch, dtype), device=f"cuda:{self.device}")
+        return self.torch.full(
+            shape, value, dtype=getattr(self.torch, dtype), device=f"cuda:{self.device}"
+        )
 
     def to_host(self, tensor):
         return tensor.cpu().numpy()
@@ -124,6 +127,7 @@ def open_library(choice, rank):
 
 def seed_path(comm, lib, params):
     """The seed's sync: per tensor, copy to host, Bcast, copy back (pageable host memory)."""
+
     def run():
         for tensor in params.values():
             host = lib.to_host(tensor)  # C-contiguous, the tensor's shape (0-d included)
@@ -131,12 +135,15 @@ def seed_path(comm, lib, params):
             if comm.rank != 0:
                 lib.from_host(tensor, host)
         lib.synchronize()
+
     return run
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--library", choices=("torch", "cupy"), help="default: torch if it sees a GPU, else CuPy")
+    parser.add_argument(
+        "--library", choices=("torch", "cupy"), help="default: torch if it sees a GPU, else CuPy"
+    )
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     lib = open_library(args.library, comm.rank)
@@ -146,12 +153,20 @@ def main():
     d2h = measure(comm, lambda: lib.copy(pinned, dev), iterations=5, warmup=1).median
     h2d = measure(comm, lambda: lib.copy(dev, pinned), iterations=5, warmup=1).median
     bcast = measure(comm, lambda: comm.Bcast(host, 0), iterations=5, warmup=1).median
-    rows = [("pinned D2H, 1 GiB", d2h, N), ("pinned H2D, 1 GiB", h2d, N), ("host Bcast of pinned, 1 GiB", bcast, N)]
-    del pinned, host
+    rows = [
+        ("pinned D2H, 1 GiB", d2h, N),
+        ("pinned H2D, 1 GiB", h2d, N),
+        ("host Bcast of pinned, 1 GiB", bcast, N),
+    ]
+    pinned = host = None  # the pinned buffers go before the syncs
 
-    transports = ["staged"] + (["cuda-aware"] if choose_transport("auto")[0] == "cuda-aware" else [])
-    resnet = {n: lib.full(s, float(comm.rank), "float32") if d == "float32" else lib.full(s, 0, "int64")
-              for n, (s, d) in workload("resnet50").items()}
+    transports = ["staged"] + (
+        ["cuda-aware"] if choose_transport("auto")[0] == "cuda-aware" else []
+    )
+    resnet = {
+        n: lib.full(s, float(comm.rank), "float32") if d == "float32" else lib.full(s, 0, "int64")
+        for n, (s, d) in workload("resnet50").items()
+    }
     resnet_bytes = sum(int(t.nbytes) for t in resnet.values())
     staged = {}
     for transport in transports:
@@ -167,18 +182,25 @@ def main():
     rows.append(("seed path, ResNet-50 (per tensor)", seed, resnet_bytes))
 
     if comm.rank == 0:
+
         def gbps(nbytes, seconds):
             return nbytes / seconds / 1e9
+
         library = " ".join(MPI.Get_library_version().splitlines()[0].split())
         transport, why = choose_transport("auto")
-        print(f"mpisync GPU check: {comm.size} ranks, {lib.name} on {lib.device_name}, {library}; "
-              f"transport auto -> {transport} ({why})")
+        print(
+            f"mpisync GPU check: {comm.size} ranks, {lib.name} on {lib.device_name}, {library}; "
+            f"transport auto -> {transport} ({why})"
+        )
         print(f"{'measurement':<44} {'ms':>9} {'GB/s':>8}")
         for name, seconds, nbytes in rows:
             print(f"{name:<44} {seconds * 1e3:9.2f} {gbps(nbytes, seconds):8.2f}")
         floor = min(gbps(N, d2h), gbps(N, bcast), gbps(N, h2d))
         one = gbps(N, staged["staged"]["1gib"])
-        print(f"staged 1 GiB / min(D2H, Bcast, H2D) = {one:.2f} / {floor:.2f} GB/s = {one / floor:.2f} (target >= 0.8)")
+        print(
+            f"staged 1 GiB / min(D2H, Bcast, H2D) = {one:.2f} / {floor:.2f} GB/s = "
+            f"{one / floor:.2f} (target >= 0.8)"
+        )
         ratio = seed / staged["staged"]["resnet"]
         print(f"staged ResNet-50 vs the seed's path: {ratio:.2f}x faster (target >= 1.5)")
 

@@ -35,22 +35,35 @@ from mpisync.tools.workloads import make_params, workload
 
 RX_BYTES = "/sys/class/net/eth0/statistics/rx_bytes"
 COLLECTIVES: dict = {}  # strategy -> collectives of one steady sync (from its SyncReport)
-WORKLOADS = {"torch-resnet50": ("resnet50", "torch"), "resnet50": ("resnet50", "numpy"),
-             "many-small": ("many-small", "numpy"), "bert-base": ("bert-base", "numpy"),
-             "gpt2-small": ("gpt2-small", "numpy")}
+WORKLOADS = {
+    "torch-resnet50": ("resnet50", "torch"),
+    "resnet50": ("resnet50", "numpy"),
+    "many-small": ("many-small", "numpy"),
+    "bert-base": ("bert-base", "numpy"),
+    "gpt2-small": ("gpt2-small", "numpy"),
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workloads", default="torch-resnet50,many-small", help=f"from {', '.join(WORKLOADS)}")
+    p.add_argument(
+        "--workloads", default="torch-resnet50,many-small", help=f"from {', '.join(WORKLOADS)}"
+    )
     p.add_argument("--iterations", type=int, default=9)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--root", type=int, default=0)
-    p.add_argument("--settings", default="", help="extra ParamSync settings fusion_bytes/max_concurrent[/timeout], e.g. 1048576/16,262144/16/0")
+    p.add_argument(
+        "--settings",
+        default="",
+        help="extra ParamSync settings fusion_bytes/max_concurrent[/timeout], e.g. "
+        "1048576/16,262144/16/0",
+    )
     p.add_argument("--no-loop", action="store_true", help="skip the per-tensor loop")
     p.add_argument("--no-first", action="store_true", help="skip first-sync rows")
-    p.add_argument("--sizes", default="", help="also time flat Bcasts of these byte counts (model fitting)")
+    p.add_argument(
+        "--sizes", default="", help="also time flat Bcasts of these byte counts (model fitting)"
+    )
     p.add_argument("--json", metavar="PATH", help="append every result as one JSON line (rank 0)")
     p.add_argument("--label", default="", help="a label stored with the JSON results")
     return p.parse_args(argv)
@@ -62,7 +75,8 @@ class LinkCounter:
     def __init__(self, comm):
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.reader = node.rank == 0 and os.path.exists(RX_BYTES)
-        self.host_index = np.empty(comm.size, np.int64)  # which host each rank is on: the world rank of its first rank
+        # which host each rank is on: the world rank of its first rank
+        self.host_index = np.empty(comm.size, np.int64)
         leader = np.array([comm.rank], np.int64)
         node.Bcast(leader, root=0)
         comm.Allgather(leader, self.host_index)
@@ -95,7 +109,8 @@ def timed(comm, fn, counter: LinkCounter):
 
 def strategies(comm, params: dict, root: int, settings: list, args) -> dict:
     """name -> (run, close) for every strategy to time."""
-    arrays = [np.asarray(params[n]) for n in sorted(params)]  # torch CPU tensors: numpy views, no copy
+    # torch CPU tensors: numpy views, no copy
+    arrays = [np.asarray(params[n]) for n in sorted(params)]
     flat = np.ones(sum(a.nbytes for a in arrays), np.uint8)
     out = {}
 
@@ -129,7 +144,8 @@ def strategies(comm, params: dict, root: int, settings: list, args) -> dict:
 
 
 def measure(comm, runs: dict, counter: LinkCounter, iterations: int, warmup: int) -> dict:
-    """Interleaved timing: name -> (slowest-rank seconds per iteration, link bytes per host per run)."""
+    """Interleaved timing: name -> (slowest-rank seconds per iteration, link bytes per host per
+    run)."""
     names = list(runs)
     for _ in range(warmup):
         for name in names:
@@ -161,7 +177,8 @@ def measure(comm, runs: dict, counter: LinkCounter, iterations: int, warmup: int
 
 
 def net_per_byte(counter: LinkCounter, per_rank_bytes, root: int, payload: int):
-    """Largest bytes received per synced byte over the hosts that do not hold root (None: no counters)."""
+    """Largest bytes received per synced byte over the hosts that do not hold root (None: no
+    counters)."""
     root_host = counter.host_index[root]
     hosts = sorted(set(counter.host_index.tolist()) - {root_host})
     if not hosts or payload == 0 or not os.path.exists(RX_BYTES):
@@ -173,24 +190,33 @@ def parse_settings(text: str) -> list:
     """[(label, kwargs)]: the defaults, then each F/C of ``text``."""
     out = [("", {})]
     for item in filter(None, (t.strip() for t in text.split(","))):
-        fusion, concurrent, *timeout = item.split("/")  # F/C, or F/C/0: no timeout (waits inside MPI)
+        # F/C, or F/C/0: no timeout (waits inside MPI)
+        fusion, concurrent, *timeout = item.split("/")
         kwargs = {"fusion_bytes": int(fusion), "max_concurrent": int(concurrent)}
         if timeout:
             kwargs["timeout"] = float(timeout[0])
-        out.append((f" {int(fusion) >> 10}K/{concurrent}{'/' + timeout[0] if timeout else ''}", kwargs))
+        out.append(
+            (f" {int(fusion) >> 10}K/{concurrent}{'/' + timeout[0] if timeout else ''}", kwargs)
+        )
     return out
 
 
 def table(title: str, results: dict, payload: int, tensors: int, counter, root) -> str:
     """The text table of one workload."""
     flat = statistics.median(results["flat Bcast"][0])
-    lines = [f"{title}: {tensors} tensors, {payload / 1e6:.2f} MB",
-             f"  {'strategy':<26}{'median ms':>10}{'min-max ms':>18}{'x flat':>8}{'GB/s':>7}{'net/B':>7}"]
+    lines = [
+        f"{title}: {tensors} tensors, {payload / 1e6:.2f} MB",
+        f"  {'strategy':<26}{'median ms':>10}{'min-max ms':>18}"
+        f"{'x flat':>8}{'GB/s':>7}{'net/B':>7}",
+    ]
     for name, (samples, per_rank) in results.items():
         med = statistics.median(samples)
         net = net_per_byte(counter, per_rank, root, payload)
-        lines.append(f"  {name:<26}{med * 1e3:>10.2f}{f'{min(samples) * 1e3:.2f}-{max(samples) * 1e3:.2f}':>18}"
-                     f"{flat / med:>8.2f}{payload / med / 1e9:>7.2f}{'' if net is None else f'{net:.3f}':>7}")
+        lines.append(
+            f"  {name:<26}{med * 1e3:>10.2f}"
+            f"{f'{min(samples) * 1e3:.2f}-{max(samples) * 1e3:.2f}':>18}"
+            f"{flat / med:>8.2f}{payload / med / 1e9:>7.2f}{'' if net is None else f'{net:.3f}':>7}"
+        )
     return "\n".join(lines)
 
 
@@ -212,11 +238,26 @@ def main(argv=None) -> int:
     hosts = len(set(counter.host_index.tolist()))
     settings = parse_settings(args.settings)
     records = []
-    header = (f"# {hosts} hosts x {comm.size // max(hosts, 1)} ranks ({comm.size} ranks), root {args.root}, "
-              f"{args.iterations} iterations; MPICH CVARs: "
-              + (" ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MPIR_CVAR_")) or "none")
-              + "; env: " + (" ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
-                                     if k in ("MPISYNC_FUSION_BYTES", "MPISYNC_MAX_CONCURRENT")) or "defaults"))
+    header = (
+        f"# {hosts} hosts x {comm.size // max(hosts, 1)} ranks ({comm.size} ranks), root "
+        f"{args.root}, "
+        f"{args.iterations} iterations; MPICH CVARs: "
+        + (
+            " ".join(
+                f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MPIR_CVAR_")
+            )
+            or "none"
+        )
+        + "; env: "
+        + (
+            " ".join(
+                f"{k}={v}"
+                for k, v in sorted(os.environ.items())
+                if k in ("MPISYNC_FUSION_BYTES", "MPISYNC_MAX_CONCURRENT")
+            )
+            or "defaults"
+        )
+    )
     if comm.rank == 0:
         print(header, flush=True)
     for name in filter(None, args.workloads.split(",")):
@@ -228,17 +269,44 @@ def main(argv=None) -> int:
         if comm.rank == 0:
             print(table(name, results, payload, len(params), counter, args.root), flush=True)
         for strategy, (samples, per_rank) in results.items():
-            records.append({"label": args.label, "hosts": hosts, "ranks": comm.size, "workload": name,
-                            "strategy": strategy, "tensors": len(params), "bytes": payload, "samples": samples,
-                            "collectives": COLLECTIVES.get(strategy),
-                            "median": statistics.median(samples),
-                            "net_per_byte": net_per_byte(counter, per_rank, args.root, payload)})
+            records.append(
+                {
+                    "label": args.label,
+                    "hosts": hosts,
+                    "ranks": comm.size,
+                    "workload": name,
+                    "strategy": strategy,
+                    "tensors": len(params),
+                    "bytes": payload,
+                    "samples": samples,
+                    "collectives": COLLECTIVES.get(strategy),
+                    "median": statistics.median(samples),
+                    "net_per_byte": net_per_byte(counter, per_rank, args.root, payload),
+                }
+            )
     if args.sizes:
-        sweep = flat_sizes(comm, [int(s) for s in args.sizes.split(",")], counter, args.root, args.iterations)
+        sweep = flat_sizes(
+            comm, [int(s) for s in args.sizes.split(",")], counter, args.root, args.iterations
+        )
         if comm.rank == 0:
-            print("flat Bcast by size: " + ", ".join(f"{s} B {t * 1e6:.1f} us" for s, t in sweep.items()), flush=True)
-        records += [{"label": args.label, "hosts": hosts, "ranks": comm.size, "workload": f"bytes-{s}",
-                     "strategy": "flat Bcast", "tensors": 1, "bytes": s, "median": t} for s, t in sweep.items()]
+            print(
+                "flat Bcast by size: "
+                + ", ".join(f"{s} B {t * 1e6:.1f} us" for s, t in sweep.items()),
+                flush=True,
+            )
+        records += [
+            {
+                "label": args.label,
+                "hosts": hosts,
+                "ranks": comm.size,
+                "workload": f"bytes-{s}",
+                "strategy": "flat Bcast",
+                "tensors": 1,
+                "bytes": s,
+                "median": t,
+            }
+            for s, t in sweep.items()
+        ]
     if comm.rank == 0 and args.json:
         with open(args.json, "a") as f:
             for r in records:

@@ -6,7 +6,8 @@ Rows (medians of the slowest rank, interleaved in a shuffled order): one flat ``
 2 MB; the 8 ``Ibcast``s of 256 KiB that mpisync's plan issues for it, through a ``RequestRing``
 of 16 and with ``Waitall``; one 32-byte ``Allreduce`` (the size of the agreement a repeated sync
 runs before its data), then the Ibcasts, or in flight with them (``Iallreduce``: what a sync that
-overlapped its agreement with its data could take); and ``ParamSync`` steady state (and with ``timeout=0``, which waits inside
+overlapped its agreement with its data could take); and ``ParamSync`` steady state (and with
+``timeout=0``, which waits inside
 MPI instead of polling).
 """
 
@@ -37,19 +38,28 @@ def main(iterations: int = 25) -> int:
             requests.push(comm.Ibcast(b, 0))
         requests.drain()
 
-    syncers = {"ParamSync steady": mpisync.ParamSync(comm, root=0),
-               "ParamSync steady, timeout=0": mpisync.ParamSync(comm, root=0, timeout=0)}
+    syncers = {
+        "ParamSync steady": mpisync.ParamSync(comm, root=0),
+        "ParamSync steady, timeout=0": mpisync.ParamSync(comm, root=0, timeout=0),
+    }
     for syncer in syncers.values():
         for _ in range(3):
             syncer.sync(params)
-    runs = {"flat Bcast 2 MB": lambda: comm.Bcast(flat, 0),
-            f"{len(buckets)} x 256 KiB Ibcast, ring of 16": ring,
-            f"{len(buckets)} x 256 KiB Ibcast, Waitall": lambda: MPI.Request.Waitall(
-                [comm.Ibcast(b, 0) for b in buckets]),
-            "Allreduce 32 B": lambda: comm.Allreduce(MPI.IN_PLACE, word, op=MPI.MAX),
-            "Allreduce 32 B, then the Ibcasts": lambda: (comm.Allreduce(MPI.IN_PLACE, word, op=MPI.MAX), ring()),
-            "Iallreduce 32 B with the Ibcasts": lambda: MPI.Request.Waitall(
-                [comm.Iallreduce(MPI.IN_PLACE, word, op=MPI.MAX)] + [comm.Ibcast(b, 0) for b in buckets])}
+    runs = {
+        "flat Bcast 2 MB": lambda: comm.Bcast(flat, 0),
+        f"{len(buckets)} x 256 KiB Ibcast, ring of 16": ring,
+        f"{len(buckets)} x 256 KiB Ibcast, Waitall": lambda: MPI.Request.Waitall(
+            [comm.Ibcast(b, 0) for b in buckets]
+        ),
+        "Allreduce 32 B": lambda: comm.Allreduce(MPI.IN_PLACE, word, op=MPI.MAX),
+        "Allreduce 32 B, then the Ibcasts": lambda: (
+            comm.Allreduce(MPI.IN_PLACE, word, op=MPI.MAX),
+            ring(),
+        ),
+        "Iallreduce 32 B with the Ibcasts": lambda: MPI.Request.Waitall(
+            [comm.Iallreduce(MPI.IN_PLACE, word, op=MPI.MAX)] + [comm.Ibcast(b, 0) for b in buckets]
+        ),
+    }
     runs.update({name: (lambda s=s: s.sync(params)) for name, s in syncers.items()})
     samples = {name: [] for name in runs}
     for i in range(iterations):

@@ -1,6 +1,6 @@
 """Render mpisync Chrome-trace timelines as a PNG: kept for old scripts; use ``mpisync timeline``.
 
-    python benchmarks/render_timeline.py /tmp/tl-*.json --out docs/timeline.png [--sync N]
+python benchmarks/render_timeline.py /tmp/tl-*.json --out docs/timeline.png [--sync N]
 """
 
 import sys

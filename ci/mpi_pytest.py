@@ -8,14 +8,16 @@ aborts the job, see tests/conftest.py) is printed where CI shows it.
 import os
 import sys
 
-from mpi4py import MPI
 import pytest
+from mpi4py import MPI
 
 rank = MPI.COMM_WORLD.rank
 if rank > 0:
     logs = os.environ.get("MPISYNC_TEST_LOGS", ".test-logs")
     os.makedirs(logs, exist_ok=True)
-    fd = os.open(os.path.join(logs, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(
+        os.path.join(logs, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
+    )
     os.dup2(fd, 1)
     sys.stdout = os.fdopen(1, "w", buffering=1)
 code = pytest.main(["--with-mpi", "--only-mpi", *sys.argv[1:]])

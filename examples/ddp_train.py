@@ -29,13 +29,19 @@ def main() -> None:
 
     mpisync.torch.init_process_group()
     rank, size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    torch.manual_seed(rank)  # different weights everywhere: DDP's start-up broadcast makes them rank 0's
-    model = torch.nn.Sequential(torch.nn.Linear(16, args.width), torch.nn.ReLU(),
-                                torch.nn.Linear(args.width, args.width), torch.nn.ReLU(),
-                                torch.nn.Linear(args.width, 1))
+    # different weights everywhere: DDP's start-up broadcast makes them rank 0's
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, args.width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(args.width, args.width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(args.width, 1),
+    )
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr)
-    target = torch.randn(16, 1, generator=torch.Generator().manual_seed(0))  # the same task on every rank
+    # the same task on every rank
+    target = torch.randn(16, 1, generator=torch.Generator().manual_seed(0))
     data = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard of samples
     for step in range(1, args.steps + 1):
         x = torch.randn(args.batch, 16, generator=data)
@@ -47,15 +53,20 @@ def main() -> None:
             mean_loss = loss.detach().clone()
             torch.distributed.all_reduce(mean_loss, op=torch.distributed.ReduceOp.AVG)
             if rank == 0:
-                print(f"step {step}: loss {mean_loss.item():.4f} (mean over {size} ranks)", flush=True)
+                print(
+                    f"step {step}: loss {mean_loss.item():.4f} (mean over {size} ranks)", flush=True
+                )
 
     weights = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
     spread = {name: w.copy() for name, w in weights.items()}
     mpisync.allreduce(weights, op="max")
     mpisync.allreduce(spread, op="min")
     same = all(np.array_equal(weights[n], spread[n]) for n in weights)
-    print(f"rank {rank}/{size}: {sum(w.size for w in weights.values())} weights identical on every rank: {same}",
-          flush=True)
+    print(
+        f"rank {rank}/{size}: {sum(w.size for w in weights.values())} weights identical on every "
+        f"rank: {same}",
+        flush=True,
+    )
     torch.distributed.destroy_process_group()
 
 

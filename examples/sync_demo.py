@@ -44,15 +44,20 @@ def main() -> None:
             if comm.rank == 0:
                 print(f"step {step}: {report.summary()}", flush=True)
     after = digest(params)
-    # Rank 0 prints every rank's digests, in rank order (fixed-size bytes, gathered: no interleaving).
+    # Rank 0 prints every rank's digests, in rank order (fixed-size bytes, gathered: no
+    # interleaving).
     digests = np.empty((comm.size, 16), np.uint8)
     comm.Gather(np.frombuffer(before + after, np.uint8), digests, root=0)
     if comm.rank == 0:
         same = bool((digests[:, 8:] == digests[0, 8:]).all())
         for rank, row in enumerate(digests):
-            print(f"rank {rank}: {library} {args.workload}: {report.tensors} tensors, {report.bytes / 1e6:.1f} MB; "
-                  f"digest before {row[:8].tobytes().hex()} after {row[8:].tobytes().hex()}")
+            print(
+                f"rank {rank}: {library} {args.workload}: {report.tensors} tensors, "
+                f"{report.bytes / 1e6:.1f} MB; "
+                f"digest before {row[:8].tobytes().hex()} after {row[8:].tobytes().hex()}"
+            )
         print(f"identical on every rank: {same}", flush=True)
+
 
 if __name__ == "__main__":
     main()

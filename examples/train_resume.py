@@ -27,8 +27,9 @@ import mpisync
 
 def build(rank: int):
     torch.manual_seed(1000 + rank)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 4))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    )
     return model, torch.optim.Adam(model.parameters(), lr=3e-3)
 
 
@@ -55,7 +56,9 @@ def save(path, model, opt) -> None:
 
 def load(path, model, opt) -> None:
     with np.load(path, allow_pickle=False) as data:
-        model.load_state_dict({k[6:]: torch.from_numpy(data[k]) for k in data.files if k.startswith("model/")})
+        model.load_state_dict(
+            {k[6:]: torch.from_numpy(data[k]) for k in data.files if k.startswith("model/")}
+        )
         state = {}
         for key in data.files:
             if key.startswith("optim/"):
@@ -98,16 +101,20 @@ def main() -> None:
     if args.resume and comm.rank == 0:  # root alone reads the checkpoint
         load(args.resume, model, opt)
     mpisync.broadcast_parameters(model.state_dict(), root_rank=0, comm=comm)
-    mpisync.broadcast_optimizer_state(opt, comm, root=0)  # the other ranks have no state yet: root's structure
+    # the other ranks have no state yet: root's structure
+    mpisync.broadcast_optimizer_state(opt, comm, root=0)
     start = digest(model, opt)
     loss = train(comm, model, opt, args.steps, seed=1 if not args.resume else 2)
     end = digest(model, opt)
     ends = np.empty((comm.size, 8), np.uint8)
     comm.Allgather(np.frombuffer(bytes.fromhex(end), np.uint8), ends)
     same = bool((ends == ends[0]).all())
-    print(f"rank {comm.rank}: {'resumed from ' + args.resume if args.resume else 'fresh start'}; "
-          f"synced state {start}; after {args.steps} steps loss {loss:.4f}, state {end}; "
-          f"identical on every rank: {same}", flush=True)
+    print(
+        f"rank {comm.rank}: {'resumed from ' + args.resume if args.resume else 'fresh start'}; "
+        f"synced state {start}; after {args.steps} steps loss {loss:.4f}, state {end}; "
+        f"identical on every rank: {same}",
+        flush=True,
+    )
     if args.save and comm.rank == 0:
         save(args.save, model, opt)
         print(f"rank 0: saved {args.save}", flush=True)

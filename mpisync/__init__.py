@@ -5,11 +5,17 @@
 >>> report = mpisync.sync_params(model.state_dict(), MPI.COMM_WORLD, root=0)  # doctest: +SKIP
 """
 
+from ._runtime.ring import RequestRing
 from .allreduce import GradSync, allreduce
-from .errors import InvalidParamError, ManifestMismatchError, SyncError, SyncTimeoutError, VerificationError
+from .errors import (
+    InvalidParamError,
+    ManifestMismatchError,
+    SyncError,
+    SyncTimeoutError,
+    VerificationError,
+)
 from .horovod import broadcast_optimizer_state, broadcast_parameters
 from .report import SyncReport
-from ._runtime.ring import RequestRing
 from .state import sync_state
 from .sync import ParamSync, sync_params
 

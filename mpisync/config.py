@@ -116,9 +116,12 @@ def resolve(max_concurrent=None, fusion_bytes=None, gpu_transport=None, timeout=
 
 def env_switch(name: str, default: bool) -> bool:
     """An on/off environment variable: ``default`` unless it spells the other choice
-    (``0``/``false``/``no``/``off`` against a default of on, ``1``/``true``/``yes``/``on`` against off)."""
+    (``0``/``false``/``no``/``off`` against a default of on, ``1``/``true``/``yes``/``on`` against
+    off)."""
     value = _os.environ.get(name, "").strip().lower()
-    return value not in ("0", "false", "no", "off") if default else value in ("1", "true", "yes", "on")
+    return (
+        value not in ("0", "false", "no", "off") if default else value in ("1", "true", "yes", "on")
+    )
 
 
 def abort_on_timeout() -> bool:

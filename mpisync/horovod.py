@@ -20,28 +20,35 @@ from __future__ import annotations
 
 import collections.abc as _abc
 import json as _json
-from typing import Any, Iterable, Mapping, Tuple, Union
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from mpi4py import MPI
 
-from .params.agreement import all_equal, allgather_bytes
 from .errors import InvalidParamError
+from .params.agreement import all_equal, allgather_bytes
 from .state import _broadcast_bytes, sync_state
 from .sync import ParamSync
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state"]
 
-Params = Union[Mapping[str, Any], Iterable[Tuple[str, Any]]]
+Params = Mapping[str, Any] | Iterable[tuple[str, Any]]
 
 
 def _agree_on_local_errors(comm, error: str, call) -> None:
-    """Raise the same :class:`InvalidParamError` on every rank if any rank's ``error`` is not empty."""
+    """Raise the same :class:`InvalidParamError` on every rank if any rank's ``error`` is not
+    empty."""
     high, _ = all_equal(comm, [1 if error else 0], call)
     if high[0]:
-        messages = [(rank, raw.decode(errors="replace")) for rank, raw in
-                    enumerate(allgather_bytes(comm, error.encode(), call)) if raw]
-        raise InvalidParamError(f"mpisync: invalid input on rank(s) {', '.join(str(r) for r, _ in messages)}: "
-                                + "; ".join(f"rank {r}: {m}" for r, m in messages))
+        messages = [
+            (rank, raw.decode(errors="replace"))
+            for rank, raw in enumerate(allgather_bytes(comm, error.encode(), call))
+            if raw
+        ]
+        raise InvalidParamError(
+            f"mpisync: invalid input on rank(s) {', '.join(str(r) for r, _ in messages)}: "
+            + "; ".join(f"rank {r}: {m}" for r, m in messages)
+        )
 
 
 def _as_mapping(params) -> tuple:
@@ -49,8 +56,11 @@ def _as_mapping(params) -> tuple:
     if isinstance(params, _abc.Mapping):
         return params, ""
     if isinstance(params, (str, bytes)) or not isinstance(params, _abc.Iterable):
-        return {}, (f"params must be a mapping (state_dict()) or (name, tensor) pairs (named_parameters()), "
-                    f"got {type(params).__name__}")
+        return {}, (
+            "params must be a mapping (state_dict()) or (name, tensor) pairs "
+            "(named_parameters()), "
+            f"got {type(params).__name__}"
+        )
     mapping: dict = {}
     for i, item in enumerate(params):
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
@@ -61,7 +71,9 @@ def _as_mapping(params) -> tuple:
     return mapping, ""
 
 
-def broadcast_parameters(params: Params, root_rank: int = 0, comm: MPI.Intracomm | None = None) -> None:
+def broadcast_parameters(
+    params: Params, root_rank: int = 0, comm: MPI.Intracomm | None = None
+) -> None:
     """Horovod's ``broadcast_parameters``: make ``params`` root_rank's on every rank, in place.
 
     ``params`` is a mapping (``model.state_dict()``) or an iterable of
@@ -73,8 +85,11 @@ def broadcast_parameters(params: Params, root_rank: int = 0, comm: MPI.Intracomm
             mapping, error = _as_mapping(params)
         except Exception as exc:  # an iterable that fails while it is read: every rank hears of it
             mapping, error = {}, f"cannot read params: {type(exc).__name__}: {exc}"
-        syncer._collective_exchange("argument check", list(mapping),
-                                    lambda comm, call: _agree_on_local_errors(comm, error, call))
+        syncer._collective_exchange(
+            "argument check",
+            list(mapping),
+            lambda comm, call: _agree_on_local_errors(comm, error, call),
+        )
         syncer.sync(mapping)
 
 
@@ -87,15 +102,24 @@ def _describe(optimizer) -> dict:
     described = {}
     for index, entries in state.items():
         described[str(index)] = {
-            str(key): (["tensor", list(value.shape), str(value.dtype).replace("torch.", ""),
-                        value.device == params[index].device]
-                       if isinstance(value, torch.Tensor) else ["value"])
-            for key, value in entries.items()}
+            str(key): (
+                [
+                    "tensor",
+                    list(value.shape),
+                    str(value.dtype).replace("torch.", ""),
+                    value.device == params[index].device,
+                ]
+                if isinstance(value, torch.Tensor)
+                else ["value"]
+            )
+            for key, value in entries.items()
+        }
     return {"params": len(params), "state": described}
 
 
 def _skeleton(optimizer, root_description: dict, mine: dict) -> dict:
-    """This rank's ``state_dict()`` with root's state structure: entries root has and this rank lacks
+    """This rank's ``state_dict()`` with root's state structure: entries root has and this rank
+    lacks
     are new tensors of root's shape and dtype (values follow in the sync); entries root lacks go."""
     import torch
 
@@ -109,7 +133,8 @@ def _skeleton(optimizer, root_description: dict, mine: dict) -> dict:
         filled = {}
         for key, kind in entries.items():
             if key in have and kinds_here.get(key, ["?"])[0] == kind[0]:
-                filled[key] = have[key]  # a shape or dtype that differs is sync_state's error to name
+                # a shape or dtype that differs is sync_state's error to name
+                filled[key] = have[key]
             elif kind[0] == "tensor":
                 device = params[index].device if kind[3] and index < len(params) else "cpu"
                 filled[key] = torch.zeros(kind[1], dtype=getattr(torch, kind[2]), device=device)
@@ -119,7 +144,9 @@ def _skeleton(optimizer, root_description: dict, mine: dict) -> dict:
     return {**state_dict, "state": state}
 
 
-def broadcast_optimizer_state(optimizer: Any, comm: MPI.Intracomm | None = None, *, root: int = 0) -> None:
+def broadcast_optimizer_state(
+    optimizer: Any, comm: MPI.Intracomm | None = None, *, root: int = 0
+) -> None:
     """Make a torch optimizer's state and hyper-parameters ``root``'s on every rank.
 
     Ranks that have no state yet (only root loaded a checkpoint, or the others
@@ -128,6 +155,7 @@ def broadcast_optimizer_state(optimizer: Any, comm: MPI.Intracomm | None = None,
     learning rate, betas) root's value and type, through :func:`mpisync.sync_state`.
     """
     with ParamSync(comm, root=root) as syncer:
+
         def exchange(world, call):
             error, mine, payload = "", {}, b""
             try:
@@ -136,15 +164,24 @@ def broadcast_optimizer_state(optimizer: Any, comm: MPI.Intracomm | None = None,
             except Exception as exc:
                 error = f"cannot read the optimizer's state: {type(exc).__name__}: {exc}"
             _agree_on_local_errors(world, error, call)
-            described = _json.loads(_broadcast_bytes(world, payload if world.rank == root else b"", root, call))
+            described = _json.loads(
+                _broadcast_bytes(world, payload if world.rank == root else b"", root, call)
+            )
             # Building root's structure can fail here alone (a dtype this torch lacks, a device
             # this rank has not): agreed again, so no rank goes on into sync_state by itself.
             tree, error = None, ""
             try:
-                tree = optimizer.state_dict() if mine == described else _skeleton(optimizer, described, mine)
+                tree = (
+                    optimizer.state_dict()
+                    if mine == described
+                    else _skeleton(optimizer, described, mine)
+                )
             except Exception as exc:
-                error = f"cannot build root's optimizer state structure: {type(exc).__name__}: {exc}"
+                error = (
+                    f"cannot build root's optimizer state structure: {type(exc).__name__}: {exc}"
+                )
             _agree_on_local_errors(world, error, call)
             return tree
+
         tree = syncer._collective_exchange("optimizer structure exchange", [], exchange)
     optimizer.load_state_dict(sync_state(tree, comm, root=root))

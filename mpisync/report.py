@@ -33,7 +33,8 @@ class SyncReport:
     fused_buckets: int = 0
     verified: bool = False
     channel: str = "mpi"
-    transfers: int = 0  # steps of the broadcast plan: fused buckets and direct transfers (host and device)
+    # steps of the broadcast plan: fused buckets and direct transfers (host and device)
+    transfers: int = 0
 
     @property
     def gbps(self) -> float:
@@ -42,13 +43,17 @@ class SyncReport:
 
     def summary(self) -> str:
         """One line for logs."""
+
         def n(count: int, word: str) -> str:
             return f"{count} {word}{'' if count == 1 else 's'}"
 
         return (
-            f"rank {self.rank}/{self.size}: synced {n(self.tensors, 'tensor')} ({n(self.replicas, 'replica')}, "
+            f"rank {self.rank}/{self.size}: synced {n(self.tensors, 'tensor')} "
+            f"({n(self.replicas, 'replica')}, "
             f"{self.bytes / 1e6:.3f} MB) from root {self.root} in {self.seconds * 1e3:.2f} ms "
-            f"({self.gbps:.2f} GB/s) with {n(self.collectives, 'collective')}, {n(self.fused_buckets, 'fused bucket')}, "
-            f"transport={self.transport}" + (f", over {self.channel}" if self.channel != "mpi" else "")
+            f"({self.gbps:.2f} GB/s) with {n(self.collectives, 'collective')}, "
+            f"{n(self.fused_buckets, 'fused bucket')}, "
+            f"transport={self.transport}"
+            + (f", over {self.channel}" if self.channel != "mpi" else "")
             + (", verified" if self.verified else "")
         )

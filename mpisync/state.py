@@ -21,9 +21,9 @@ from typing import Any
 import numpy as _np
 from mpi4py import MPI
 
-from .params.agreement import all_equal, allgather_bytes
-from .params.adapters import is_array_like
 from .errors import InvalidParamError, ManifestMismatchError
+from .params.adapters import is_array_like
+from .params.agreement import all_equal, allgather_bytes
 from .sync import ParamSync
 
 __all__ = ["sync_state", "MAX_DEPTH"]
@@ -46,8 +46,12 @@ def _is_numpy_scalar(value) -> bool:
 def _is_scalar(value, depth: int = 0) -> bool:
     if isinstance(value, _SCALARS) or _is_numpy_scalar(value):
         return True
-    return (isinstance(value, tuple) and type(value) is tuple and depth < MAX_DEPTH
-            and all(_is_scalar(v, depth + 1) for v in value))
+    return (
+        isinstance(value, tuple)
+        and type(value) is tuple
+        and depth < MAX_DEPTH
+        and all(_is_scalar(v, depth + 1) for v in value)
+    )
 
 
 def _encode_scalar(value):
@@ -93,13 +97,15 @@ class _Flat:
         self.arrays: dict = {}
         self.scalars: list = []
         self.errors: list = []
-        self._open: set = set()  # ids of the containers on the path being visited (a cycle returns to one)
+        # ids of the containers on the path being visited (a cycle returns to one)
+        self._open: set = set()
 
     def walk(self, tree):
         """The JSON shape of ``tree``; any failure to walk it becomes an entry of ``errors``."""
         try:
             return self.visit(tree, "", 0)
-        except Exception as exc:  # a container that cannot be iterated, a key that cannot be sorted, ...
+        # a container that cannot be iterated, a key that cannot be sorted, ...
+        except Exception as exc:
             self.errors.append(("<root>", f"cannot walk the tree: {type(exc).__name__}: {exc}"))
             return "?"
 
@@ -126,7 +132,12 @@ class _Flat:
                 return self._container(node, path, depth)
             finally:
                 self._open.discard(id(node))
-        self.errors.append((path or "<root>", f"unsupported leaf of type {type(node).__module__}.{type(node).__qualname__}"))
+        self.errors.append(
+            (
+                path or "<root>",
+                f"unsupported leaf of type {type(node).__module__}.{type(node).__qualname__}",
+            )
+        )
         return "?"
 
     def _container(self, node, path: str, depth: int):
@@ -134,7 +145,9 @@ class _Flat:
             keys = list(node)
             bad = [k for k in keys if not isinstance(k, (str, int)) or isinstance(k, bool)]
             if bad:
-                self.errors.append((path or "<root>", f"mapping keys must be str or int, got {bad[:3]!r}"))
+                self.errors.append(
+                    (path or "<root>", f"mapping keys must be str or int, got {bad[:3]!r}")
+                )
                 return "?"
             children = []
             for key in sorted(keys, key=_key_sort):
@@ -142,11 +155,17 @@ class _Flat:
                 children.append([type(key).__name__, key, self.visit(node[key], child, depth + 1)])
             return {"m": children}
         kind = "l" if isinstance(node, list) else "t"
-        return {kind: [self.visit(v, f"{path}.{i}" if path else str(i), depth + 1) for i, v in enumerate(node)]}
+        return {
+            kind: [
+                self.visit(v, f"{path}.{i}" if path else str(i), depth + 1)
+                for i, v in enumerate(node)
+            ]
+        }
 
 
 def _rebuild(node, scalars):
-    """``node`` with its scalar leaves replaced, in visiting order, from the iterator ``scalars``."""
+    """``node`` with its scalar leaves replaced, in visiting order, from the iterator
+    ``scalars``."""
     if _is_scalar(node):
         return next(scalars)
     if is_array_like(node):
@@ -161,11 +180,18 @@ def _rebuild(node, scalars):
     values = [_rebuild(v, scalars) for v in node]
     if isinstance(node, list):
         return values
-    return type(node)(*values) if hasattr(node, "_fields") else type(node)(values)  # namedtuple or tuple
+    # namedtuple or tuple
+    return type(node)(*values) if hasattr(node, "_fields") else type(node)(values)
 
 
-_KINDS = {"a": "an array", "s": "a non-array value", "?": "an unsupported leaf", "m": "a mapping",
-          "l": "a list", "t": "a tuple"}
+_KINDS = {
+    "a": "an array",
+    "s": "a non-array value",
+    "?": "an unsupported leaf",
+    "m": "a mapping",
+    "l": "a list",
+    "t": "a tuple",
+}
 
 
 def _kind(shape) -> tuple:
@@ -213,22 +239,40 @@ def _agree_on_shape(comm, flat: _Flat, shape, root, call) -> None:
     invalid = [f"rank {r}: {path}: {msg}" for r, d in enumerate(docs) for path, msg in d["errors"]]
     if invalid:
         raise InvalidParamError("mpisync: invalid state tree: " + "; ".join(invalid[:20]))
-    diffs = [f"rank {r}: {_first_difference(d['shape'], docs[root]['shape'])}"
-             for r, d in enumerate(docs) if r != root and d["shape"] != docs[root]["shape"]]
-    raise ManifestMismatchError(f"mpisync: state tree structure differs from root rank {root}'s: " + "; ".join(diffs[:20]))
+    diffs = [
+        f"rank {r}: {_first_difference(d['shape'], docs[root]['shape'])}"
+        for r, d in enumerate(docs)
+        if r != root and d["shape"] != docs[root]["shape"]
+    ]
+    raise ManifestMismatchError(
+        f"mpisync: state tree structure differs from root rank {root}'s: " + "; ".join(diffs[:20])
+    )
 
 
 def _broadcast_bytes(comm, payload: bytes, root, call) -> bytes:
     length = _np.array([len(payload)], dtype=_np.int64)
     call(comm.Ibcast(length, root))
-    buf = _np.frombuffer(payload, dtype=_np.uint8).copy() if comm.rank == root else _np.empty(int(length[0]), _np.uint8)
+    buf = (
+        _np.frombuffer(payload, dtype=_np.uint8).copy()
+        if comm.rank == root
+        else _np.empty(int(length[0]), _np.uint8)
+    )
     call(comm.Ibcast([buf, MPI.BYTE], root))
     return buf.tobytes()
 
 
-def sync_state(tree: Any, comm: MPI.Intracomm | None = None, *, root: int = 0, max_concurrent: int | None = None,
-               fusion_bytes: int | None = None, timeout: float | None = None, verify: bool = False) -> Any:
-    """Sync a nested state from ``root``: arrays in place, other leaves to root's values; return the tree.
+def sync_state(
+    tree: Any,
+    comm: MPI.Intracomm | None = None,
+    *,
+    root: int = 0,
+    max_concurrent: int | None = None,
+    fusion_bytes: int | None = None,
+    timeout: float | None = None,
+    verify: bool = False,
+) -> Any:
+    """Sync a nested state from ``root``: arrays in place, other leaves to root's values; return
+    the tree.
 
     ``tree`` nests mappings (str or int keys), lists and tuples; its leaves are
     arrays (synced in place, named by dotted path) or ints, floats, bools,
@@ -237,22 +281,35 @@ def sync_state(tree: Any, comm: MPI.Intracomm | None = None, *, root: int = 0, m
     difference in structure raises :class:`~mpisync.ManifestMismatchError` on
     every rank naming the first differing path.
     """
-    with ParamSync(comm, root=root, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes,
-                   timeout=timeout) as syncer:
+    with ParamSync(
+        comm, root=root, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes, timeout=timeout
+    ) as syncer:
         flat = _Flat()
         shape = flat.walk(tree)
         user_comm = syncer._user_comm
-        root_ok = isinstance(root, int) and not isinstance(root, bool) and 0 <= root < user_comm.size
+        root_ok = (
+            isinstance(root, int) and not isinstance(root, bool) and 0 <= root < user_comm.size
+        )
         if not root_ok:
-            flat.errors.append(("<root>", f"root={root!r} is not a rank of this communicator (size {user_comm.size})"))
+            flat.errors.append(
+                (
+                    "<root>",
+                    f"root={root!r} is not a rank of this communicator (size {user_comm.size})",
+                )
+            )
         if user_comm.size == 1:
             if flat.errors:
-                raise InvalidParamError("mpisync: invalid state tree: " + "; ".join(f"rank 0: {p}: {m}" for p, m in flat.errors))
+                raise InvalidParamError(
+                    "mpisync: invalid state tree: "
+                    + "; ".join(f"rank 0: {p}: {m}" for p, m in flat.errors)
+                )
             syncer.sync(flat.arrays, verify=verify)
             return _rebuild(tree, iter(flat.scalars))
         scalars = syncer._collective_exchange(
-            "state structure exchange", list(flat.arrays),
-            lambda comm, call: _exchange(comm, flat, shape, root, call))
+            "state structure exchange",
+            list(flat.arrays),
+            lambda comm, call: _exchange(comm, flat, shape, root, call),
+        )
         syncer.sync(flat.arrays, verify=verify)
         return _rebuild(tree, iter(scalars))
 
@@ -264,7 +321,9 @@ def _exchange(comm, flat, shape, root, call) -> list:
         try:
             payload = _json.dumps({"values": [_encode_scalar(v) for v in flat.scalars]}).encode()
         except Exception as exc:  # root's failure travels instead of its values: no rank waits
-            payload = _json.dumps({"error": f"rank {root}: cannot encode a value: {type(exc).__name__}: {exc}"}).encode()
+            payload = _json.dumps(
+                {"error": f"rank {root}: cannot encode a value: {type(exc).__name__}: {exc}"}
+            ).encode()
     doc = _json.loads(_broadcast_bytes(comm, payload, root, call))
     if "error" in doc:
         raise InvalidParamError(f"mpisync: invalid state tree: {doc['error']}")

@@ -3,7 +3,8 @@
 Each step is a module: :mod:`~mpisync.plan.prepared` and :mod:`~mpisync.params.manifest`
 (what this rank holds), :mod:`~mpisync.params.agreement` (one all-reduce), the plan
 (:mod:`~mpisync.plan.transfers`, :mod:`~mpisync.params.bulk`), a transport chosen by
-:mod:`~mpisync.transports.selection` (:mod:`~mpisync.transports.base`, :mod:`~mpisync.transports.device`),
+:mod:`~mpisync.transports.selection` (:mod:`~mpisync.transports.base`,
+:mod:`~mpisync.transports.device`),
 and :mod:`~mpisync.params.verify`. The replicas' fan-out runs inside each program,
 after the bytes of a transfer arrived.
 """
@@ -15,32 +16,35 @@ import gc as _gc
 import json as _json
 import logging as _logging
 import time as _time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from mpi4py import MPI
 
-from .params.agreement import agree, diagnose
 from ._runtime.clock import Deadline, Trace
+from ._runtime.keepalive import keep_alive
+from ._runtime.lifecycle import Reusable
+from ._runtime.observe import configure_logging, logger, timeline_for
+from ._runtime.ring import Expired
 from ._runtime.timeouts import timed_out
+from .errors import InvalidParamError, SyncError
+from .params.agreement import agree, diagnose
+from .params.bulk import BulkManifest
+from .params.fanout import fan_out
+from .params.verify import verify as _verify
+from .plan.prepared import Prepared, all_smaller, find_manifest, keep_values
+from .plan.spans import NO_RUNS, host_layout
+from .plan.transfers import DEFAULT_CHUNK_BYTES
+from .report import SyncReport
+from .transports.base import Context, host_plan
 from .transports.device import DeviceTransport
 from .transports.device_pipeline import DEFAULT_DEVICE_CHUNK_BYTES
-from .errors import InvalidParamError, SyncError
-from .params.fanout import fan_out
-from .plan.spans import NO_RUNS, host_layout
-from .params.bulk import BulkManifest
-from ._runtime.observe import configure_logging, logger, timeline_for
-from .plan.transfers import DEFAULT_CHUNK_BYTES
-from .plan.prepared import Prepared, all_smaller, find_manifest, keep_values
-from ._runtime.lifecycle import Reusable
-from .report import SyncReport
-from ._runtime.ring import Expired
 from .transports.host import HostTransports
-from .transports.selection import CROSS, MPI as MPI_CHANNEL
-from .transports.base import Context, host_plan
-from ._runtime.keepalive import keep_alive
-from .params.verify import verify as _verify
+from .transports.selection import CROSS
+from .transports.selection import MPI as MPI_CHANNEL
 
 __all__ = ["ParamSync", "sync_params"]
+
 
 def _check_comm(comm):
     if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
@@ -55,7 +59,8 @@ def _sync_alone(manifest, report, verify, trace, t_validate, device) -> None:
         raise diagnose([_json.loads(manifest.encode())])
     trace.span("validate", t_validate, tensors=manifest.tensors)
     t_fan_out = trace.now()
-    if not isinstance(manifest, BulkManifest):  # a bulk set holds one host replica per name: nothing to copy
+    # a bulk set holds one host replica per name: nothing to copy
+    if not isinstance(manifest, BulkManifest):
         fan_out(manifest.host_params)
     if manifest.device_params:
         device.fan_out_local(manifest.device_params)
@@ -95,9 +100,16 @@ class ParamSync(Reusable):
     ``mpisync info``).
     """
 
-    def __init__(self, comm: MPI.Intracomm | None = None, *, root: int = 0, max_concurrent: int | None = None,
-                 fusion_bytes: int | None = None, gpu_transport: str | None = None,
-                 timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        comm: MPI.Intracomm | None = None,
+        *,
+        root: int = 0,
+        max_concurrent: int | None = None,
+        fusion_bytes: int | None = None,
+        gpu_transport: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self._user_comm = MPI.COMM_WORLD if comm is None else comm
         self._root = root
         self._resolve_settings(max_concurrent, fusion_bytes, gpu_transport, timeout)
@@ -105,14 +117,18 @@ class ParamSync(Reusable):
         self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
         self._comm = None
         self._dup = None  # (communicator, request) of an Idup posted and not yet waited for
-        self._facts = None  # the facts all-reduce in flight (selection.FactsExchange), until waited for
-        self._host = HostTransports(root, self._values["max_concurrent"], self._values["fusion_bytes"])
+        # the facts all-reduce in flight (selection.FactsExchange), until waited for
+        self._facts = None
+        self._host = HostTransports(
+            root, self._values["max_concurrent"], self._values["fusion_bytes"]
+        )
         self._device = None
         self._prepared = None
         self._closed = False
         self._broken = None
         self._one_shot = False  # sync_params: one sync, then close
-        self._where = None  # (rank, size, trace) of the caller's communicator, once it passed the check
+        # (rank, size, trace) of the caller's communicator, once it passed the check
+        self._where = None
 
     def _prefer(self, channel: str) -> None:
         # For the bench and tests: host bytes take ``channel`` wherever every rank can use it.
@@ -120,7 +136,8 @@ class ParamSync(Reusable):
 
     @property
     def last_choice(self):
-        """How host bytes moved in the last sync and why (a :class:`mpisync.transports.selection.Choice`), or None."""
+        """How host bytes moved in the last sync and why (a
+        :class:`mpisync.transports.selection.Choice`), or None."""
         return self._host.last_choice
 
     @property
@@ -131,7 +148,8 @@ class ParamSync(Reusable):
 
     @property
     def _mapped_bytes(self) -> int:
-        # For the bench's memory row: buffers tracemalloc does not see (the segment, an arena on a file).
+        # For the bench's memory row: buffers tracemalloc does not see (the segment, an arena on a
+        # file).
         return self._host.nbytes - self._host.traced_bytes
 
     def close(self) -> None:
@@ -155,8 +173,13 @@ class ParamSync(Reusable):
         self._device = None
         self._closed = True
 
-    def sync(self, params: Mapping[str, Any], *, devices: Sequence[Any] | None = None,
-             verify: bool = False) -> SyncReport:
+    def sync(
+        self,
+        params: Mapping[str, Any],
+        *,
+        devices: Sequence[Any] | None = None,
+        verify: bool = False,
+    ) -> SyncReport:
         """Make every replica on every rank byte-for-byte equal to root's master replica.
 
         Every rank of the communicator must call this with parameter sets of the
@@ -189,18 +212,46 @@ class ParamSync(Reusable):
             self._start_dup()
         configure_logging(rank)
         t_validate = trace.now()
-        agreed = {"fusion_bytes": self._values["fusion_bytes"], "chunk_bytes": self._chunk_bytes,
-                  "device_chunk_bytes": self._device_chunk_bytes, "verify": bool(verify),
-                  "root": self._root}
-        devices_key = tuple(devices) if devices is not None and isinstance(devices, _abc.Sequence) else devices
-        manifest, prepared = find_manifest(params, devices, devices_key, self._prepared, rank=rank, size=size,
-                                           root=self._root, settings=agreed, settings_error=self._settings_error)
-        report = SyncReport(tensors=manifest.tensors, replicas=manifest.nreplicas, bytes=manifest.nbytes,
-                            collectives=0, seconds=0.0, transport="host", rank=rank, size=size, root=self._root)
+        agreed = {
+            "fusion_bytes": self._values["fusion_bytes"],
+            "chunk_bytes": self._chunk_bytes,
+            "device_chunk_bytes": self._device_chunk_bytes,
+            "verify": bool(verify),
+            "root": self._root,
+        }
+        devices_key = (
+            tuple(devices)
+            if devices is not None and isinstance(devices, _abc.Sequence)
+            else devices
+        )
+        manifest, prepared = find_manifest(
+            params,
+            devices,
+            devices_key,
+            self._prepared,
+            rank=rank,
+            size=size,
+            root=self._root,
+            settings=agreed,
+            settings_error=self._settings_error,
+        )
+        report = SyncReport(
+            tensors=manifest.tensors,
+            replicas=manifest.nreplicas,
+            bytes=manifest.nbytes,
+            collectives=0,
+            seconds=0.0,
+            transport="host",
+            rank=rank,
+            size=size,
+            root=self._root,
+        )
         if size == 1:
             _sync_alone(manifest, report, verify, trace, t_validate, self._device_transport())
         else:
-            self._sync_collective(params, devices_key, manifest, prepared, report, verify, trace, t_validate)
+            self._sync_collective(
+                params, devices_key, manifest, prepared, report, verify, trace, t_validate
+            )
         report.seconds = _time.perf_counter() - start
         trace.flush()
         if logger.isEnabledFor(_logging.INFO):
@@ -209,8 +260,11 @@ class ParamSync(Reusable):
 
     def _device_transport(self) -> DeviceTransport:
         if self._device is None:
-            self._device = DeviceTransport(self._values["max_concurrent"], self._values["fusion_bytes"],
-                                           self._device_chunk_bytes)
+            self._device = DeviceTransport(
+                self._values["max_concurrent"],
+                self._values["fusion_bytes"],
+                self._device_chunk_bytes,
+            )
         return self._device
 
     @property
@@ -220,7 +274,9 @@ class ParamSync(Reusable):
 
     # -- the collective part ------------------------------------------------
 
-    def _sync_collective(self, params, devices_key, manifest, prepared, report, verify, trace, t_validate):
+    def _sync_collective(
+        self, params, devices_key, manifest, prepared, report, verify, trace, t_validate
+    ):
         values = self._values
         deadline = Deadline(values["timeout"], report)
         ctx = None
@@ -229,53 +285,114 @@ class ParamSync(Reusable):
             self._ensure_comm(deadline.wait)
             phase = "validation exchange"
             bulk = isinstance(manifest, BulkManifest)
-            layout = prepared.layout if prepared is not None else NO_RUNS if bulk else host_layout(manifest.host_params)
-            same_layout, anyone_fresh = agree(self._comm, manifest, deadline.wait, layout.digest, prepared is None)
+            layout = (
+                prepared.layout
+                if prepared is not None
+                else NO_RUNS
+                if bulk
+                else host_layout(manifest.host_params)
+            )
+            same_layout, anyone_fresh = agree(
+                self._comm, manifest, deadline.wait, layout.digest, prepared is None
+            )
             runs = layout.runs if same_layout else ()
             phase = "transport set-up"
-            small = prepared.small if prepared is not None else all_smaller(manifest, values["fusion_bytes"])
-            host_bytes = (prepared.host_bytes if prepared is not None
-                          else manifest.nbytes if bulk else sum(p.nbytes for p in manifest.host_params))
-            channel = self._host.choose(self._comm, small, deadline.wait) if host_bytes else MPI_CHANNEL
-            ctx = Context(self._comm, self._root, deadline, report, trace, values["max_concurrent"],
-                          self._host.facts.one_node)
+            small = (
+                prepared.small
+                if prepared is not None
+                else all_smaller(manifest, values["fusion_bytes"])
+            )
+            host_bytes = (
+                prepared.host_bytes
+                if prepared is not None
+                else manifest.nbytes
+                if bulk
+                else sum(p.nbytes for p in manifest.host_params)
+            )
+            channel = (
+                self._host.choose(self._comm, small, deadline.wait) if host_bytes else MPI_CHANNEL
+            )
+            ctx = Context(
+                self._comm,
+                self._root,
+                deadline,
+                report,
+                trace,
+                values["max_concurrent"],
+                self._host.facts.one_node,
+            )
             reused = prepared is not None and prepared.runs == runs and prepared.channel == channel
             if not reused:
-                prepared = self._prepare(params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx)
+                prepared = self._prepare(
+                    params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx
+                )
             transport = self._host.get(channel) if host_bytes else None
             if transport is not None and (anyone_fresh or not reused):
-                # Peers copy to and from this rank's arrays: every rank binds again when any rank prepared.
+                # Peers copy to and from this rank's arrays: every rank binds again when any rank
+                # prepared.
                 phase = "address exchange"
                 transport.bind(prepared.program, ctx)
             trace.span("validate", t_validate, tensors=manifest.tensors, reused=reused)
-            report.fused_buckets, report.transfers, report.channel = (prepared.fused_buckets, prepared.transfers,
-                                                                       channel)
+            report.fused_buckets, report.transfers, report.channel = (
+                prepared.fused_buckets,
+                prepared.transfers,
+                channel,
+            )
             phase = "cross-memory copies" if channel == CROSS else "broadcast"
             if transport is not None:
                 transport.run(prepared.program, ctx)
             if prepared.device_steps:
                 phase = "device broadcast"
                 report.transport = self._device_transport().run(
-                    self._comm, self._root, prepared.device_steps, values["gpu_transport"], values["timeout"],
-                    report, trace)
+                    self._comm,
+                    self._root,
+                    prepared.device_steps,
+                    values["gpu_transport"],
+                    values["timeout"],
+                    report,
+                    trace,
+                )
             if verify:
                 phase = "verification"
-                _verify_on(self._comm, manifest, self._root, deadline.wait, trace, self._device_transport())
+                _verify_on(
+                    self._comm, manifest, self._root, deadline.wait, trace, self._device_transport()
+                )
                 report.verified = True
         except Expired as expired:
             self._timed_out(phase, _pending(expired, phase, ctx, manifest), values["timeout"])
 
-    def _prepare(self, params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx) -> Prepared:
-        """Plan and compile for these arrays and ``channel``; kept for the next sync when eligible."""
+    def _prepare(
+        self, params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx
+    ) -> Prepared:
+        """Plan and compile for these arrays and ``channel``; kept for the next sync when
+        eligible."""
         fusion = manifest.settings["fusion_bytes"]
         plan = host_plan(manifest, fusion, self._chunk_bytes, runs) if host_bytes else []
         program = self._host.get(channel).compile(manifest, plan, fusion, ctx) if host_bytes else ()
-        device_steps = self._device_transport().compile(manifest.device_params) if manifest.device_params else []
+        device_steps = (
+            self._device_transport().compile(manifest.device_params)
+            if manifest.device_params
+            else []
+        )
         keep = not self._one_shot  # sync_params' syncer never syncs again
         values, keys, state = keep_values(params, manifest) if keep else ((), (), None)
         fused = sum(1 for t in plan if (t[0] if isinstance(t, tuple) else t.fused))
-        prepared = Prepared(values, keys, devices_key, state, manifest, runs, layout, channel, program, fused,
-                            len(plan), device_steps, host_bytes, small)
+        prepared = Prepared(
+            values,
+            keys,
+            devices_key,
+            state,
+            manifest,
+            runs,
+            layout,
+            channel,
+            program,
+            fused,
+            len(plan),
+            device_steps,
+            host_bytes,
+            small,
+        )
         self._prepared = prepared if keep and state is not None else None
         return prepared
 
@@ -285,7 +402,8 @@ class ParamSync(Reusable):
         if self._comm is None and self._dup is None:
             self._dup = self._user_comm.Idup()
             if self._host.facts is None:
-                # Posted on the caller's communicator right after the Idup, in the same order on every
+                # Posted on the caller's communicator right after the Idup, in the same order on
+                # every
                 # rank, so its round trip too overlaps the manifest's construction.
                 self._facts = self._host.post_facts(self._user_comm)
 
@@ -315,13 +433,28 @@ class ParamSync(Reusable):
 
     def _timed_out(self, phase: str, pending: list, timeout: float) -> None:
         self._broken = f"a sync timed out during the {phase}; its collectives may still be pending"
-        timed_out(self._user_comm, phase, pending, timeout, pending_what="pending parameter(s)", call="sync")
+        timed_out(
+            self._user_comm,
+            phase,
+            pending,
+            timeout,
+            pending_what="pending parameter(s)",
+            call="sync",
+        )
 
 
-def sync_params(params: Mapping[str, Any], comm: MPI.Intracomm | None = None, *, root: int = 0,
-                devices: Sequence[Any] | None = None, max_concurrent: int | None = None,
-                fusion_bytes: int | None = None, gpu_transport: str | None = None, timeout: float | None = None,
-                verify: bool = False) -> SyncReport:
+def sync_params(
+    params: Mapping[str, Any],
+    comm: MPI.Intracomm | None = None,
+    *,
+    root: int = 0,
+    devices: Sequence[Any] | None = None,
+    max_concurrent: int | None = None,
+    fusion_bytes: int | None = None,
+    gpu_transport: str | None = None,
+    timeout: float | None = None,
+    verify: bool = False,
+) -> SyncReport:
     """Broadcast every parameter from ``root``'s master replica to every replica on every rank.
 
     ``params`` maps each name to one array, a sequence of replicas, or a
@@ -330,7 +463,13 @@ def sync_params(params: Mapping[str, Any], comm: MPI.Intracomm | None = None, *,
     :class:`~mpisync.SyncError` on every rank when any rank's input is bad.
     See :class:`ParamSync` for the reusable form; both use the same transports.
     """
-    with ParamSync(comm, root=root, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes,
-                   gpu_transport=gpu_transport, timeout=timeout) as syncer:
+    with ParamSync(
+        comm,
+        root=root,
+        max_concurrent=max_concurrent,
+        fusion_bytes=fusion_bytes,
+        gpu_transport=gpu_transport,
+        timeout=timeout,
+    ) as syncer:
         syncer._one_shot = syncer._host.one_shot = True
         return syncer.sync(params, devices=devices, verify=verify)

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+
 from cliutil import installed  # noqa: F401  (the fixture of the command-line tests)
 
 
@@ -30,7 +31,9 @@ def pytest_runtest_makereport(item, call):
         from mpi4py import MPI
 
         rank = MPI.COMM_WORLD.rank
-        sys.stderr.write(f"\n[rank {rank}] FAILED {item.nodeid} ({report.when})\n{report.longreprtext}\n")
+        sys.stderr.write(
+            f"\n[rank {rank}] FAILED {item.nodeid} ({report.when})\n{report.longreprtext}\n"
+        )
         sys.stderr.write(f"[rank {rank}] aborting every rank so none is left waiting\n")
         sys.stderr.flush()
         time.sleep(0.5)

@@ -12,7 +12,9 @@ def values(name: str, rank: int, shape, dtype) -> np.ndarray:
     """
     dtype = np.dtype(dtype)
     seed = (sum(map(ord, name)) * 1000003 + rank * 7919) % (2**32)
-    raw = np.random.default_rng(seed).integers(0, 256, size=int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, dtype=np.uint8)
+    raw = np.random.default_rng(seed).integers(
+        0, 256, size=int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, dtype=np.uint8
+    )
     out = raw.view(dtype).reshape(shape)
     if dtype == np.bool_:
         out = (raw % 2).astype(np.bool_).reshape(shape)

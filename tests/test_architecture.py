@@ -1,4 +1,5 @@
-"""The package's imports: no circle, every import points down the layers, nothing but tools/ imports tools/.
+"""The package's imports: no circle, every import points down the layers, nothing but tools/
+imports tools/.
 
 The layers, from the bottom (docs/design.md has the module map): the leaves
 (errors, report, config, the C extension), ``_runtime``, ``devices``,
@@ -89,7 +90,7 @@ def _cycles(graph: dict) -> list:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt)
         stack.pop()
@@ -106,17 +107,27 @@ def test_no_import_circle():
 
 
 def test_every_import_points_down_the_layers():
-    upward = [f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})"
-              for m, targets in import_graph().items() for t in targets if _layer(t) > _layer(m)]
+    upward = [
+        f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})"
+        for m, targets in import_graph().items()
+        for t in targets
+        if _layer(t) > _layer(m)
+    ]
     assert upward == []
 
 
 def test_only_tools_and_the_command_entry_import_tools():
-    outside = [f"{m} imports {t}" for m, targets in import_graph().items() for t in targets
-               if t.startswith("mpisync.tools") and not (m.startswith("mpisync.tools") or m == "mpisync.__main__")]
+    outside = [
+        f"{m} imports {t}"
+        for m, targets in import_graph().items()
+        for t in targets
+        if t.startswith("mpisync.tools")
+        and not (m.startswith("mpisync.tools") or m == "mpisync.__main__")
+    ]
     assert outside == []
 
 
 def test_the_graph_sees_lazy_imports():
-    # The check itself: a function-level import is an edge (the info tool imports the device detection lazily).
+    # The check itself: a function-level import is an edge (the info tool imports the device
+    # detection lazily).
     assert "mpisync.devices.detect" in import_graph()["mpisync.tools.info"]

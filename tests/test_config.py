@@ -11,7 +11,11 @@ def test_settings_sources(monkeypatch):
     monkeypatch.setenv("MPISYNC_FUSION_BYTES", "4096")
     monkeypatch.setenv("MPISYNC_TIMEOUT", "none")
     s = resolve(max_concurrent=None, fusion_bytes=None, gpu_transport="STAGED")
-    assert (s.max_concurrent.source, s.fusion_bytes.value, s.fusion_bytes.source) == ("built-in", 4096, "environment")
+    assert (s.max_concurrent.source, s.fusion_bytes.value, s.fusion_bytes.source) == (
+        "built-in",
+        4096,
+        "environment",
+    )
     assert (s.gpu_transport.value, s.gpu_transport.source) == ("staged", "argument")
     assert s.timeout.value is None
     assert resolve(fusion_bytes=7).fusion_bytes.value == 7

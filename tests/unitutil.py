@@ -3,7 +3,11 @@
 import pytest
 
 # Arena settings of each copy path: the C loop, one vectored system call per group, a Python loop.
-ARENA_PATHS = {"compiled": {}, "vectored": {"compiled": False}, "loop": {"compiled": False, "vectored": False}}
+ARENA_PATHS = {
+    "compiled": {},
+    "vectored": {"compiled": False},
+    "loop": {"compiled": False, "vectored": False},
+}
 
 
 def speedups_or_skip():

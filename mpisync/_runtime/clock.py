@@ -26,14 +26,16 @@ class Deadline:
         return None if self.timeout is None else _time.monotonic() + self.timeout
 
     def wait(self, request) -> None:
-        """Wait for ``request``; raises :class:`~mpisync._runtime.ring.Expired` past the deadline."""
+        """Wait for ``request``; raises :class:`~mpisync._runtime.ring.Expired` past the
+        deadline."""
         if self.report is not None:
             self.report.collectives += 1
         wait_request(request, self.at())
 
 
 class Trace:
-    """A timeline (``mpisync._runtime.observe.Timeline``) or nothing: spans are dropped when ``active`` is None."""
+    """A timeline (``mpisync._runtime.observe.Timeline``) or nothing: spans are dropped when
+    ``active`` is None."""
 
     __slots__ = ("active",)
 

@@ -16,7 +16,8 @@ _KEPT: list = []
 
 
 def keep_alive(*objects) -> None:
-    """Hold ``objects`` (``None`` is skipped) for the rest of the process, never to be used again."""
+    """Hold ``objects`` (``None`` is skipped) for the rest of the process, never to be used
+    again."""
     _KEPT.extend(o for o in objects if o is not None)
 
 

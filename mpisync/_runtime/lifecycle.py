@@ -1,4 +1,5 @@
-"""What the reusable syncers (``ParamSync``, ``GradSync``) share: fixed settings, closing as a context manager."""
+"""What the reusable syncers (``ParamSync``, ``GradSync``) share: fixed settings, closing as a
+context manager."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ __all__ = ["Reusable"]
 
 
 class Reusable:
-    """A base for objects that hold ``self._settings`` for their life and free what they hold in ``close()``."""
+    """A base for objects that hold ``self._settings`` for their life and free what they hold in
+    ``close()``."""
 
     _settings: _config.Settings
 
     def _resolve_settings(self, max_concurrent, fusion_bytes, gpu_transport, timeout) -> None:
-        """Fix ``self._settings`` (and ``self._values``) for the object's life. A bad setting is kept
-        in ``self._settings_error`` and reported at the first call, collectively, like any bad input."""
+        """Fix ``self._settings`` (and ``self._values``) for the object's life. A bad setting is
+        kept
+        in ``self._settings_error`` and reported at the first call, collectively, like any bad
+        input."""
         self._settings_error = None
         try:
             self._settings = _config.resolve(max_concurrent, fusion_bytes, gpu_transport, timeout)

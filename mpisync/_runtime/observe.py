@@ -72,8 +72,19 @@ class Timeline:
         self._lock = _threading.Lock()
         self._origin = _time.perf_counter_ns()
         self._epoch_us = _time.time_ns() // 1000  # lines ranks up on a shared wall clock
-        head = _json.dumps({"displayTimeUnit": "ms", "traceEvents": [
-            {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}]})
+        head = _json.dumps(
+            {
+                "displayTimeUnit": "ms",
+                "traceEvents": [
+                    {
+                        "name": "process_name",
+                        "ph": "M",
+                        "pid": rank,
+                        "args": {"name": f"rank {rank}"},
+                    }
+                ],
+            }
+        )
         body = head[:-2].encode() + self._TAIL  # ``...}]}`` -> ``...}`` + ``]}\n``
         self._fd = _os.open(path, _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC | _O_CLOEXEC, 0o644)
         _os.write(self._fd, body)
@@ -85,27 +96,36 @@ class Timeline:
         return self._epoch_us + (_time.perf_counter_ns() - self._origin) // 1000
 
     def span(self, name: str, start_us: int, end_us: int | None = None, **args) -> None:
-        """Record phase ``name`` from ``start_us`` to ``end_us`` (default: now); written at the next flush."""
+        """Record phase ``name`` from ``start_us`` to ``end_us`` (default: now); written at the
+        next flush."""
         end_us = self.now() if end_us is None else end_us
         self._pending.append((name, start_us, max(0, end_us - start_us), args))
         if len(self._pending) >= _FLUSH_EVENTS:
             self.flush()
 
     def flush(self) -> None:
-        """Append the events recorded since the last flush (one write; the file stays valid JSON)."""
+        """Append the events recorded since the last flush (one write; the file stays valid
+        JSON)."""
         with self._lock:
             events, self._pending = self._pending, []
             if not events or self._fd < 0:
                 return
             pid = self.rank
             encode = _ENCODER.encode
-            chunk = "".join(f',\n{{"name":{encode(name)},"cat":"mpisync","ph":"X","ts":{int(ts)},"dur":{int(dur)},'
-                            f'"pid":{pid},"tid":0,"args":{encode(args)}}}'
-                            for name, ts, dur, args in events).encode() + self._TAIL
+            chunk = (
+                "".join(
+                    f',\n{{"name":{encode(name)},"cat":"mpisync","ph":"X","ts":{int(ts)},"dur":{int(dur)},'
+                    f'"pid":{pid},"tid":0,"args":{encode(args)}}}'
+                    for name, ts, dur, args in events
+                ).encode()
+                + self._TAIL
+            )
             try:
                 written = _os.pwrite(self._fd, chunk, self._end)
             except OSError as exc:  # a full disk must not fail a sync: stop tracing instead
-                logger.warning("MPISYNC_TIMELINE: writing %s failed (%s); tracing stops", self.path, exc)
+                logger.warning(
+                    "MPISYNC_TIMELINE: writing %s failed (%s); tracing stops", self.path, exc
+                )
                 _os.close(self._fd)
                 self._fd = -1
                 return
@@ -141,7 +161,12 @@ def timeline_for(rank: int) -> Timeline | None:
             try:
                 timeline = Timeline(path, rank)
             except OSError as exc:
-                logger.warning("MPISYNC_TIMELINE: cannot write %s (%s); no timeline on rank %d", path, exc, rank)
+                logger.warning(
+                    "MPISYNC_TIMELINE: cannot write %s (%s); no timeline on rank %d",
+                    path,
+                    exc,
+                    rank,
+                )
                 _unwritable.add(path)
                 return None
             _timelines[path] = timeline

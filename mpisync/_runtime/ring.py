@@ -62,7 +62,8 @@ class RequestRing:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
         self._capacity = capacity
         self._pending: _collections.deque = _collections.deque()
-        self.retired = 0  # requests retired so far: request k (from 0, in push order) is done once this is > k
+        # requests retired so far: request k (from 0, in push order) is done once this is > k
+        self.retired = 0
 
     @property
     def capacity(self) -> int:
@@ -124,7 +125,8 @@ class TrackedRing(RequestRing):
         try:
             wait_request(request, deadline)
         except Expired:
-            keep_alive(*(entry[0] for entry in self._pending))  # every one in flight may still write
+            # every one in flight may still write
+            keep_alive(*(entry[0] for entry in self._pending))
             raise
         self._pending.popleft()
         self.retired += 1

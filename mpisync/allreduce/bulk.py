@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import numpy as _np
 
-from . import ops as _ops
+from .._runtime.speedups import speedups as _speedups
 from ..params.adapters import UnsupportedArray, _byte_view, _dtype_name
 from ..params.bulk import BulkManifest, scan
 from ..plan.transfers import bulk_plan
+from . import ops as _ops
 from .plan import CHUNK_BYTES, ReduceStep, aligned, fused_arena
-from .._runtime.speedups import speedups as _speedups
 
 __all__ = ["scan_for_reduce", "dtype_groups", "compile_bulk_steps"]
 
 
 def dtype_groups(manifest: BulkManifest, op: str) -> list | None:
-    """``[(dtype, members)]``: the dtypes of ``manifest``'s arrays in the order the general plan takes
+    """``[(dtype, members)]``: the dtypes of ``manifest``'s arrays in the order the general plan
+    takes
     them (first appearance among non-empty arrays, in sorted order), each with the indices of its
     non-empty arrays (``None``: every array, the set holding one dtype); None when MPI does not
     reduce one of them as it is under ``op``."""
@@ -51,13 +52,17 @@ def dtype_groups(manifest: BulkManifest, op: str) -> list | None:
     return [(_np.dtype(name), members) for name, members in groups.items()]
 
 
-def scan_for_reduce(params, op: str, *, rank: int, size: int, devices, settings: dict) -> BulkManifest | None:
-    """The bulk manifest of ``params`` for an all-reduce with ``op``, or None (the general path applies)."""
+def scan_for_reduce(
+    params, op: str, *, rank: int, size: int, devices, settings: dict
+) -> BulkManifest | None:
+    """The bulk manifest of ``params`` for an all-reduce with ``op``, or None (the general path
+    applies)."""
     if not isinstance(op, str) or op not in _ops.OPS:
         return None
     manifest = scan(params, rank=rank, size=size, root=0, devices=devices, settings=settings)
     if manifest is None or manifest.held.readonly or dtype_groups(manifest, op) is None:
-        return None  # every rank writes every array; a read-only one gets its error from the general path
+        # every rank writes every array; a read-only one gets its error from the general path
+        return None
     return manifest
 
 
@@ -68,15 +73,22 @@ def _fused(held, names, first: int, last: int, buffer, arena, offset: int, divid
         if divide is not None:
             divide()
         arena.scatter(copies)
+
     return ReduceStep(buffer, tuple(names[first:last]), lambda: arena.gather(copies), store, True)
 
 
 def _group_plans(manifest: BulkManifest, op: str, fusion_bytes: int) -> list:
-    """``(dtype, buffer list, names, arrays, plan)`` per dtype group, in the general plan's order."""
+    """``(dtype, buffer list, names, arrays, plan)`` per dtype group, in the general plan's
+    order."""
     out = []
     for dtype, members in dtype_groups(manifest, op):
         if members is None:
-            held, names, values, sizes = manifest.held, manifest.names, manifest.values, manifest.sizes
+            held, names, values, sizes = (
+                manifest.held,
+                manifest.names,
+                manifest.values,
+                manifest.sizes,
+            )
         else:
             values = [manifest.values[i] for i in members]
             names = [manifest.names[i] for i in members]
@@ -85,11 +97,16 @@ def _group_plans(manifest: BulkManifest, op: str, fusion_bytes: int) -> list:
     return out
 
 
-def compile_bulk_steps(manifest: BulkManifest, op: str, fusion_bytes: int, size: int, arena_for=None) -> tuple:
-    """``(steps, arena)`` as :func:`mpisync.allreduce.plan.compile_steps` gives them for the same set.
+def compile_bulk_steps(
+    manifest: BulkManifest, op: str, fusion_bytes: int, size: int, arena_for=None
+) -> tuple:
+    """``(steps, arena)`` as :func:`mpisync.allreduce.plan.compile_steps` gives them for the same
+    set.
 
-    Per dtype group, the plan is :func:`mpisync.plan.transfers.bulk_plan` (the sequence ``build_plan`` gives;
-    empty arrays add nothing to a bucket) and the buckets lie end to end from aligned offsets, placed
+    Per dtype group, the plan is :func:`mpisync.plan.transfers.bulk_plan` (the sequence
+    ``build_plan`` gives;
+    empty arrays add nothing to a bucket) and the buckets lie end to end from aligned offsets,
+    placed
     by :func:`mpisync.allreduce.plan.fused_arena` as there."""
     groups = _group_plans(manifest, op, fusion_bytes)
     offsets, arena_bytes = [], 0
@@ -108,7 +125,9 @@ def compile_bulk_steps(manifest: BulkManifest, op: str, fusion_bytes: int, size:
             if fused:
                 buffer = _np.frombuffer(arena.view, dtype, nbytes // dtype.itemsize, base + offset)
             else:  # bytes last:last + nbytes of array ``first``, reduced in place
-                buffer = _np.frombuffer(_byte_view(values[first]), dtype, nbytes // dtype.itemsize, last)
+                buffer = _np.frombuffer(
+                    _byte_view(values[first]), dtype, nbytes // dtype.itemsize, last
+                )
             divide = (lambda b=buffer: _ops.divide(b, count)) if count > 1 else None
             if fused:
                 steps.append(_fused(held, names, first, last, buffer, arena, base + offset, divide))

@@ -20,26 +20,26 @@ import typing as _typing
 
 from mpi4py import MPI
 
-from . import ops as _ops
-from ..params.agreement import agree, diagnose
 from .._runtime.clock import Deadline
-from ..params.adapters import ArrayView
-from ..errors import InvalidParamError, SyncError
-from ..params.bulk import BulkManifest
-from ..params.manifest import Param, build_manifest
-from ..params.fanout import fan_out
-from ..plan.prepared import keep_values
-from ..params.recheck import unchanged
-from .bulk import compile_bulk_steps, scan_for_reduce
-from .plan import compile_steps, local_reduce
-from .segment import ReduceSegment
-from ..transports.selection import SHARED
+from .._runtime.keepalive import keep_alive
 from .._runtime.lifecycle import Reusable
-from ..report import SyncReport
 from .._runtime.ring import Expired, TrackedRing
 from .._runtime.speedups import speedups as _speedups
 from .._runtime.timeouts import timed_out
-from .._runtime.keepalive import keep_alive
+from ..errors import InvalidParamError, SyncError
+from ..params.adapters import ArrayView
+from ..params.agreement import agree, diagnose
+from ..params.bulk import BulkManifest
+from ..params.fanout import fan_out
+from ..params.manifest import Param, build_manifest
+from ..params.recheck import unchanged
+from ..plan.prepared import keep_values
+from ..report import SyncReport
+from ..transports.selection import SHARED
+from . import ops as _ops
+from .bulk import compile_bulk_steps, scan_for_reduce
+from .plan import compile_steps, local_reduce
+from .segment import ReduceSegment
 
 __all__ = ["GradSync", "allreduce"]
 
@@ -49,6 +49,7 @@ _SEGMENT_BUCKETS = 16
 # The fewest fused bytes the segment takes: below, its two barriers cost more than one all-reduce of
 # the bytes through MPI (the crossover measured at 2 ranks: docs/allreduce.md).
 _SEGMENT_MIN_BYTES = 24 << 10
+
 
 def _check_comm(comm) -> None:
     if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
@@ -87,7 +88,10 @@ class _Staging:
         self.buffers = []  # per param: the pinned numpy buffers themselves
         for p in params:
             buffers = [p.master.backend.pinned(r.nbytes) for r in p.replicas]
-            views = [ArrayView(memoryview(b).cast("B"), r.shape, r.dtype, True) for b, r in zip(buffers, p.replicas)]
+            views = [
+                ArrayView(memoryview(b).cast("B"), r.shape, r.dtype, True)
+                for b, r in zip(buffers, p.replicas)
+            ]
             self.host.append(Param(p.name, views))
             self.buffers.append(buffers)
 
@@ -124,8 +128,16 @@ class GradSync(Reusable):
     the manifest digest. ``close()`` frees everything.
     """
 
-    def __init__(self, comm=None, *, op="sum", max_concurrent=None, fusion_bytes=None, gpu_transport=None,
-                 timeout=None):
+    def __init__(
+        self,
+        comm=None,
+        *,
+        op="sum",
+        max_concurrent=None,
+        fusion_bytes=None,
+        gpu_transport=None,
+        timeout=None,
+    ):
         self._user_comm = MPI.COMM_WORLD if comm is None else comm
         self._op = op
         self._resolve_settings(max_concurrent, fusion_bytes, gpu_transport, timeout)
@@ -134,16 +146,19 @@ class GradSync(Reusable):
         self._comm = None
         self._dup = None
         self._prepared = None
-        self._segment = None  # the node's shared regions for fused buckets (ReduceSegment), once open
+        # the node's shared regions for fused buckets (ReduceSegment), once open
+        self._segment = None
         self._segment_tried = False
-        # Calls whose validation all-reduce agreed: the same count on every rank, whatever fails after.
+        # Calls whose validation all-reduce agreed: the same count on every rank, whatever fails
+        # after.
         self._agreed = 0
         self._closed = False
         self._broken = None
 
     @property
     def buffer_bytes(self) -> int:
-        """Bytes of host buffers this syncer holds between calls (fusion arena or shared segment)."""
+        """Bytes of host buffers this syncer holds between calls (fusion arena or shared
+        segment)."""
         segment = self._segment.nbytes if self._segment is not None else 0
         plan = self._prepared.plan if self._prepared is not None else None
         return segment + (len(plan.arena) if plan is not None and plan.spans is None else 0)
@@ -158,7 +173,8 @@ class GradSync(Reusable):
         self._closed = True
 
     def allreduce(self, params, *, devices=None) -> SyncReport:
-        """Reduce every replica of every name over all ranks, in place (see :func:`mpisync.allreduce`)."""
+        """Reduce every replica of every name over all ranks, in place (see
+        :func:`mpisync.allreduce`)."""
         if self._closed:
             raise SyncError("mpisync: this GradSync is closed")
         if self._broken:
@@ -170,11 +186,22 @@ class GradSync(Reusable):
         if size > 1 and self._comm is None and self._dup is None:
             self._dup = comm.Idup()  # overlaps this rank's manifest building
         prepared = self._match(params, devices)
-        manifest = prepared.manifest if prepared is not None else self._manifest(params, devices, rank, size)
+        manifest = (
+            prepared.manifest
+            if prepared is not None
+            else self._manifest(params, devices, rank, size)
+        )
         timeout = self._values["timeout"]
-        report = SyncReport(tensors=manifest.tensors, replicas=manifest.nreplicas, bytes=manifest.nbytes,
-                            collectives=0, seconds=0.0, transport="host" if size > 1 else "local",
-                            rank=rank, size=size)
+        report = SyncReport(
+            tensors=manifest.tensors,
+            replicas=manifest.nreplicas,
+            bytes=manifest.nbytes,
+            collectives=0,
+            seconds=0.0,
+            transport="host" if size > 1 else "local",
+            rank=rank,
+            size=size,
+        )
         phase, ring = "validation", None
         try:
             if size > 1:
@@ -191,15 +218,23 @@ class GradSync(Reusable):
                 raise diagnose([_json_doc(manifest)])
             if prepared is None:
                 phase = "set-up"
-                prepared = self._prepare(params, devices, manifest, size, call if size > 1 else None)
+                prepared = self._prepare(
+                    params, devices, manifest, size, call if size > 1 else None
+                )
             phase = "all-reduce"
             ring = TrackedRing(self._values["max_concurrent"], timeout)
             self._run(prepared, report, size, ring, call if size > 1 else None)
         except Expired as expired:
             pending = getattr(expired, "pending", None)
             if pending is None:
-                pending = [n for label in ring.pending_labels() for n in label] if ring is not None else manifest.names
-            self._broken = f"an all-reduce timed out during the {phase}; its collectives may still be pending"
+                pending = (
+                    [n for label in ring.pending_labels() for n in label]
+                    if ring is not None
+                    else manifest.names
+                )
+            self._broken = (
+                f"an all-reduce timed out during the {phase}; its collectives may still be pending"
+            )
             # MPI may still write into the fusion and staging buffers: they outlive this object.
             keep_alive(ring, prepared, self._comm)
             timed_out(comm, f"all-reduce {phase}", pending, timeout)
@@ -207,13 +242,19 @@ class GradSync(Reusable):
         return report
 
     def _manifest(self, params, devices, rank, size):
-        settings = {"op": self._op if isinstance(self._op, str) else repr(self._op),
-                    "fusion_bytes": self._values["fusion_bytes"]}
+        settings = {
+            "op": self._op if isinstance(self._op, str) else repr(self._op),
+            "fusion_bytes": self._values["fusion_bytes"],
+        }
         if not self._settings_error:
-            manifest = scan_for_reduce(params, self._op, rank=rank, size=size, devices=devices, settings=settings)
+            manifest = scan_for_reduce(
+                params, self._op, rank=rank, size=size, devices=devices, settings=settings
+            )
             if manifest is not None:
                 return manifest
-        manifest = build_manifest(params, rank=rank, size=size, root=0, devices=devices, settings=settings)
+        manifest = build_manifest(
+            params, rank=rank, size=size, root=0, devices=devices, settings=settings
+        )
         if self._settings_error:
             manifest.errors.append((None, self._settings_error))
             return manifest
@@ -258,14 +299,16 @@ class GradSync(Reusable):
         (docs/allreduce.md), so a one-shot ``allreduce`` never opens it. The segment is opened
         (collectively) at the first later call whose fused bytes are at least ``_SEGMENT_MIN_BYTES``
         and fit in ``_SEGMENT_BUCKETS`` buckets, the same call on every rank: the agreed manifests
-        and ``fusion_bytes`` fix ``nbytes`` and the bounds, and every rank counts the same agreed calls."""
+        and ``fusion_bytes`` fix ``nbytes`` and the bounds, and every rank counts the same agreed
+        calls."""
         if call is None or self._agreed < 2 or not self._segment_fits(nbytes):
             return None
         if not self._segment_tried:
             self._segment_tried = True
             self._segment = ReduceSegment.open(self._comm, nbytes, call)
         segment = self._segment
-        if segment is None or nbytes > segment.region_bytes:  # a larger set later: MPI, on every rank
+        # a larger set later: MPI, on every rank
+        if segment is None or nbytes > segment.region_bytes:
             return None
         return segment.arena, segment.base
 
@@ -306,7 +349,9 @@ class GradSync(Reusable):
             if step.load is not None:
                 step.load()
             if size > 1:
-                ring.push(self._comm.Iallreduce(MPI.IN_PLACE, step.buffer, op), step.store, step.label)
+                ring.push(
+                    self._comm.Iallreduce(MPI.IN_PLACE, step.buffer, op), step.store, step.label
+                )
             elif step.store is not None:
                 step.store()
         if fused:
@@ -318,7 +363,8 @@ class GradSync(Reusable):
                 self._segment.reduce(self._comm, spans, self._op, call)
             except Expired as expired:
                 expired.pending = [n for label in ring.pending_labels() for n in label] + [
-                    n for step in fused for n in step.label]
+                    n for step in fused for n in step.label
+                ]
                 raise
             for step in fused:
                 step.store()
@@ -337,8 +383,17 @@ def _json_doc(manifest) -> dict:
     return _json.loads(manifest.encode())
 
 
-def allreduce(params, comm=None, *, op="sum", devices=None, max_concurrent=None, fusion_bytes=None,
-              gpu_transport=None, timeout=None) -> SyncReport:
+def allreduce(
+    params,
+    comm=None,
+    *,
+    op="sum",
+    devices=None,
+    max_concurrent=None,
+    fusion_bytes=None,
+    gpu_transport=None,
+    timeout=None,
+) -> SyncReport:
     """Reduce, in place, every replica of every name over all replicas on all ranks of ``comm``.
 
     ``params`` maps each name to one array, a sequence of replicas, or a
@@ -347,6 +402,12 @@ def allreduce(params, comm=None, *, op="sum", devices=None, max_concurrent=None,
     rank raises the same :class:`~mpisync.SyncError` when any rank's input is
     bad. See :class:`GradSync` for the reusable form.
     """
-    with GradSync(comm, op=op, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes,
-                  gpu_transport=gpu_transport, timeout=timeout) as syncer:
+    with GradSync(
+        comm,
+        op=op,
+        max_concurrent=max_concurrent,
+        fusion_bytes=fusion_bytes,
+        gpu_transport=gpu_transport,
+        timeout=timeout,
+    ) as syncer:
         return syncer.allreduce(params, devices=devices)

@@ -7,7 +7,8 @@ staging buffers: widened exactly, reduced, then rounded once (to nearest,
 ties to even) on the way back. ``avg`` is a sum divided by the number of
 replicas over all ranks; for integer dtypes the division floors (as torch's
 ``//``), and integers narrower than 64 bits are summed in ``int64`` staging
-buffers, so that the sum cannot overflow the dtype before the division. ``bool`` is refused; complex dtypes take ``sum``, ``avg`` and
+buffers, so that the sum cannot overflow the dtype before the division. ``bool`` is refused;
+complex dtypes take ``sum``, ``avg`` and
 ``prod`` only (no ordering for ``min``/``max``).
 """
 
@@ -16,20 +17,49 @@ from __future__ import annotations
 import numpy as _np
 from mpi4py import MPI
 
-__all__ = ["OPS", "check", "reduce_dtype", "itemsize", "mpi_op", "local_op", "is_staged", "widen", "narrow_into",
-           "divide"]
+__all__ = [
+    "OPS",
+    "check",
+    "reduce_dtype",
+    "itemsize",
+    "mpi_op",
+    "local_op",
+    "is_staged",
+    "widen",
+    "narrow_into",
+    "divide",
+]
 
 OPS = ("sum", "avg", "min", "max", "prod")
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
-_LOCAL_OPS = {"sum": _np.add, "avg": _np.add, "min": _np.minimum, "max": _np.maximum, "prod": _np.multiply}
+_LOCAL_OPS = {
+    "sum": _np.add,
+    "avg": _np.add,
+    "min": _np.minimum,
+    "max": _np.maximum,
+    "prod": _np.multiply,
+}
 _STAGED = ("float16", "bfloat16")
-_NUMERIC = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-            "float32", "float64", "complex64", "complex128") + _STAGED
+_NUMERIC = (
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+) + _STAGED
 
 
 def check(dtype: str, op: str) -> str | None:
-    """Why ``dtype`` (a dtype name as :mod:`mpisync.params.adapters` spells it) cannot be reduced with ``op``, or ``None``."""
+    """Why ``dtype`` (a dtype name as :mod:`mpisync.params.adapters` spells it) cannot be reduced
+    with ``op``, or ``None``."""
     if dtype not in _NUMERIC:
         return f"dtype {dtype} cannot be all-reduced (supported: {', '.join(_NUMERIC)})"
     if dtype.startswith("complex") and op in ("min", "max"):
@@ -41,7 +71,8 @@ _WIDENED_FOR_AVG = ("int8", "int16", "int32", "uint8", "uint16", "uint32")
 
 
 def is_staged(dtype: str, op: str = "sum") -> bool:
-    """Whether ``dtype`` is reduced with ``op`` in a staging buffer of another dtype (:func:`reduce_dtype`)."""
+    """Whether ``dtype`` is reduced with ``op`` in a staging buffer of another dtype
+    (:func:`reduce_dtype`)."""
     return dtype in _STAGED or (op == "avg" and dtype in _WIDENED_FOR_AVG)
 
 

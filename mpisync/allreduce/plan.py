@@ -1,4 +1,5 @@
-"""The all-reduce plan: which bytes every rank reduces in which collective, and the copies around it.
+"""The all-reduce plan: which bytes every rank reduces in which collective, and the copies around
+it.
 
 Every rank compiles the same steps from the agreed manifest, so the
 collectives match one to one. Parameters are grouped by the dtype MPI reduces
@@ -13,13 +14,22 @@ from __future__ import annotations
 
 import numpy as _np
 
-from . import ops as _ops
 from ..plan.arena import Arena, copy_list
 from ..plan.transfers import build_plan
+from . import ops as _ops
 
-__all__ = ["BUCKET_ALIGN", "CHUNK_BYTES", "ReduceStep", "aligned", "compile_steps", "fused_arena", "local_reduce"]
+__all__ = [
+    "BUCKET_ALIGN",
+    "CHUNK_BYTES",
+    "ReduceStep",
+    "aligned",
+    "compile_steps",
+    "fused_arena",
+    "local_reduce",
+]
 
-#: Bytes every fused bucket starts on (a multiple of every itemsize): buckets of one dtype lie end to end.
+# : Bytes every fused bucket starts on (a multiple of every itemsize): buckets of one dtype lie end
+# to end.
 BUCKET_ALIGN = 64
 #: The largest in-place all-reduce (a multiple of every itemsize: chunks never split a value).
 CHUNK_BYTES = 1 << 30
@@ -38,12 +48,19 @@ def fused_arena(nbytes: int, arena_for=None) -> tuple:
 
 
 class ReduceStep:
-    """One all-reduce: ``buffer`` (typed, reduced in place), ``load()`` before it, ``store()`` after."""
+    """One all-reduce: ``buffer`` (typed, reduced in place), ``load()`` before it, ``store()``
+    after."""
 
     __slots__ = ("buffer", "label", "load", "store", "fused")
 
     def __init__(self, buffer, label: tuple, load, store, fused: bool):
-        self.buffer, self.label, self.load, self.store, self.fused = buffer, label, load, store, fused
+        self.buffer, self.label, self.load, self.store, self.fused = (
+            buffer,
+            label,
+            load,
+            store,
+            fused,
+        )
 
 
 def local_reduce(params: list, op: str) -> None:
@@ -60,7 +77,8 @@ def local_reduce(params: list, op: str) -> None:
 
 
 def _combine_into(out, sources: list, dtype: str, op: str) -> None:
-    """Widen the first of ``sources`` (replicas' bytes) into ``out``, and combine the others there."""
+    """Widen the first of ``sources`` (replicas' bytes) into ``out``, and combine the others
+    there."""
     _ops.widen(sources[0], dtype, out=out)
     combine = _ops.local_op(op)
     for raw in sources[1:]:
@@ -68,14 +86,18 @@ def _combine_into(out, sources: list, dtype: str, op: str) -> None:
 
 
 def _divider(op: str, size: int, params: list, pieces: tuple, buffer, itemsize: int):
-    """``divide()`` for ``avg``: the sum over ``size`` ranks of each piece's replicas, divided by their count."""
+    """``divide()`` for ``avg``: the sum over ``size`` ranks of each piece's replicas, divided by
+    their count."""
     if op != "avg":
         return None
     counts = {size * len(params[i].replicas) for i, _, _, _ in pieces}
     if len(counts) == 1:
         count = counts.pop()
         return lambda: _ops.divide(buffer, count)
-    parts = [(buffer[b // itemsize:(b + n) // itemsize], size * len(params[i].replicas)) for i, _, b, n in pieces]
+    parts = [
+        (buffer[b // itemsize : (b + n) // itemsize], size * len(params[i].replicas))
+        for i, _, b, n in pieces
+    ]
     return lambda: [_ops.divide(part, count) for part, count in parts]
 
 
@@ -90,10 +112,18 @@ def _then(first, second):
 def _fused_step(params, dtype, op, pieces, buffer, arena, offset, divide, label) -> ReduceStep:
     if not _ops.is_staged(dtype, op):
         copies = copy_list(offset, [params[i].master.data for i, _, _, _ in pieces])
-        return ReduceStep(buffer, label, lambda: arena.gather(copies),
-                          _then(divide, lambda: arena.scatter(copies)), True)
+        return ReduceStep(
+            buffer,
+            label,
+            lambda: arena.gather(copies),
+            _then(divide, lambda: arena.scatter(copies)),
+            True,
+        )
     size = buffer.itemsize
-    slots = [([r.data for r in params[i].replicas], buffer[b // size:(b + n) // size]) for i, _, b, n in pieces]
+    slots = [
+        ([r.data for r in params[i].replicas], buffer[b // size : (b + n) // size])
+        for i, _, b, n in pieces
+    ]
 
     def load():
         for sources, part in slots:
@@ -102,6 +132,7 @@ def _fused_step(params, dtype, op, pieces, buffer, arena, offset, divide, label)
     def store():
         for sources, part in slots:
             _ops.narrow_into(sources[0], part, dtype)
+
     return ReduceStep(buffer, label, load, _then(divide, store), True)
 
 
@@ -113,14 +144,20 @@ def _direct_step(params, dtype, op, piece, rdtype, divide_for, label) -> ReduceS
         return ReduceStep(buffer, label, None, divide_for(buffer), False)
     # plan bytes count staged values: the source holds ``ratio`` times fewer bytes
     ratio = rdtype.itemsize // _ops.itemsize(dtype)
-    sources = [r.data[offset // ratio:(offset + nbytes) // ratio] for r in params[index].replicas]
+    sources = [r.data[offset // ratio : (offset + nbytes) // ratio] for r in params[index].replicas]
     buffer = _np.empty(nbytes // rdtype.itemsize, rdtype)
-    return ReduceStep(buffer, label, lambda: _combine_into(buffer, sources, dtype, op),
-                      _then(divide_for(buffer), lambda: _ops.narrow_into(sources[0], buffer, dtype)), False)
+    return ReduceStep(
+        buffer,
+        label,
+        lambda: _combine_into(buffer, sources, dtype, op),
+        _then(divide_for(buffer), lambda: _ops.narrow_into(sources[0], buffer, dtype)),
+        False,
+    )
 
 
 def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for=None) -> tuple:
-    """``(steps, arena)`` reducing the masters of ``params`` (in their agreed order) over ``size`` ranks.
+    """``(steps, arena)`` reducing the masters of ``params`` (in their agreed order) over ``size``
+    ranks.
 
     The fused buckets lie end to end in a private arena, or from byte ``base`` of the arena that
     ``arena_for(nbytes)`` returns as ``(arena, base)`` (None: a private one)."""
@@ -146,13 +183,26 @@ def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for
         pieces = tuple((members[i], o, b, n) for i, o, b, n in transfer.pieces)
         label = tuple(params[i].name for i, _, _, _ in pieces)
         if transfer.fused:
-            buffer = _np.frombuffer(arena.view, rdtype, transfer.nbytes // rdtype.itemsize, base + offset)
+            buffer = _np.frombuffer(
+                arena.view, rdtype, transfer.nbytes // rdtype.itemsize, base + offset
+            )
             divide = _divider(op, size, params, pieces, buffer, rdtype.itemsize)
-            steps.append(_fused_step(params, dtype, op, pieces, buffer, arena, base + offset, divide, label))
+            steps.append(
+                _fused_step(params, dtype, op, pieces, buffer, arena, base + offset, divide, label)
+            )
         else:
             piece = pieces[0]
-            steps.append(_direct_step(
-                params, dtype, op, piece, rdtype,
-                lambda buffer, p=piece: _divider(op, size, params, ((p[0], 0, 0, buffer.nbytes),), buffer,
-                                                 rdtype.itemsize), label))
+            steps.append(
+                _direct_step(
+                    params,
+                    dtype,
+                    op,
+                    piece,
+                    rdtype,
+                    lambda buffer, p=piece, r=rdtype: _divider(
+                        op, size, params, ((p[0], 0, 0, buffer.nbytes),), buffer, r.itemsize
+                    ),
+                    label,
+                )
+            )
     return steps, arena

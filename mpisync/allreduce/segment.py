@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as _np
 
-from . import ops as _ops
 from ..transports.nodesegment import NodeSegment, setting
+from . import ops as _ops
 from .plan import aligned
 
 __all__ = ["ReduceSegment"]
@@ -40,7 +40,9 @@ class ReduceSegment:
         Collective (see :meth:`NodeSegment.open`)."""
         region = aligned(nbytes)
         # Unless switched off; NodeSegment.open also refuses where the platform lacks what it needs.
-        segment = NodeSegment.open(comm, 0, comm.size, region, call, requested=setting() is not False)
+        segment = NodeSegment.open(
+            comm, 0, comm.size, region, call, requested=setting() is not False
+        )
         return cls(segment, comm.rank, comm.size) if segment is not None else None
 
     @property
@@ -71,7 +73,8 @@ class ReduceSegment:
         combine = _ops.local_op(op)
         view, size, rank, region = self.arena.view, self.size, self.rank, self.region_bytes
         call(comm.Ibarrier())  # every region holds its rank's values
-        # Padding between buckets holds zeros or old values nobody reads: their overflow is not news.
+        # Padding between buckets holds zeros or old values nobody reads: their overflow is not
+        # news.
         with _np.errstate(all="ignore"):
             for dtype, start, stop in spans:
                 count = (stop - start) // dtype.itemsize
@@ -79,7 +82,9 @@ class ReduceSegment:
                 if hi == lo:
                     continue
                 offset = start + lo * dtype.itemsize
-                parts = [_np.frombuffer(view, dtype, hi - lo, k * region + offset) for k in range(size)]
+                parts = [
+                    _np.frombuffer(view, dtype, hi - lo, k * region + offset) for k in range(size)
+                ]
                 mine = parts[rank]
                 for k in range(size):
                     if k != rank:

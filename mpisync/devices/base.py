@@ -17,7 +17,8 @@ _logger = _logging.getLogger("mpisync")
 
 
 class Backend(_abc.ABC):
-    """Device operations used by :mod:`mpisync.transports.device_pipeline`; every copy is asynchronous on ``stream``."""
+    """Device operations used by :mod:`mpisync.transports.device_pipeline`; every copy is
+    asynchronous on ``stream``."""
 
     name = "abstract"
     kernel_failure = None  # see __init__ (class-level too, for subclasses that do not call it)
@@ -32,14 +33,16 @@ class Backend(_abc.ABC):
 
     @_abc.abstractmethod
     def synchronize(self, device: int) -> None:
-        """Wait for all work on ``device``: producers done before mpisync reads, its writes visible after."""
+        """Wait for all work on ``device``: producers done before mpisync reads, its writes visible
+        after."""
 
     @_abc.abstractmethod
     def pinned(self, nbytes: int):
         """Page-locked host memory as a numpy uint8 array (what MPI reads and writes).
 
         The array (through its ``base``) is all that keeps the memory: the backend keeps no
-        reference, so it is freed when its owner (a syncer's :class:`~mpisync.transports.device_pipeline.DeviceSlots`)
+        reference, so it is freed when its owner (a syncer's
+        :class:`~mpisync.transports.device_pipeline.DeviceSlots`)
         lets go of it.
         """
 
@@ -72,7 +75,8 @@ class Backend(_abc.ABC):
         """Whether ``event`` completed (never blocks)."""
 
     def __init__(self):
-        #: Why fused buckets are packed with one copy per tensor instead of one kernel (None: kernels work).
+        # : Why fused buckets are packed with one copy per tensor instead of one kernel (None:
+        # kernels work).
         self.kernel_failure: str | None = None
         self._kernels_checked: set = set()
 
@@ -87,7 +91,8 @@ class Backend(_abc.ABC):
         if self.kernel_failure is None and device not in checked:
             try:
                 self.build_kernels(device)
-            except Exception as exc:  # NVRTC missing or mismatched, no GPU code for this device, ...
+            # NVRTC missing or mismatched, no GPU code for this device, ...
+            except Exception as exc:
                 self._kernels_failed(exc)
             checked.add(device)
         return self.kernel_failure is None
@@ -96,14 +101,19 @@ class Backend(_abc.ABC):
         """Compile (or load) what :meth:`pack_kernel` runs on ``device``; raise if it cannot be."""
 
     def pack_kernel(self, dst, sources, stream) -> bool:
-        """Pack ``sources`` into ``dst`` with one kernel; ``False`` when this backend has none for them."""
+        """Pack ``sources`` into ``dst`` with one kernel; ``False`` when this backend has none for
+        them."""
         return False
 
     def _kernels_failed(self, exc: Exception) -> None:
         first_line = (str(exc).strip().splitlines() or [""])[0][:300]
         self.kernel_failure = f"{type(exc).__name__}: {first_line}"
-        _logger.warning("mpisync: %s kernels unavailable (%s); fused buckets are packed with one device "
-                        "copy per tensor", self.name, self.kernel_failure)
+        _logger.warning(
+            "mpisync: %s kernels unavailable (%s); fused buckets are packed with one device "
+            "copy per tensor",
+            self.name,
+            self.kernel_failure,
+        )
 
     def pack(self, dst, sources, stream) -> None:
         """Concatenate device ``sources`` into ``dst``: one kernel where the backend has one and it
@@ -141,5 +151,6 @@ class Backend(_abc.ABC):
         return int(flat.nbytes)
 
     def mpi_buffer(self, flat):
-        """What to hand mpi4py for CUDA-aware MPI (an object with ``__cuda_array_interface__`` or DLPack)."""
+        """What to hand mpi4py for CUDA-aware MPI (an object with ``__cuda_array_interface__`` or
+        DLPack)."""
         return flat

@@ -18,7 +18,8 @@ class _Stream:
 
 
 class CupyBackend(Backend):
-    """Device operations for ``cupy.ndarray``; host buffers come from ``cupy.cuda.alloc_pinned_memory``."""
+    """Device operations for ``cupy.ndarray``; host buffers come from
+    ``cupy.cuda.alloc_pinned_memory``."""
 
     name = "cupy"
 
@@ -78,7 +79,9 @@ class CupyBackend(Backend):
                     raise RuntimeError("cupy.concatenate returned wrong bytes")
 
     def pack_kernel(self, dst, sources, stream) -> bool:
-        if not all(s.device.id == stream.device for s in sources) or not self.check_kernels(stream.device):
+        if not all(s.device.id == stream.device for s in sources) or not self.check_kernels(
+            stream.device
+        ):
             return False
         with self._cp.cuda.Device(stream.device), stream.stream:
             self._cp.concatenate(sources, out=dst)  # one kernel for the bucket

@@ -28,7 +28,9 @@ def mpi_library_path() -> str | None:
             paths = {line.split()[-1] for line in maps if "/libmpi" in line and ".so" in line}
     except OSError:
         return None
-    preferred = sorted(p for p in paths if _os.path.basename(p).startswith(("libmpi.so", "libmpich.so")))
+    preferred = sorted(
+        p for p in paths if _os.path.basename(p).startswith(("libmpi.so", "libmpich.so"))
+    )
     return (preferred or sorted(paths) or [None])[0]
 
 
@@ -46,13 +48,18 @@ def cuda_aware_mpi() -> tuple:
     else:
         reasons.append("the MPI library's path is unknown")
     version = MPI.Get_library_version()
-    vendor = "Open MPI" if version.startswith("Open MPI") else (version.split(maxsplit=1) or ["MPI"])[0]
+    vendor = (
+        "Open MPI" if version.startswith("Open MPI") else (version.split(maxsplit=1) or ["MPI"])[0]
+    )
     if library is not None and hasattr(library, "MPIX_GPU_query_support"):  # MPICH and derivatives
         if _os.environ.get("MPIR_CVAR_ENABLE_GPU", "").strip() == "0":
             return False, f"{vendor}: GPU support disabled by MPIR_CVAR_ENABLE_GPU=0"
         flag = _ctypes.c_int(0)
         rc = library.MPIX_GPU_query_support(_MPIX_GPU_SUPPORT_CUDA, _ctypes.byref(flag))
-        return rc == 0 and flag.value == 1, f"{vendor}: MPIX_GPU_query_support(CUDA) = {flag.value} ({path})"
+        return (
+            rc == 0 and flag.value == 1,
+            f"{vendor}: MPIX_GPU_query_support(CUDA) = {flag.value} ({path})",
+        )
     if library is not None and hasattr(library, "MPIX_Query_cuda_support"):  # Open MPI
         answer = int(library.MPIX_Query_cuda_support())
         return answer == 1, f"{vendor}: MPIX_Query_cuda_support() = {answer} ({path})"
@@ -67,11 +74,15 @@ def cuda_aware_mpi() -> tuple:
 
 
 def choose_transport(setting: str) -> tuple:
-    """``(transport, why)`` for device buffers given ``gpu_transport``: ``"staged"`` or ``"cuda-aware"``."""
+    """``(transport, why)`` for device buffers given ``gpu_transport``: ``"staged"`` or
+    ``"cuda-aware"``."""
     if setting == "staged":
         return "staged", "gpu_transport=staged"
     if setting == "cuda-aware":
-        return "cuda-aware", "gpu_transport=cuda-aware (forced: the MPI library must really be CUDA-aware)"
+        return (
+            "cuda-aware",
+            "gpu_transport=cuda-aware (forced: the MPI library must really be CUDA-aware)",
+        )
     aware, why = cuda_aware_mpi()
     return ("cuda-aware" if aware else "staged"), why
 

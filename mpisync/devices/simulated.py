@@ -79,8 +79,10 @@ class SimulatedBackend(Backend):
         self._streams: dict = {}
         self.pinned_allocations = 0
         self.pinned_bytes = 0
-        self.pinned_live_bytes = 0  # allocated and not yet freed: pinned memory belongs to its syncer
-        self.kernel_fault = None  # tests: "build" (as without NVRTC) or "pack" (failing mid-sync), else None
+        # allocated and not yet freed: pinned memory belongs to its syncer
+        self.pinned_live_bytes = 0
+        # tests: "build" (as without NVRTC) or "pack" (failing mid-sync), else None
+        self.kernel_fault = None
         self.device_allocations = 0
         self.copies = {"to_host": 0, "to_device": 0, "copy": 0, "pack": 0, "unpack": 0}
 
@@ -101,14 +103,16 @@ class SimulatedBackend(Backend):
         self.pinned_bytes += nbytes
         self.pinned_live_bytes += nbytes
         block = _np.empty(nbytes, dtype=_np.uint8)
-        _weakref.finalize(block, self._pinned_freed, nbytes)  # views keep ``block`` alive (their base)
+        # views keep ``block`` alive (their base)
+        _weakref.finalize(block, self._pinned_freed, nbytes)
         return block
 
     def _pinned_freed(self, nbytes: int) -> None:
         self.pinned_live_bytes -= nbytes
 
     def simulate_kernel_fault(self, where) -> None:
-        """Tests: make the "kernel" fail to build (``"build"``), fail when packing (``"pack"``), or work (None)."""
+        """Tests: make the "kernel" fail to build (``"build"``), fail when packing (``"pack"``), or
+        work (None)."""
         self.kernel_fault = where
         self.kernel_failure = None
         self._kernels_checked = set()
@@ -137,13 +141,17 @@ class SimulatedBackend(Backend):
 
     def build_kernels(self, device: int) -> None:
         if self.kernel_fault == "build":
-            raise RuntimeError("simulated: the pack kernel cannot be compiled (as with NVRTC missing)")
+            raise RuntimeError(
+                "simulated: the pack kernel cannot be compiled (as with NVRTC missing)"
+            )
 
     def pack_kernel(self, dst, sources, stream) -> bool:
         if not self.check_kernels(0):
             return False
         if self.kernel_fault == "pack":
-            raise RuntimeError("simulated: compiling the pack kernel failed in the middle of a sync")
+            raise RuntimeError(
+                "simulated: compiling the pack kernel failed in the middle of a sync"
+            )
         self.copies["pack"] += 1  # one "kernel" per bucket
         stream.enqueue(lambda: _np.concatenate(sources, out=dst))
         return True
@@ -154,8 +162,9 @@ class SimulatedBackend(Backend):
         def job():
             offset = 0
             for d in destinations:
-                d[...] = src[offset:offset + d.nbytes]
+                d[...] = src[offset : offset + d.nbytes]
                 offset += d.nbytes
+
         stream.enqueue(job)
 
     def record(self, stream):

@@ -1,4 +1,5 @@
-"""torch CUDA tensors: ``copy_(non_blocking=True)`` on mpisync's streams, pinned tensors for staging."""
+"""torch CUDA tensors: ``copy_(non_blocking=True)`` on mpisync's streams, pinned tensors for
+staging."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ __all__ = ["TorchBackend"]
 
 
 class TorchBackend(Backend):
-    """Device operations for CUDA ``torch.Tensor``; host buffers are pinned torch tensors seen as numpy."""
+    """Device operations for CUDA ``torch.Tensor``; host buffers are pinned torch tensors seen as
+    numpy."""
 
     name = "torch"
 
@@ -45,14 +47,19 @@ class TorchBackend(Backend):
 
     def _pinned_tensor(self, view):
         """The bytes of the tensor behind numpy ``view`` (a slice of what :meth:`pinned` returned),
-        found through the view's ``base`` (no search): copies from pinned memory stay asynchronous."""
+        found through the view's ``base`` (no search): copies from pinned memory stay
+        asynchronous."""
         owner = view
         while isinstance(owner, _np.ndarray):
             owner = owner.base
-        if isinstance(owner, self._torch.Tensor) and owner.dtype == self._torch.uint8 and owner.dim() == 1:
+        if (
+            isinstance(owner, self._torch.Tensor)
+            and owner.dtype == self._torch.uint8
+            and owner.dim() == 1
+        ):
             offset = view.ctypes.data - owner.data_ptr()
             if 0 <= offset and offset + view.nbytes <= owner.numel():
-                return owner[offset:offset + view.nbytes]
+                return owner[offset : offset + view.nbytes]
         return self._torch.from_numpy(view)  # not one of ours: torch copies it synchronously
 
     def to_host(self, dst, src, stream) -> None:

@@ -1,1 +1,2 @@
-"""Parameter sets: array adapters, the manifest (what a rank holds), agreement, verification, fan-out."""
+"""Parameter sets: array adapters, the manifest (what a rank holds), agreement, verification,
+fan-out."""

@@ -16,7 +16,14 @@ import numpy as _np
 
 from ..devices.simulated import SimulatedDeviceArray
 
-__all__ = ["ArrayView", "UnsupportedArray", "as_array_view", "is_array_like", "numpy_view", "torch_cpu_views"]
+__all__ = [
+    "ArrayView",
+    "UnsupportedArray",
+    "as_array_view",
+    "is_array_like",
+    "numpy_view",
+    "torch_cpu_views",
+]
 
 
 class UnsupportedArray(Exception):
@@ -29,7 +36,8 @@ class ArrayView(_typing.NamedTuple):
     A NamedTuple because a manifest builds one per replica on every cold sync.
     """
 
-    data: object  # host: 1-D "B" memoryview; device: the backend's flat uint8 view; both alias the replica
+    # host: 1-D "B" memoryview; device: the backend's flat uint8 view; both alias the replica
+    data: object
     shape: tuple
     dtype: str
     writable: bool
@@ -73,7 +81,9 @@ def _from_numpy(array: _np.ndarray) -> ArrayView:
         data = memoryview(array).cast("B")
     except (TypeError, ValueError):
         if not array.flags.c_contiguous:
-            raise UnsupportedArray(f"numpy array with strides {array.strides} is not C-contiguous") from None
+            raise UnsupportedArray(
+                f"numpy array with strides {array.strides} is not C-contiguous"
+            ) from None
         data = _byte_view(array)
     dtype = _DTYPE_NAMES.get(array.dtype) or _dtype_name(array.dtype)
     return ArrayView(data, array.shape, dtype, not data.readonly)
@@ -94,7 +104,9 @@ def _from_torch(tensor) -> ArrayView:
     if tensor.layout != torch.strided:
         raise UnsupportedArray(f"torch tensor with layout {tensor.layout} is not a dense array")
     if tensor.device.type not in ("cpu", "cuda"):
-        raise UnsupportedArray(f"torch tensor on device {tensor.device}: only CPU and CUDA tensors are supported")
+        raise UnsupportedArray(
+            f"torch tensor on device {tensor.device}: only CPU and CUDA tensors are supported"
+        )
     if not tensor.is_contiguous():
         raise UnsupportedArray(f"torch tensor with stride {tensor.stride()} is not contiguous")
     if tensor.is_quantized or tensor.is_complex() and tensor.is_conj():
@@ -111,12 +123,14 @@ def _from_torch(tensor) -> ArrayView:
 
 
 def torch_cpu_views(values) -> list | None:
-    """The numpy views of ``values`` when every one is a plain torch CPU tensor (or ``Parameter``) that
+    """The numpy views of ``values`` when every one is a plain torch CPU tensor (or ``Parameter``)
+    that
     numpy can view as it is, else ``None`` (the general path then says what is wrong, if anything).
 
     ``Tensor.numpy()`` refuses what a view cannot carry (a device, a dtype numpy lacks, the lazy
     conjugate and negative bits, sparse layouts), so a view has the tensor's address, shape,
-    strides and dtype: the bulk path and the re-check read them in C instead of per tensor in Python.
+    strides and dtype: the bulk path and the re-check read them in C instead of per tensor in
+    Python.
     """
     torch = _sys.modules.get("torch")
     if torch is None:
@@ -141,7 +155,9 @@ def _device_view(array, shape: tuple, dtype: str) -> ArrayView:
     from ..devices import backend_for
 
     backend = backend_for(array)
-    return ArrayView(backend.flat_bytes(array), shape, dtype, True, "device", backend, backend.device_of(array))
+    return ArrayView(
+        backend.flat_bytes(array), shape, dtype, True, "device", backend, backend.device_of(array)
+    )
 
 
 def _from_device(obj) -> ArrayView:
@@ -149,10 +165,13 @@ def _from_device(obj) -> ArrayView:
 
     if backend_for(obj) is None:
         raise UnsupportedArray(
-            f"{type(obj).__module__}.{type(obj).__qualname__} is a GPU buffer of a library mpisync does "
+            f"{type(obj).__module__}.{type(obj).__qualname__} is a GPU buffer of a library mpisync "
+            "does "
             "not support; use a CuPy array or a torch CUDA tensor"
         )
-    contiguous = obj.is_contiguous() if hasattr(obj, "is_contiguous") else bool(obj.flags.c_contiguous)
+    contiguous = (
+        obj.is_contiguous() if hasattr(obj, "is_contiguous") else bool(obj.flags.c_contiguous)
+    )
     if not contiguous:
         raise UnsupportedArray(f"{type(obj).__qualname__} on the device is not C-contiguous")
     dtype = _np.dtype(obj.dtype)
@@ -186,7 +205,9 @@ def as_array_view(obj) -> ArrayView:
         try:
             array = _np.from_dlpack(obj)
         except Exception as exc:  # the producer says why (device, dtype, ...)
-            raise UnsupportedArray(f"DLPack export of {type(obj).__qualname__} failed: {exc}") from None
+            raise UnsupportedArray(
+                f"DLPack export of {type(obj).__qualname__} failed: {exc}"
+            ) from None
         return _from_numpy(array)
     try:
         buffer = memoryview(obj)
@@ -201,5 +222,7 @@ def as_array_view(obj) -> ArrayView:
     try:
         array = _np.asarray(buffer)
     except (TypeError, ValueError) as exc:
-        raise UnsupportedArray(f"buffer format {buffer.format!r} is not understood: {exc}") from None
+        raise UnsupportedArray(
+            f"buffer format {buffer.format!r} is not understood: {exc}"
+        ) from None
     return _from_numpy(array)

@@ -59,14 +59,20 @@ def allgather_bytes(comm, payload: bytes, call) -> list:
 def agree(comm, manifest, call, layout: bytes = bytes(8), fresh: bool = False) -> tuple:
     """Raise the same error on every rank if any rank's manifest is bad or differs; else return
     ``(layouts equal, any fresh)``: whether every rank passed the same 8-byte ``layout`` digest, and
-    whether any rank passed ``fresh`` (it prepared its arrays again). One all-reduce, nothing else in it.
+    whether any rank passed ``fresh`` (it prepared its arrays again). One all-reduce, nothing else
+    in it.
 
     ``call(request)`` waits for one request; it enforces the timeout.
     """
-    words = [1 if manifest.errors else 0, *_struct.unpack("=2q", manifest.digest()), *_struct.unpack("=q", layout),
-             int(fresh)]
+    words = [
+        1 if manifest.errors else 0,
+        *_struct.unpack("=2q", manifest.digest()),
+        *_struct.unpack("=q", layout),
+        int(fresh),
+    ]
     high, low = max_and_min(comm, words, call)
-    if high[0] == 0 and high[1:3] == low[1:3]:  # no rank's input is bad, and the manifest digests agree
+    # no rank's input is bad, and the manifest digests agree
+    if high[0] == 0 and high[1:3] == low[1:3]:
         return high[3] == low[3], bool(high[4])
     docs = [_json.loads(raw) for raw in allgather_bytes(comm, manifest.encode(), call)]
     raise diagnose(docs)
@@ -100,9 +106,13 @@ def diagnose(docs: list) -> Exception:
     for key in sorted(set().union(*(d["settings"] for d in docs))):
         values = [d["settings"].get(key) for d in docs]
         if any(v != values[0] for v in values):
-            differing.append(f"{key}: " + ", ".join(f"rank {r}={v!r}" for r, v in enumerate(values)))
+            differing.append(
+                f"{key}: " + ", ".join(f"rank {r}={v!r}" for r, v in enumerate(values))
+            )
     if differing:
-        return ManifestMismatchError(f"mpisync: ranks disagree on sync settings: {_limited(differing)}")
+        return ManifestMismatchError(
+            f"mpisync: ranks disagree on sync settings: {_limited(differing)}"
+        )
     root = reference["root"]
     expected = {row[0]: row for row in docs[root]["params"]}
     problems = []  # (rank, text)
@@ -119,15 +129,29 @@ def diagnose(docs: list) -> Exception:
                 _, shape, dtype, count, kind = mine[name]
                 _, rshape, rdtype, rcount, rkind = expected[name]
                 if kind != rkind:
-                    problems.append((rank, f"parameter {name!r} is in {kind} memory, on root in {rkind} memory"))
+                    problems.append(
+                        (rank, f"parameter {name!r} is in {kind} memory, on root in {rkind} memory")
+                    )
                 if shape != rshape:
-                    problems.append((rank, f"parameter {name!r} has shape {_shape(shape)}, root has {_shape(rshape)}"))
+                    problems.append(
+                        (
+                            rank,
+                            f"parameter {name!r} has shape {_shape(shape)}, root has "
+                            f"{_shape(rshape)}",
+                        )
+                    )
                 if dtype != rdtype:
-                    problems.append((rank, f"parameter {name!r} has dtype {dtype}, root has {rdtype}"))
+                    problems.append(
+                        (rank, f"parameter {name!r} has dtype {dtype}, root has {rdtype}")
+                    )
                 if count != rcount:
-                    problems.append((rank, f"parameter {name!r} has {count} replica(s), root has {rcount}"))
+                    problems.append(
+                        (rank, f"parameter {name!r} has {count} replica(s), root has {rcount}")
+                    )
     if not problems:  # a digest collision or a bug: still fail loudly, never hang
-        return ManifestMismatchError("mpisync: manifest digests differ between ranks, but no difference was found")
+        return ManifestMismatchError(
+            "mpisync: manifest digests differ between ranks, but no difference was found"
+        )
     ranks = ", ".join(str(r) for r in sorted({r for r, _ in problems}))
     return ManifestMismatchError(
         f"mpisync: parameters differ from root rank {root}'s on rank(s) {ranks}: "

@@ -26,30 +26,43 @@ import collections as _collections
 
 import numpy as _np
 
+from .._runtime.speedups import speedups as _speedups
 from .adapters import UnsupportedArray, _dtype_name, torch_cpu_views
 from .manifest import build_manifest, params_digest, settings_digest
-from .._runtime.speedups import speedups as _speedups
 
 __all__ = ["BulkManifest", "scan"]
 
-# A torch ``state_dict()`` is an OrderedDict; subclasses that override lookups take the general path.
+# A torch ``state_dict()`` is an OrderedDict; subclasses that override lookups take the general
+# path.
 _PLAIN_DICTS = (dict, _collections.OrderedDict)
 
 
 class BulkManifest:
     """What one rank holds, as whole-set arrays: sorted ``names``, their arrays (``values``), byte
-    ``sizes``; the per-parameter :class:`~mpisync.params.manifest.Manifest` is built only when something
+    ``sizes``; the per-parameter :class:`~mpisync.params.manifest.Manifest` is built only when
+    something
     needs it (verification, a diagnosis, a channel other than MPI)."""
 
     leaves_only = True
     errors: tuple = ()
     device_params: tuple = ()
-    dtypes: tuple = ()  # every dtype object of ``values`` (held for the re-check: see mpisync.params.recheck)
+    # every dtype object of ``values`` (held for the re-check: see mpisync.params.recheck)
+    dtypes: tuple = ()
     through_torch = False  # ``values`` are numpy views of the torch CPU tensors ``params`` holds
     states = None  # mpisync._speedups.array_states of ``values`` when the dict is in sorted order
 
-    def __init__(self, params: dict, names: list, values: list, held, digest: bytes, settings: dict,
-                 rank: int, size: int, root: int):
+    def __init__(
+        self,
+        params: dict,
+        names: list,
+        values: list,
+        held,
+        digest: bytes,
+        settings: dict,
+        rank: int,
+        size: int,
+        root: int,
+    ):
         self._source = params
         self.names = names
         self.values = values
@@ -70,8 +83,10 @@ class BulkManifest:
     nreplicas = tensors
 
     def digest(self) -> bytes:
-        """The digest :meth:`mpisync.params.manifest.Manifest.digest` gives for the same arrays and settings."""
-        if self._digest[0] is not self.settings:  # a repeated sync keeps its settings dict: computed once
+        """The digest :meth:`mpisync.params.manifest.Manifest.digest` gives for the same arrays and
+        settings."""
+        # a repeated sync keeps its settings dict: computed once
+        if self._digest[0] is not self.settings:
             self._digest = (self.settings, settings_digest(self._params_digest, self.settings))
         return self._digest[1]
 
@@ -80,7 +95,9 @@ class BulkManifest:
         if self._full is None:
             rank, size, root = self._where
             settings = {k: v for k, v in self.settings.items() if k != "root"}
-            self._full = build_manifest(self._source, rank=rank, size=size, root=root, settings=settings)
+            self._full = build_manifest(
+                self._source, rank=rank, size=size, root=root, settings=settings
+            )
         return self._full
 
     @property
@@ -99,9 +116,16 @@ class BulkManifest:
 
 
 def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> BulkManifest | None:
-    """The bulk manifest of ``params``, or ``None`` when it does not qualify (see the module doc)."""
-    if (_speedups is None or devices is not None or type(params) not in _PLAIN_DICTS or not params
-            or type(root) is not int or not 0 <= root < size):
+    """The bulk manifest of ``params``, or ``None`` when it does not qualify (see the module
+    doc)."""
+    if (
+        _speedups is None
+        or devices is not None
+        or type(params) not in _PLAIN_DICTS
+        or not params
+        or type(root) is not int
+        or not 0 <= root < size
+    ):
         return None
     sorted_names = _speedups.sorted_names(params)
     if sorted_names is None:
@@ -140,5 +164,3 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
     if in_dict_order:  # the states of the arrays (torch: of their views) in the dict's order
         manifest.states = states
     return manifest
-
-

@@ -16,11 +16,18 @@ import struct as _struct
 
 import numpy as _np
 
-from .adapters import UnsupportedArray, as_array_view, is_array_like, numpy_view
 from .._runtime.speedups import speedups as _speedups
+from .adapters import UnsupportedArray, as_array_view, is_array_like, numpy_view
 
-__all__ = ["Param", "Manifest", "build_manifest", "params_digest", "runs", "settings_digest",
-           "shape_words"]
+__all__ = [
+    "Param",
+    "Manifest",
+    "build_manifest",
+    "params_digest",
+    "runs",
+    "settings_digest",
+    "shape_words",
+]
 
 
 class Param:
@@ -37,7 +44,8 @@ class Param:
 
 @_dc.dataclass
 class Manifest:
-    """This rank's view of a sync: parameters in sorted order, local errors, settings that must agree.
+    """This rank's view of a sync: parameters in sorted order, local errors, settings that must
+    agree.
 
     ``leaves_only`` is True when every value of ``params`` was itself an array
     (no replica containers), the precondition of ParamSync's fast path.
@@ -51,8 +59,12 @@ class Manifest:
     _digest: tuple = (None, b"")  # (the settings dict it was computed with, the digest)
 
     def describe(self) -> list:
-        """One row per parameter: ``[name, shape, dtype, replicas, "host" or "device"]``, JSON-safe."""
-        return [[p.name, list(p.master.shape), p.master.dtype, len(p.replicas), p.master.kind] for p in self.params]
+        """One row per parameter: ``[name, shape, dtype, replicas, "host" or "device"]``,
+        JSON-safe."""
+        return [
+            [p.name, list(p.master.shape), p.master.dtype, len(p.replicas), p.master.kind]
+            for p in self.params
+        ]
 
     def encode(self) -> bytes:
         """A JSON encoding of everything other ranks must compare (never pickle)."""
@@ -64,10 +76,14 @@ class Manifest:
         if self._params_digest is None:
             params = self.params
             self._params_digest = params_digest(
-                [p.name for p in params], runs(p.master.dtype for p in params),
-                shape_words(p.master.shape for p in params), runs(len(p.replicas) for p in params),
-                runs(p.master.kind[0] for p in params))
-        if self._digest[0] is not self.settings:  # a repeated sync keeps its settings dict: computed once
+                [p.name for p in params],
+                runs(p.master.dtype for p in params),
+                shape_words(p.master.shape for p in params),
+                runs(len(p.replicas) for p in params),
+                runs(p.master.kind[0] for p in params),
+            )
+        # a repeated sync keeps its settings dict: computed once
+        if self._digest[0] is not self.settings:
             self._digest = (self.settings, settings_digest(self._params_digest, self.settings))
         return self._digest[1]
 
@@ -102,13 +118,17 @@ class Manifest:
         return sum(len(p.replicas) for p in self.params)
 
 
-def params_digest(names: list, dtype_runs: list, shapes: bytes, count_runs: list, kind_runs: list) -> bytes:
+def params_digest(
+    names: list, dtype_runs: list, shapes: bytes, count_runs: list, kind_runs: list
+) -> bytes:
     """16 bytes over what every rank's parameters must share, in sorted order: ``names`` (joined by
     NUL when no name holds one, else each name's length and then the names: no two lists of names
-    encode alike, whatever characters they hold), ``shapes`` (int64 words: ndim, then the extents, per parameter), and as
+    encode alike, whatever characters they hold), ``shapes`` (int64 words: ndim, then the extents,
+    per parameter), and as
     ``[value, how many in a row]`` runs (see :func:`runs`) the dtype names, replica counts and
     placements (``"h"`` or ``"d"``). Computed alike from a manifest's parameters and from
-    :mod:`mpisync.params.bulk`'s scan, so ranks on either path compare equal. SHA-256 (hardware-assisted
+    :mod:`mpisync.params.bulk`'s scan, so ranks on either path compare equal. SHA-256
+    (hardware-assisted
     on current CPUs) over about 40 bytes a tensor."""
     h = _hashlib.sha256()
     h.update(_struct.pack("=q", len(names)))
@@ -121,13 +141,16 @@ def params_digest(names: list, dtype_runs: list, shapes: bytes, count_runs: list
 
 
 def _names_encoding(names: list) -> tuple:
-    """``(form, names)`` as the digest takes them: ``b"J"`` and the NUL-joined UTF-8 when no name holds
-    a NUL (built in C where it can be), else ``b"L"`` with each name's length, and the names joined."""
+    """``(form, names)`` as the digest takes them: ``b"J"`` and the NUL-joined UTF-8 when no name
+    holds
+    a NUL (built in C where it can be), else ``b"L"`` with each name's length, and the names
+    joined."""
     joined = _speedups.joined_names(names) if _speedups is not None else None
     if joined is not None:
         return b"J", joined
     text = "\x00".join(names)
-    if text.count("\x00") == max(len(names) - 1, 0):  # no name holds a NUL: the separators are the bounds
+    # no name holds a NUL: the separators are the bounds
+    if text.count("\x00") == max(len(names) - 1, 0):
         form = b"J"
     else:  # each name's length (in characters), then the names: unambiguous whatever they hold
         form = b"L" + _array.array("q", map(len, names)).tobytes()
@@ -142,7 +165,9 @@ def runs(items) -> list:
 
 def shape_words(shapes) -> bytes:
     """Shapes as int64 words, ndim then extents, one after another (as the digest takes them)."""
-    return _np.fromiter(_itertools.chain.from_iterable((len(s), *s) for s in shapes), dtype=_np.int64).tobytes()
+    return _np.fromiter(
+        _itertools.chain.from_iterable((len(s), *s) for s in shapes), dtype=_np.int64
+    ).tobytes()
 
 
 def settings_digest(params_digest_: bytes, settings: dict) -> bytes:
@@ -153,7 +178,8 @@ def settings_digest(params_digest_: bytes, settings: dict) -> bytes:
 
 
 def _replica_list(replicas, devices) -> list:
-    """The replicas of one parameter as a list, master first; raises ``ValueError`` saying why not."""
+    """The replicas of one parameter as a list, master first; raises ``ValueError`` saying why
+    not."""
     if isinstance(replicas, _abc.Mapping):
         if devices is None:
             return list(replicas.values())
@@ -173,8 +199,12 @@ def _check_param(views: list, receiving: bool) -> str | None:
     master = views[0]
     for i, view in enumerate(views[1:], start=1):
         if view.kind != master.kind:
-            return (f"replica {i} is in {'host memory' if view.kind == 'host' else 'device memory'} and the "
-                    "master is not: the replicas of one name must all be on devices or all in host memory")
+            return (
+                f"replica {i} is in {'host memory' if view.kind == 'host' else 'device memory'} "
+                "and the "
+                "master is not: the replicas of one name must all be on devices or all in host "
+                "memory"
+            )
         if view.shape != master.shape or view.dtype != master.dtype:
             return (
                 f"replica {i} has shape {view.shape} dtype {view.dtype}, but the master "
@@ -198,11 +228,17 @@ def build_manifest(params, *, rank: int, size: int, root, devices=None, settings
     if not root_ok:
         errors.append((None, f"root={root!r} is not a rank of this communicator (size {size})"))
     receiving = not (root_ok and rank == root)
-    if devices is not None and (isinstance(devices, (str, bytes)) or not isinstance(devices, _abc.Sequence) or not devices):
-        errors.append((None, f"devices must be a non-empty sequence of device keys, got {devices!r}"))
+    if devices is not None and (
+        isinstance(devices, (str, bytes)) or not isinstance(devices, _abc.Sequence) or not devices
+    ):
+        errors.append(
+            (None, f"devices must be a non-empty sequence of device keys, got {devices!r}")
+        )
         devices = None
     if not isinstance(params, _abc.Mapping):
-        errors.append((None, f"params must be a mapping of name to replicas, got {type(params).__qualname__}"))
+        errors.append(
+            (None, f"params must be a mapping of name to replicas, got {type(params).__qualname__}")
+        )
         params = {}
     bad_names = [n for n in params if not isinstance(n, str)]
     if bad_names:

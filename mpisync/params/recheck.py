@@ -17,26 +17,45 @@ import sys as _sys
 
 import numpy as _np
 
-from .adapters import torch_cpu_views
 from .._runtime.speedups import speedups as _speedups
+from .adapters import torch_cpu_views
 
 __all__ = ["snapshot", "unchanged"]
 
 
 def _state(value) -> tuple:
-    """The Python form of one array's state (torch tensors, cupy arrays, numpy without the C loops)."""
+    """The Python form of one array's state (torch tensors, cupy arrays, numpy without the C
+    loops)."""
     if isinstance(value, _np.ndarray):
-        return (value.__array_interface__["data"][0], value.shape, value.strides, value.dtype,
-                bool(value.flags.writeable))
+        return (
+            value.__array_interface__["data"][0],
+            value.shape,
+            value.strides,
+            value.dtype,
+            bool(value.flags.writeable),
+        )
     torch = _sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        return (value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype, value.device,
-                value.layout, bool(value.is_conj()), bool(value.is_neg()),
-                bool(getattr(value, "is_inference", lambda: False)()))
+        return (
+            value.data_ptr(),
+            tuple(value.shape),
+            tuple(value.stride()),
+            value.dtype,
+            value.device,
+            value.layout,
+            bool(value.is_conj()),
+            bool(value.is_neg()),
+            bool(getattr(value, "is_inference", lambda: False)()),
+        )
     data = getattr(value, "data", None)
     pointer = getattr(data, "ptr", None)  # cupy
-    return (type(value), pointer, getattr(value, "shape", None), getattr(value, "strides", None),
-            getattr(value, "dtype", None))
+    return (
+        type(value),
+        pointer,
+        getattr(value, "shape", None),
+        getattr(value, "strides", None),
+        getattr(value, "dtype", None),
+    )
 
 
 class Snapshot:
@@ -44,22 +63,32 @@ class Snapshot:
 
     __slots__ = ("words", "others", "dtypes", "through_torch")
 
-    def __init__(self, words: bytes | None, others: tuple, dtypes: tuple = (), through_torch: bool = False):
+    def __init__(
+        self, words: bytes | None, others: tuple, dtypes: tuple = (), through_torch: bool = False
+    ):
         self.words = words  # C form for exact numpy arrays (None without the C loops)
         self.others = others  # (index, state) for everything the C loop does not read
-        # The C form compares dtypes by address: holding them keeps a new dtype from taking the address.
+        # The C form compares dtypes by address: holding them keeps a new dtype from taking the
+        # address.
         self.dtypes = dtypes
-        self.through_torch = through_torch  # words of the torch tensors' numpy views (arrays.torch_cpu_views)
+        # words of the torch tensors' numpy views (arrays.torch_cpu_views)
+        self.through_torch = through_torch
 
 
-def snapshot(values: tuple, *, dtypes: tuple | None = None, views: list | None = None,
-             words: bytes | None = None) -> Snapshot:
+def snapshot(
+    values: tuple,
+    *,
+    dtypes: tuple | None = None,
+    views: list | None = None,
+    words: bytes | None = None,
+) -> Snapshot:
     """Record each array's address, shape, strides, dtype and writability.
 
     ``dtypes``: every dtype object of the arrays recorded, held by the snapshot; given without
     ``views``, the caller knows every value is exactly a ``numpy.ndarray`` (the C loop reads them
     all); with ``views``, every value is a torch CPU tensor and ``views`` are its
-    :func:`~mpisync.params.adapters.torch_cpu_views`, whose states are recorded (and compared, by C loop).
+    :func:`~mpisync.params.adapters.torch_cpu_views`, whose states are recorded (and compared, by C
+    loop).
     ``words``: those states, already read (``mpisync._speedups.array_list`` gives them with the
     buffers), in the order of ``values``.
     """
@@ -84,7 +113,9 @@ def unchanged(values: tuple, prepared: Snapshot) -> bool:
         if prepared.through_torch:
             views = torch_cpu_views(values)
             return views is not None and _speedups.same_states(views, _np.ndarray, prepared.words)
-        if prepared.words is not None and not _speedups.same_states(values, _np.ndarray, prepared.words):
+        if prepared.words is not None and not _speedups.same_states(
+            values, _np.ndarray, prepared.words
+        ):
             return False
         for i, state in prepared.others:
             if _state(values[i]) != state:

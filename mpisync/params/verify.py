@@ -6,9 +6,9 @@ import hashlib as _hashlib
 
 import numpy as _np
 
+from ..errors import VerificationError
 from .agreement import all_equal
 from .bulk import BulkManifest
-from ..errors import VerificationError
 
 __all__ = ["param_digests", "verify"]
 
@@ -18,7 +18,8 @@ def _digest(data) -> bytes:
 
 
 def param_digests(manifest, to_host=None) -> _np.ndarray:
-    """An ``(n, 3)`` int64 array: each master's 16-byte digest, then 1 if every local replica equals it.
+    """An ``(n, 3)`` int64 array: each master's 16-byte digest, then 1 if every local replica
+    equals it.
 
     ``to_host(view)`` copies a device replica's bytes to host memory.
     """
@@ -40,7 +41,8 @@ def param_digests(manifest, to_host=None) -> _np.ndarray:
 
 
 def verify(comm, manifest, root: int, call, to_host=None) -> int:
-    """Raise :class:`VerificationError` on every rank unless all hold root's bytes; return collectives used.
+    """Raise :class:`VerificationError` on every rank unless all hold root's bytes; return
+    collectives used.
 
     ``comm=None`` checks only this rank's replicas. With peers it costs one
     all-reduce when all agree, and an all-gather of the digests to name differences.
@@ -68,4 +70,6 @@ def verify(comm, manifest, root: int, call, to_host=None) -> int:
     if not bad:
         return collectives
     shown = "; ".join(bad[:20]) + (f"; ... and {len(bad) - 20} more" if len(bad) > 20 else "")
-    raise VerificationError(f"mpisync: verification failed, bytes differ from root rank {root}'s: {shown}")
+    raise VerificationError(
+        f"mpisync: verification failed, bytes differ from root rank {root}'s: {shown}"
+    )

@@ -41,15 +41,23 @@ def copy_list(offset: int, views) -> tuple:
     groups, position = [], offset
     views = [v for v in views if v.nbytes]
     for start in range(0, len(views), _IOV_MAX):
-        group = tuple(views[start:start + _IOV_MAX])
+        group = tuple(views[start : start + _IOV_MAX])
         nbytes = sum(v.nbytes for v in group)
-        groups.append((position, group, nbytes, _speedups.BufferList(group) if _speedups is not None else None))
+        groups.append(
+            (
+                position,
+                group,
+                nbytes,
+                _speedups.BufferList(group) if _speedups is not None else None,
+            )
+        )
         position += nbytes
     return tuple(groups)
 
 
 class Arena:
-    """``nbytes`` of fusion buffer; ``view`` is the byte memoryview MPI sends from and receives into.
+    """``nbytes`` of fusion buffer; ``view`` is the byte memoryview MPI sends from and receives
+    into.
 
     ``vectored=False`` forces the portable Python copy loop and
     ``compiled=False`` leaves the C loops out (tests use them to check every
@@ -69,14 +77,17 @@ class Arena:
             if fd is not None:
                 try:
                     _os.ftruncate(fd, nbytes)
-                    if hasattr(_os, "posix_fallocate"):  # out of memory fails here, not as SIGBUS later
+                    # out of memory fails here, not as SIGBUS later
+                    if hasattr(_os, "posix_fallocate"):
                         _os.posix_fallocate(fd, 0, nbytes)
                     mapping = _mmap.mmap(fd, nbytes)
                 except OSError:
                     _os.close(fd)
                 else:
                     self._adopt(fd)
-        self.view = memoryview(mapping if mapping is not None else _np.empty(nbytes, dtype=_np.uint8)).cast("B")
+        self.view = memoryview(
+            mapping if mapping is not None else _np.empty(nbytes, dtype=_np.uint8)
+        ).cast("B")
 
     @classmethod
     def over(cls, fd: int, mapping, offset: int, nbytes: int) -> Arena:
@@ -87,7 +98,7 @@ class Arena:
         arena = cls.__new__(cls)
         arena.nbytes, arena._fd, arena._base, arena._compiled = nbytes, None, offset, True
         arena._adopt(fd)
-        arena.view = memoryview(mapping).cast("B")[offset:offset + nbytes]
+        arena.view = memoryview(mapping).cast("B")[offset : offset + nbytes]
         return arena
 
     def _adopt(self, fd: int) -> None:
@@ -96,12 +107,14 @@ class Arena:
 
     @property
     def compiled(self) -> bool:
-        """Whether copy groups that carry a C ``BufferList`` are copied by it (see :func:`copy_list`)."""
+        """Whether copy groups that carry a C ``BufferList`` are copied by it (see
+        :func:`copy_list`)."""
         return self._compiled and _speedups is not None
 
     @property
     def mapped(self) -> bool:
-        """Whether the arena is a memory mapping (a memory file) rather than plain process memory."""
+        """Whether the arena is a memory mapping (a memory file) rather than plain process
+        memory."""
         return self._fd is not None
 
     @property
@@ -113,7 +126,8 @@ class Arena:
         return self.nbytes
 
     def gather(self, copies: tuple, streaming: bool = False) -> None:
-        """Copy the buffers of ``copies`` (from :func:`copy_list`) into the arena (``streaming``: with
+        """Copy the buffers of ``copies`` (from :func:`copy_list`) into the arena (``streaming``:
+        with
         non-temporal stores, where the C loops are built, for bytes another core reads next)."""
         fd, base, compiled = self._fd, self._base, self._compiled
         for offset, group, nbytes, held in copies:

@@ -1,4 +1,5 @@
-"""A validated parameter set with its compiled programs, reusable while the same arrays come back."""
+"""A validated parameter set with its compiled programs, reusable while the same arrays come
+back."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import collections.abc as _abc
 import dataclasses as _dc
 import operator as _operator
 
+from .._runtime.speedups import speedups as _speedups
 from ..params.bulk import BulkManifest, scan
 from ..params.manifest import build_manifest
 from ..params.recheck import Snapshot, snapshot, unchanged
-from .._runtime.speedups import speedups as _speedups
 
 __all__ = ["Prepared", "find_manifest"]
 
@@ -45,30 +46,44 @@ class Prepared:
                 if not _speedups.same_items(params, self.keys, self.values):
                     return False
                 self.version = (params, version)
-        elif tuple(params) != self.keys or not all(map(_operator.is_, params.values(), self.values)):
+        elif tuple(params) != self.keys or not all(
+            map(_operator.is_, params.values(), self.values)
+        ):
             return False
         return unchanged(self.values, self.state)
 
 
-def find_manifest(params, devices, devices_key, prepared, *, rank, size, root, settings, settings_error):
+def find_manifest(
+    params, devices, devices_key, prepared, *, rank, size, root, settings, settings_error
+):
     """``(manifest, prepared)``: the prepared set when ``params`` still matches it, else a fresh
     manifest (the bulk scan for plain numpy dicts, else the general one) and ``None``."""
-    if prepared is not None and isinstance(params, _abc.Mapping) and prepared.matches(params, devices_key):
+    if (
+        prepared is not None
+        and isinstance(params, _abc.Mapping)
+        and prepared.matches(params, devices_key)
+    ):
         manifest = prepared.manifest
         if manifest.settings != settings:
             manifest.settings = settings
         return manifest, prepared
-    manifest = None if settings_error else scan(params, rank=rank, size=size, root=root, devices=devices,
-                                                settings=settings)
+    manifest = (
+        None
+        if settings_error
+        else scan(params, rank=rank, size=size, root=root, devices=devices, settings=settings)
+    )
     if manifest is None:
-        manifest = build_manifest(params, rank=rank, size=size, root=root, devices=devices, settings=settings)
+        manifest = build_manifest(
+            params, rank=rank, size=size, root=root, devices=devices, settings=settings
+        )
         if settings_error:
             manifest.errors.append((None, settings_error))
     return manifest, None
 
 
 def all_smaller(manifest, fusion_bytes: int) -> bool:
-    """Whether every host tensor of ``manifest`` is smaller than ``fusion_bytes`` (there is one at least)."""
+    """Whether every host tensor of ``manifest`` is smaller than ``fusion_bytes`` (there is one at
+    least)."""
     if isinstance(manifest, BulkManifest):
         return bool(len(manifest.sizes)) and int(manifest.sizes.max()) < fusion_bytes
     host = manifest.host_params
@@ -76,18 +91,25 @@ def all_smaller(manifest, fusion_bytes: int) -> bool:
 
 
 def keep_values(params, manifest) -> tuple:
-    """``(values, keys, state)`` to recognise ``params`` next time (empty when it holds replica lists)."""
+    """``(values, keys, state)`` to recognise ``params`` next time (empty when it holds replica
+    lists)."""
     if not manifest.leaves_only:
         return (), (), None
     if not isinstance(manifest, BulkManifest):
         values = tuple(params.values())
         return values, tuple(params), snapshot(values)
-    # The scan read the states when the dict is in sorted order: its sorted lists are then the dict's.
+    # The scan read the states when the dict is in sorted order: its sorted lists are then the
+    # dict's.
     in_order = manifest.states is not None
-    arrays = manifest.values  # numpy arrays, or the torch tensors' numpy views (their states are recorded)
+    # numpy arrays, or the torch tensors' numpy views (their states are recorded)
+    arrays = manifest.values
     if not in_order and manifest.through_torch:
         arrays = list(map(dict(zip(manifest.names, arrays)).__getitem__, params))
     values = tuple(arrays) if in_order and not manifest.through_torch else tuple(params.values())
     keys = tuple(manifest.names) if in_order else tuple(params)
     views = arrays if manifest.through_torch else None
-    return values, keys, snapshot(values, dtypes=manifest.dtypes, views=views, words=manifest.states)
+    return (
+        values,
+        keys,
+        snapshot(values, dtypes=manifest.dtypes, views=views, words=manifest.states),
+    )

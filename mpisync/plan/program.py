@@ -14,14 +14,22 @@ import dataclasses as _dc
 
 from mpi4py import MPI
 
-from .arena import Arena, copy_list
-from .spans import span_buffer
-from ..params.fanout import copy_host, replica_copies
 from ..params.adapters import _byte_view
 from ..params.bulk import BulkManifest
+from ..params.fanout import copy_host, replica_copies
+from .arena import Arena, copy_list
+from .spans import span_buffer
 
-__all__ = ["Step", "compile_program", "arena_slots", "fused_slots", "bucket_pack", "bucket_unpack",
-           "transfer_buffer", "FUSED_SLOTS"]
+__all__ = [
+    "Step",
+    "compile_program",
+    "arena_slots",
+    "fused_slots",
+    "bucket_pack",
+    "bucket_unpack",
+    "transfer_buffer",
+    "FUSED_SLOTS",
+]
 
 
 @_dc.dataclass
@@ -36,11 +44,13 @@ class Step:
     buffer: list  # [memoryview, MPI.BYTE], as Ibcast takes it
     pack: tuple  # root only, before posting: masters into the arena
     unpack: tuple  # after completion: arena into receivers' masters and every rank's other replicas
-    fan_out: tuple  # every rank, after completion: master -> other local replicas (direct transfers)
+    # every rank, after completion: master -> other local replicas (direct transfers)
+    fan_out: tuple
     label: tuple  # parameter names, for timeout diagnostics
     fused: bool
     arena: Arena | None = None
-    after: int = -1  # the step that used this bucket's arena slot before it (retired first); -1: none
+    # the step that used this bucket's arena slot before it (retired first); -1: none
+    after: int = -1
 
     def start(self, timeline=None) -> None:
         """Run before the collective is posted: pack root's masters (span on ``timeline``)."""
@@ -51,13 +61,19 @@ class Step:
                 timeline.span("pack", begin, tensors=len(self.label))
 
     def finish(self, timeline=None) -> None:
-        """Run after the collective completed: unpack, then the local fan-out (spans on ``timeline``)."""
+        """Run after the collective completed: unpack, then the local fan-out (spans on
+        ``timeline``)."""
         if self.unpack:
             begin = timeline.now() if timeline is not None else 0
             self.arena.scatter(self.unpack)
             if timeline is not None:
-                timeline.span("unpack", begin, buffers=sum(len(group if held is None else held)
-                                                          for _, group, _, held in self.unpack))
+                timeline.span(
+                    "unpack",
+                    begin,
+                    buffers=sum(
+                        len(group if held is None else held) for _, group, _, held in self.unpack
+                    ),
+                )
         if self.fan_out:
             begin = timeline.now() if timeline is not None else 0
             copy_host(self.fan_out)
@@ -86,7 +102,8 @@ def arena_slots(plan: list, capacity: int, one_node: bool = True) -> int:
 
 
 def bucket_pack(params: list, pieces: tuple, base: int) -> tuple:
-    """Copy groups putting root's masters of a bucket's ``pieces`` into the arena from offset ``base``."""
+    """Copy groups putting root's masters of a bucket's ``pieces`` into the arena from offset
+    ``base``."""
     return copy_list(base, [params[i].master.data for i, _, _, _ in pieces])
 
 
@@ -111,7 +128,9 @@ def bucket_unpack(params: list, pieces: tuple, base: int, receiving: bool) -> tu
     return tuple(groups)
 
 
-def compile_program(params: list, plan: list, *, receiving: bool, arena: Arena, fusion_bytes: int) -> list:
+def compile_program(
+    params: list, plan: list, *, receiving: bool, arena: Arena, fusion_bytes: int
+) -> list:
     """The steps that carry out ``plan`` (made for ``params``, host memory) on this rank's replicas.
 
     ``arena`` holds at least ``slots * fusion_bytes`` bytes.
@@ -122,18 +141,30 @@ def compile_program(params: list, plan: list, *, receiving: bool, arena: Arena, 
         label = tuple(params[p[0]].name for p in transfer.pieces)
         if transfer.fused:
             base = (bucket % slots) * fusion_bytes
-            view = arena.view[base:base + transfer.nbytes]
+            view = arena.view[base : base + transfer.nbytes]
             pack = () if receiving else bucket_pack(params, transfer.pieces, base)
             unpack = bucket_unpack(params, transfer.pieces, base, receiving)
-            steps.append(Step([view, MPI.BYTE], pack, unpack, (), label, True, arena,
-                              fused_steps[bucket - slots] if bucket >= slots else -1))
+            steps.append(
+                Step(
+                    [view, MPI.BYTE],
+                    pack,
+                    unpack,
+                    (),
+                    label,
+                    True,
+                    arena,
+                    fused_steps[bucket - slots] if bucket >= slots else -1,
+                )
+            )
             fused_steps.append(len(steps) - 1)
             bucket += 1
         else:
             if transfer.run:
                 label = tuple(params[i].name for i in transfer.run)
             fan_out = tuple(replica_copies(params, transfer.completes))
-            steps.append(Step([transfer_buffer(params, transfer), MPI.BYTE], (), (), fan_out, label, False))
+            steps.append(
+                Step([transfer_buffer(params, transfer), MPI.BYTE], (), (), fan_out, label, False)
+            )
     return steps
 
 
@@ -142,12 +173,16 @@ def transfer_buffer(params: list, transfer):
     index, start, _, n = transfer.pieces[0]
     if transfer.run:  # parameters end to end in memory: one span from the first one's address
         return span_buffer(params[index].master.data, start, n)
-    return params[index].master.data[start:start + n]
+    return params[index].master.data[start : start + n]
 
 
-def compile_bulk(manifest: BulkManifest, plan: list, *, receiving: bool, arena, fusion_bytes: int) -> list:
-    """The :class:`~mpisync.plan.program.Step` list carrying out ``plan`` on ``manifest``'s arrays: each
-    bucket packed (root) or unpacked (receivers) by one ``BufferList``, large tensors sent in place."""
+def compile_bulk(
+    manifest: BulkManifest, plan: list, *, receiving: bool, arena, fusion_bytes: int
+) -> list:
+    """The :class:`~mpisync.plan.program.Step` list carrying out ``plan`` on ``manifest``'s arrays:
+    each
+    bucket packed (root) or unpacked (receivers) by one ``BufferList``, large tensors sent in
+    place."""
     if not arena.compiled:
         raise ValueError("compile_bulk needs an arena that copies with mpisync._speedups")
     slots = len(arena) // fusion_bytes if fusion_bytes else 0
@@ -157,12 +192,21 @@ def compile_bulk(manifest: BulkManifest, plan: list, *, receiving: bool, arena, 
         if fused:
             base = (bucket % slots) * fusion_bytes
             copies = ((base, (), nbytes, manifest.held.part(first, last)),)
-            steps.append(Step([arena.view[base:base + nbytes], MPI.BYTE], () if receiving else copies,
-                              copies if receiving else (), (), tuple(names[first:last]), True, arena,
-                              fused_steps[bucket - slots] if bucket >= slots else -1))
+            steps.append(
+                Step(
+                    [arena.view[base : base + nbytes], MPI.BYTE],
+                    () if receiving else copies,
+                    copies if receiving else (),
+                    (),
+                    tuple(names[first:last]),
+                    True,
+                    arena,
+                    fused_steps[bucket - slots] if bucket >= slots else -1,
+                )
+            )
             fused_steps.append(len(steps) - 1)
             bucket += 1
         else:
-            view = _byte_view(values[first])[last:last + nbytes]
+            view = _byte_view(values[first])[last : last + nbytes]
             steps.append(Step([view, MPI.BYTE], (), (), (), (names[first],), False))
     return steps

@@ -41,8 +41,11 @@ def _may_share_a_buffer(view) -> bool:
 
 def host_layout(params: list) -> Layout:
     """The runs (two or more parameters, end to end) among ``params``' host masters."""
-    placed = sorted((MPI.Get_address(p.master.data), p.nbytes, i) for i, p in enumerate(params)
-                    if p.nbytes and _may_share_a_buffer(p.master.data))
+    placed = sorted(
+        (MPI.Get_address(p.master.data), p.nbytes, i)
+        for i, p in enumerate(params)
+        if p.nbytes and _may_share_a_buffer(p.master.data)
+    )
     runs, run, end = [], [], None
     for address, nbytes, index in placed:
         if address != end and len(run) > 1:
@@ -58,7 +61,8 @@ def host_layout(params: list) -> Layout:
 
 
 def span_buffer(first, start: int, nbytes: int):
-    """``nbytes`` of memory from ``start`` bytes past the byte view ``first`` (a run's lowest master).
+    """``nbytes`` of memory from ``start`` bytes past the byte view ``first`` (a run's lowest
+    master).
 
     The memory belongs to the run's arrays, which the caller keeps alive.
     """

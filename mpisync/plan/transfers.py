@@ -11,6 +11,7 @@ what a C ``int`` holds. A run of parameters that sit end to end in memory
 from __future__ import annotations
 
 import dataclasses as _dc
+
 import numpy as _np
 
 __all__ = ["Transfer", "build_plan", "DEFAULT_CHUNK_BYTES"]
@@ -32,10 +33,13 @@ class Transfer:
     nbytes: int
     pieces: tuple
     completes: tuple
-    run: tuple = ()  # a span transfer: the run's parameters in address order; pieces[0][0] is run[0]
+    # a span transfer: the run's parameters in address order; pieces[0][0] is run[0]
+    run: tuple = ()
 
 
-def build_plan(sizes: list, fusion_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, runs: tuple = ()) -> list:
+def build_plan(
+    sizes: list, fusion_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, runs: tuple = ()
+) -> list:
     """Transfers for parameters of ``sizes`` bytes, in parameter order.
 
     ``runs`` are tuples of parameter indices adjacent in memory (address
@@ -69,7 +73,11 @@ def build_plan(sizes: list, fusion_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_
             n = min(chunk_bytes, nbytes - start)
             last = start + n == nbytes
             done = (tuple(waiting) + members) if last else ()
-            plan.append(Transfer(False, n, ((index, start, 0, n),), done, members if len(members) > 1 else ()))
+            plan.append(
+                Transfer(
+                    False, n, ((index, start, 0, n),), done, members if len(members) > 1 else ()
+                )
+            )
             if last:
                 waiting = []
 
@@ -92,14 +100,17 @@ def build_plan(sizes: list, fusion_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_
 
 
 def bulk_plan(sizes: _np.ndarray, fusion_bytes: int, chunk_bytes: int) -> list:
-    """``(fused, first, last, nbytes)`` per collective, the sequence :func:`mpisync.plan.transfers.build_plan`
+    """``(fused, first, last, nbytes)`` per collective, the sequence
+    :func:`mpisync.plan.transfers.build_plan`
     gives for ``sizes`` without runs: a fused bucket holds parameters ``first:last`` (empty ones
     included: they add no bytes); a direct transfer is bytes ``last:last + nbytes`` of parameter
     ``first``. Buckets are cut greedily, each next tensor joining while the bucket stays within
     ``fusion_bytes``, as there."""
     plan: list = []
     ends = _np.cumsum(sizes)
-    direct = _np.flatnonzero(sizes >= fusion_bytes) if fusion_bytes > 0 else _np.flatnonzero(sizes > 0)
+    direct = (
+        _np.flatnonzero(sizes >= fusion_bytes) if fusion_bytes > 0 else _np.flatnonzero(sizes > 0)
+    )
     start = 0
     for stop in direct.tolist() + [len(sizes)]:
         # Parameters start:stop are all smaller than fusion_bytes: pack them.
@@ -110,7 +121,9 @@ def bulk_plan(sizes: _np.ndarray, fusion_bytes: int, chunk_bytes: int) -> list:
             start, base = last, int(ends[last - 1])
         if stop < len(sizes):
             nbytes = int(sizes[stop])
-            plan.extend((False, stop, offset, min(chunk_bytes, nbytes - offset))
-                        for offset in range(0, nbytes, chunk_bytes))
+            plan.extend(
+                (False, stop, offset, min(chunk_bytes, nbytes - offset))
+                for offset in range(0, nbytes, chunk_bytes)
+            )
         start = stop + 1
     return plan

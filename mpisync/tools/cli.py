@@ -1,4 +1,5 @@
-"""The ``mpisync`` command: ``info``, ``stage-checkpoint``, ``bench``, ``tune``, ``timeline`` and ``--version``.
+"""The ``mpisync`` command: ``info``, ``stage-checkpoint``, ``bench``, ``tune``, ``timeline`` and
+``--version``.
 
 Options are checked before any work: a missing optional package (matplotlib
 for ``--plot`` and ``timeline``), a folder that does not exist for an output
@@ -13,7 +14,7 @@ import importlib as _importlib
 import json as _json
 import os as _os
 import sys as _sys
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["main"]
 
@@ -40,7 +41,8 @@ def _usage_error(command: str, message: str) -> int:
 
 
 def _agreed_usage_error(command: str, problem: str) -> int:
-    """Exit status 2 on every rank if any rank found ``problem`` (the lowest such rank prints it), else 0.
+    """Exit status 2 on every rank if any rank found ``problem`` (the lowest such rank prints it),
+    else 0.
 
     The checks read per-rank facts (an importable module, a folder on this node): a rank
     that stopped alone would leave the others waiting in the command's first collective.
@@ -94,8 +96,10 @@ def _info(args) -> int:
         for name, d in value.items():
             if "error" in d:
                 why = d["error"].removeprefix(f"{d['env']}: ")
-                print(f"  {name:<15} = INVALID    ({d['env']}={d['raw']!r}: {why}; every sync raises "
-                      f"until it is fixed or unset)")
+                print(
+                    f"  {name:<15} = INVALID    ({d['env']}={d['raw']!r}: {why}; every sync raises "
+                    f"until it is fixed or unset)"
+                )
             else:
                 print(f"  {name:<15} = {d['value']!s:<10} ({d['source']}; set with {d['env']})")
     return 0
@@ -106,7 +110,8 @@ def _bench_problem(rest: list) -> tuple:
     from .bench.suite import parser as bench_parser
     from .workloads import WORKLOADS
 
-    opts = bench_parser().parse_args(rest)  # exits 2 with its usage on a bad option, before any work
+    # exits 2 with its usage on a bad option, before any work
+    opts = bench_parser().parse_args(rest)
     from .. import config as _config
     from ..errors import InvalidParamError
 
@@ -122,14 +127,19 @@ def _bench_problem(rest: list) -> tuple:
     names = [w for w in (opts.workloads or "").split(",") if w]
     unknown = [w for w in names if w.removesuffix("-torch") not in WORKLOADS]
     if unknown:
-        return opts, (f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)} "
-                      f"(each also as NAME-torch: torch CPU tensors, one allocation per tensor)")
+        return opts, (
+            f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)} "
+            f"(each also as NAME-torch: torch CPU tensors, one allocation per tensor)"
+        )
     if any(w.endswith("-torch") for w in names) and not _importable("torch"):
         return opts, "a NAME-torch workload needs torch: pip install 'mpisync[torch]'"
     problem = _allreduce_problem(opts.allreduce, opts.allreduce_sets)
     if problem:
         return opts, problem
-    for flag, text in (("--sweep-concurrency", opts.sweep_concurrency), ("--sweep-fusion", opts.sweep_fusion)):
+    for flag, text in (
+        ("--sweep-concurrency", opts.sweep_concurrency),
+        ("--sweep-fusion", opts.sweep_fusion),
+    ):
         try:
             [int(v) for v in (text or "").split(",") if v.strip()]
         except ValueError:
@@ -150,14 +160,25 @@ def _allreduce_problem(rows, sets) -> str:
     asked = [r for r in (rows or "").split(",") if r]
     unknown = [r for r in asked if r not in ALLREDUCE_ROWS]
     if unknown:
-        return f"--allreduce: unknown row(s) {', '.join(unknown)}; choose from {', '.join(ALLREDUCE_ROWS)}"
+        return (
+            f"--allreduce: unknown row(s) {', '.join(unknown)}; choose from "
+            f"{', '.join(ALLREDUCE_ROWS)}"
+        )
     if rows is not None and not asked:
-        return f"--allreduce takes comma-separated rows from {', '.join(ALLREDUCE_ROWS)}, got {rows!r}"
+        return (
+            f"--allreduce takes comma-separated rows from {', '.join(ALLREDUCE_ROWS)}, got {rows!r}"
+        )
     unknown = [s for s in (sets or "").split(",") if s and s not in GRAD_SETS]
     if unknown:
-        return f"--allreduce-sets: unknown set(s) {', '.join(unknown)}; choose from {', '.join(GRAD_SETS)}"
+        return (
+            f"--allreduce-sets: unknown set(s) {', '.join(unknown)}; choose from "
+            f"{', '.join(GRAD_SETS)}"
+        )
     if {"sweep", "ddp"} & set(asked) and not _importable("torch"):
-        return "--allreduce sweep and ddp compare the torch backend with gloo: pip install 'mpisync[torch]'"
+        return (
+            "--allreduce sweep and ddp compare the torch backend with gloo: pip install "
+            "'mpisync[torch]'"
+        )
     return ""
 
 
@@ -169,9 +190,14 @@ def _bench(args, rest) -> int:
 
     rank, size = _world()
     if size == 1 and rank == 0:
-        print("mpisync bench: 1 rank (no launcher, or mpiexec -n 1): no peer to broadcast to, so it measures "
-              "mpisync's own cost on one process; run `mpiexec -n 2 mpisync bench` or more ranks for broadcasts",
-              file=_sys.stderr, flush=True)
+        print(
+            "mpisync bench: 1 rank (no launcher, or mpiexec -n 1): no peer to broadcast to, so it "
+            "measures "
+            "mpisync's own cost on one process; run `mpiexec -n 2 mpisync bench` or more ranks for "
+            "broadcasts",
+            file=_sys.stderr,
+            flush=True,
+        )
     return bench_main(rest)
 
 
@@ -214,9 +240,17 @@ def _stage(args) -> int:
             total = 0  # the staging reports the missing file on every rank
         bar = Progress("stage-checkpoint", total, unit="B")
     try:
-        report = stage_checkpoint(args.src, args.to, comm, root=args.root, chunk_bytes=args.chunk_mb << 20,
-                                  max_concurrent=args.max_concurrent, timeout=args.timeout,
-                                  per_rank=args.per_rank, progress=bar.update if bar is not None else None)
+        report = stage_checkpoint(
+            args.src,
+            args.to,
+            comm,
+            root=args.root,
+            chunk_bytes=args.chunk_mb << 20,
+            max_concurrent=args.max_concurrent,
+            timeout=args.timeout,
+            per_rank=args.per_rank,
+            progress=bar.update if bar is not None else None,
+        )
     except SyncError as exc:  # the same error on every rank: each exits 1, rank 0 says why
         if comm.rank == 0:
             print(f"mpisync stage-checkpoint: error: {exc}", file=_sys.stderr, flush=True)
@@ -225,9 +259,13 @@ def _stage(args) -> int:
         if bar is not None:
             bar.close()
     if comm.rank == args.root:
-        print(f"mpisync stage-checkpoint: {args.src} -> {args.to}: {plural(report.bytes, 'byte')} to "
-              f"{plural(report.writers, 'writer')} in {report.seconds:.3f} s ({report.gbps:.2f} GB/s), "
-              f"blake2b {report.digest} verified", flush=True)
+        print(
+            f"mpisync stage-checkpoint: {args.src} -> {args.to}: {plural(report.bytes, 'byte')} to "
+            f"{plural(report.writers, 'writer')} in {report.seconds:.3f} s ({report.gbps:.2f} "
+            "GB/s), "
+            f"blake2b {report.digest} verified",
+            flush=True,
+        )
     return 0
 
 
@@ -238,8 +276,11 @@ def _timeline(args) -> int:
     if _missing_folder(args.out):
         return _usage_error("timeline", _missing_folder(args.out))
     if not _importable("matplotlib"):
-        print(f"mpisync timeline: error: drawing {_PLOT_HINT}; the trace files themselves open in "
-              "chrome://tracing or https://ui.perfetto.dev", file=_sys.stderr)
+        print(
+            f"mpisync timeline: error: drawing {_PLOT_HINT}; the trace files themselves open in "
+            "chrome://tracing or https://ui.perfetto.dev",
+            file=_sys.stderr,
+        )
         return 2
     from .timeline import render
 
@@ -248,7 +289,10 @@ def _timeline(args) -> int:
     except (OSError, ValueError) as exc:
         print(f"mpisync timeline: error: {exc}", file=_sys.stderr)
         return 1
-    print(f"mpisync timeline: {plural(spans, 'span')} from {plural(len(args.files), 'file')} -> {args.out}")
+    print(
+        f"mpisync timeline: {plural(spans, 'span')} from {plural(len(args.files), 'file')} -> "
+        f"{args.out}"
+    )
     return 0
 
 
@@ -259,28 +303,55 @@ def _version() -> str:
 
 
 def _parser() -> _argparse.ArgumentParser:
-    parser = _argparse.ArgumentParser(prog="mpisync", description="Keep model parameters identical across MPI ranks.")
+    parser = _argparse.ArgumentParser(
+        prog="mpisync", description="Keep model parameters identical across MPI ranks."
+    )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="MPI library, thread level, effective defaults and their source")
+    info = sub.add_parser(
+        "info", help="MPI library, thread level, effective defaults and their source"
+    )
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(func=_info)
-    stage = sub.add_parser("stage-checkpoint", help="copy a checkpoint file from root to every node")
+    stage = sub.add_parser(
+        "stage-checkpoint", help="copy a checkpoint file from root to every node"
+    )
     stage.add_argument("src", help="the checkpoint (any file; read on root only)")
-    stage.add_argument("--to", required=True, help="destination on each writer; may hold {rank}, {node} "
-                       "(node index, 0 for rank 0's node), {host}")
+    stage.add_argument(
+        "--to",
+        required=True,
+        help="destination on each writer; may hold {rank}, {node} "
+        "(node index, 0 for rank 0's node), {host}",
+    )
     stage.add_argument("--root", type=int, default=0)
-    stage.add_argument("--chunk-mb", type=int, default=64, help="chunk size in MiB (memory: chunk x max-concurrent)")
+    stage.add_argument(
+        "--chunk-mb",
+        type=int,
+        default=64,
+        help="chunk size in MiB (memory: chunk x max-concurrent)",
+    )
     stage.add_argument("--max-concurrent", type=int, default=4)
-    stage.add_argument("--timeout", type=float, help="seconds per collective (default: MPISYNC_TIMEOUT or 300)")
-    stage.add_argument("--per-rank", action="store_true", help="every rank writes (default: one writer per node)")
+    stage.add_argument(
+        "--timeout", type=float, help="seconds per collective (default: MPISYNC_TIMEOUT or 300)"
+    )
+    stage.add_argument(
+        "--per-rank", action="store_true", help="every rank writes (default: one writer per node)"
+    )
     stage.add_argument("--no-progress", action="store_true")
     stage.set_defaults(func=_stage)
-    bench = sub.add_parser("bench", add_help=False, help="the microbenchmark suite (run under mpiexec)")
+    bench = sub.add_parser(
+        "bench", add_help=False, help="the microbenchmark suite (run under mpiexec)"
+    )
     bench.set_defaults(func=_bench)
-    tune = sub.add_parser("tune", add_help=False, help="measure the transports here, write a tuning file (under mpiexec)")
+    tune = sub.add_parser(
+        "tune",
+        add_help=False,
+        help="measure the transports here, write a tuning file (under mpiexec)",
+    )
     tune.set_defaults(func=_tune)
-    timeline = sub.add_parser("timeline", help="draw MPISYNC_TIMELINE trace files as a PNG (needs mpisync[plot])")
+    timeline = sub.add_parser(
+        "timeline", help="draw MPISYNC_TIMELINE trace files as a PNG (needs mpisync[plot])"
+    )
     timeline.add_argument("files", nargs="+", help="one Chrome-trace JSON per rank")
     timeline.add_argument("--out", required=True, help="the PNG to write")
     timeline.add_argument("--sync", type=int, default=0, help="only the N-th sync (from 1); 0: all")

@@ -7,7 +7,8 @@ import os as _os
 
 from mpi4py import MPI
 
-from .. import __version__, config as _config
+from .. import __version__
+from .. import config as _config
 from ..errors import InvalidParamError
 
 __all__ = ["collect_info"]
@@ -41,7 +42,7 @@ def collect_info() -> dict:
         "numpy": _version("numpy"),
         "torch": _version("torch"),
         "mpi_library": library[0].strip() if library else "unknown",
-        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "mpi_standard": "{}.{}".format(*MPI.Get_version()),
         "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "world_size": MPI.COMM_WORLD.size,
         "cuda_aware_mpi": "yes" if aware else "no",
@@ -53,7 +54,9 @@ def collect_info() -> dict:
         "shared_memory": _shared_memory_line(),
         "cross_memory": _cross_memory_line(),
         "speedups": _speedups_line(),
-        "host_transport": __import__("mpisync.transports.tuning", fromlist=["describe"]).describe(MPI.COMM_WORLD.size, True),
+        "host_transport": __import__("mpisync.transports.tuning", fromlist=["describe"]).describe(
+            MPI.COMM_WORLD.size, True
+        ),
     }
 
 
@@ -63,37 +66,48 @@ def _defaults() -> dict:
     out = {}
     for name, env in _config.ENV_NAMES.items():
         try:
-            setting = _config._resolve_one(name, None)  # one at a time: a bad one does not hide the others
+            # one at a time: a bad one does not hide the others
+            setting = _config._resolve_one(name, None)
             out[name] = {"value": setting.value, "source": setting.source, "env": env}
         except InvalidParamError as exc:
-            out[name] = {"value": None, "source": "environment", "env": env, "error": str(exc),
-                         "raw": _os.environ.get(env, "")}
+            out[name] = {
+                "value": None,
+                "source": "environment",
+                "env": env,
+                "error": str(exc),
+                "raw": _os.environ.get(env, ""),
+            }
     return out
 
 
 def _switch_line(enabled, on: str, off: str, unavailable: str) -> str:
-    """One channel's line: ``enabled()`` (as set here), ``enabled(True)`` (if asked for) decide which."""
+    """One channel's line: ``enabled()`` (as set here), ``enabled(True)`` (if asked for) decide
+    which."""
     return on if enabled() else off if enabled(True) else unavailable
 
 
 def _cross_memory_line() -> str:
     from ..transports.cma import enabled
 
-    return _switch_line(enabled,
-                        "on (MPISYNC_CROSS_MEMORY=0 turns it off): process-to-process copies for sets with large "
-                        "tensors, where every rank is on one node (see host_transport)",
-                        "off (MPISYNC_CROSS_MEMORY=0)",
-                        "not available here (needs Linux process_vm_readv/process_vm_writev)")
+    return _switch_line(
+        enabled,
+        "on (MPISYNC_CROSS_MEMORY=0 turns it off): process-to-process copies for sets with large "
+        "tensors, where every rank is on one node (see host_transport)",
+        "off (MPISYNC_CROSS_MEMORY=0)",
+        "not available here (needs Linux process_vm_readv/process_vm_writev)",
+    )
 
 
 def _speedups_line() -> str:
     from .._runtime.speedups import enabled
 
-    return _switch_line(enabled,
-                        "on (MPISYNC_SPEEDUPS=0 turns them off): C loops pack and unpack fusion buckets, check "
-                        "a reused parameter set, and take first syncs of plain numpy sets whole",
-                        "off (MPISYNC_SPEEDUPS=0)",
-                        "not built (no C compiler when mpisync was installed): Python and kernel copies")
+    return _switch_line(
+        enabled,
+        "on (MPISYNC_SPEEDUPS=0 turns them off): C loops pack and unpack fusion buckets, check "
+        "a reused parameter set, and take first syncs of plain numpy sets whole",
+        "off (MPISYNC_SPEEDUPS=0)",
+        "not built (no C compiler when mpisync was installed): Python and kernel copies",
+    )
 
 
 def _shared_memory_line() -> str:
@@ -103,7 +117,16 @@ def _shared_memory_line() -> str:
         return "not available here (needs x86-64, /dev/shm, preadv/pwritev)"
     wanted = setting()
     if wanted is None:
-        return ("small sets (MPISYNC_SHARED_MEMORY=1: every set, =0: never): sets whose tensors are all "
-                "smaller than fusion_bytes move through the node's shared segment, where every rank is on one node")
-    return ("on here (MPISYNC_SHARED_MEMORY=1): every set moves through the node's shared segment, where every "
-            "rank is on one node" if wanted else "off (MPISYNC_SHARED_MEMORY=0)")
+        return (
+            "small sets (MPISYNC_SHARED_MEMORY=1: every set, =0: never): sets whose tensors are "
+            "all "
+            "smaller than fusion_bytes move through the node's shared segment, where every rank is "
+            "on one node"
+        )
+    return (
+        "on here (MPISYNC_SHARED_MEMORY=1): every set moves through the node's shared segment, "
+        "where every "
+        "rank is on one node"
+        if wanted
+        else "off (MPISYNC_SHARED_MEMORY=0)"
+    )

@@ -25,10 +25,19 @@ def _amount(n: float, unit: str) -> str:
 
 
 class Progress:
-    """``update(n, label)`` as work completes, ``close()`` at the end; a bar only where ``enabled``."""
+    """``update(n, label)`` as work completes, ``close()`` at the end; a bar only where
+    ``enabled``."""
 
-    def __init__(self, desc: str, total: int, *, unit: str = "step", enabled: bool = True, plain: bool = False,
-                 stream=None):
+    def __init__(
+        self,
+        desc: str,
+        total: int,
+        *,
+        unit: str = "step",
+        enabled: bool = True,
+        plain: bool = False,
+        stream=None,
+    ):
         self.desc, self.total, self.unit = desc, int(total), unit
         self.done = 0
         self._stream = stream if stream is not None else _sys.stderr
@@ -42,8 +51,14 @@ class Progress:
             try:
                 from tqdm import tqdm
 
-                self._bar = tqdm(total=self.total, desc=desc, unit=unit, unit_scale=unit == "B",
-                                 file=self._stream, leave=False)
+                self._bar = tqdm(
+                    total=self.total,
+                    desc=desc,
+                    unit=unit,
+                    unit_scale=unit == "B",
+                    file=self._stream,
+                    leave=False,
+                )
                 return
             except ImportError:
                 pass
@@ -67,8 +82,12 @@ class Progress:
         unit = "" if self.unit == "B" else f" {self.unit}{'' if self.total == 1 else 's'}"
         share = f" ({100 * self.done // self.total}%)" if self.total > 0 else ""
         label = f" {self._label}" if self._label else ""
-        print(f"{self.desc}: {_amount(self.done, self.unit)}/{_amount(self.total, self.unit)}{unit}{share}{label}",
-              file=self._stream, flush=True)
+        print(
+            f"{self.desc}: "
+            f"{_amount(self.done, self.unit)}/{_amount(self.total, self.unit)}{unit}{share}{label}",
+            file=self._stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         """End the bar (a last plain line if the end was not shown yet)."""

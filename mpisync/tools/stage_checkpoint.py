@@ -30,13 +30,13 @@ import struct as _struct
 import tempfile as _tempfile
 import time as _time
 import zipfile as _zipfile
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as _np
 from mpi4py import MPI
 
-from ..errors import InvalidParamError, SyncError
 from .._runtime.ring import TrackedRing
+from ..errors import InvalidParamError, SyncError
 from ..sync import ParamSync
 
 __all__ = ["stage_checkpoint", "StageReport", "check_checkpoint"]
@@ -81,11 +81,15 @@ def _check_safetensors(path: str, size: int) -> None:
         if name == "__metadata__":
             continue
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(v) is int for v in offsets)):
+        if not (
+            isinstance(offsets, list) and len(offsets) == 2 and all(type(v) is int for v in offsets)
+        ):
             raise ValueError(f"tensor {name!r} has no [start, end] data_offsets")
         start, end = offsets
         if not (0 <= start <= end <= data):
-            raise ValueError(f"tensor {name!r} has offsets {start}..{end} outside the {data} data bytes")
+            raise ValueError(
+                f"tensor {name!r} has offsets {start}..{end} outside the {data} data bytes"
+            )
 
 
 def _check_npz(path: str) -> None:
@@ -95,13 +99,17 @@ def _check_npz(path: str) -> None:
                 raise ValueError(f"member {member!r} is not a .npy array")
             with archive.open(member) as f:
                 version = _np.lib.format.read_magic(f)
-                header = (_np.lib.format.read_array_header_1_0 if version == (1, 0)
-                          else _np.lib.format.read_array_header_2_0)
+                header = (
+                    _np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else _np.lib.format.read_array_header_2_0
+                )
                 header(f)
 
 
 def check_checkpoint(path: str) -> int:
-    """Check a checkpoint where its format allows (safetensors header, npz members); return its size.
+    """Check a checkpoint where its format allows (safetensors header, npz members); return its
+    size.
 
     Any other file is accepted as bytes. Nothing is loaded or unpickled.
     """
@@ -118,7 +126,8 @@ def check_checkpoint(path: str) -> int:
         raise
     except FileNotFoundError:
         raise InvalidParamError(f"checkpoint {path!r} does not exist") from None
-    except Exception as exc:  # any failure to read or parse it is this file's problem, told to every rank
+    # any failure to read or parse it is this file's problem, told to every rank
+    except Exception as exc:
         raise InvalidParamError(f"checkpoint {path!r} refused: {exc}") from None
     return info.st_size
 
@@ -134,7 +143,7 @@ _STATUS_HEAD = _struct.calcsize("<?qiH")
 
 def _decode_status(buf: _np.ndarray) -> tuple:
     ok, size, mode, n = _struct.unpack("<?qiH", buf[:_STATUS_HEAD].tobytes())
-    return ok, size, mode, buf[_STATUS_HEAD:_STATUS_HEAD + n].tobytes().decode(errors="replace")
+    return ok, size, mode, buf[_STATUS_HEAD : _STATUS_HEAD + n].tobytes().decode(errors="replace")
 
 
 def _all_ok(comm, ok: bool, call) -> bool:
@@ -145,7 +154,8 @@ def _all_ok(comm, ok: bool, call) -> bool:
 
 
 def _writer_comm(comm, root: int, per_rank: bool) -> tuple:
-    """``(writes, writers' communicator or COMM_NULL, node index)``: one writer per node (root on its
+    """``(writes, writers' communicator or COMM_NULL, node index)``: one writer per node (root on
+    its
     own node), or every rank; nodes are numbered from 0 in the order of their lowest rank."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
     try:
@@ -160,19 +170,34 @@ def _writer_comm(comm, root: int, per_rank: bool) -> tuple:
     finally:
         node.Free()
     # root is a writer, with the lowest key, so it is rank 0 of the writers' communicator.
-    writers = comm.Split(0 if writer else MPI.UNDEFINED, key=0 if comm.rank == root else comm.rank + 1)
+    writers = comm.Split(
+        0 if writer else MPI.UNDEFINED, key=0 if comm.rank == root else comm.rank + 1
+    )
     return writer, writers, int(index[0])
 
 
 def _destination(template: str, rank: int, node_index: int) -> str:
-    return template.replace("{rank}", str(rank)).replace("{node}", str(node_index)).replace(
-        "{host}", _socket.gethostname())
+    return (
+        template.replace("{rank}", str(rank))
+        .replace("{node}", str(node_index))
+        .replace("{host}", _socket.gethostname())
+    )
 
 
-def stage_checkpoint(src: str, dest: str, comm: MPI.Intracomm | None = None, *, root: int = 0, chunk_bytes: int = 64 << 20,
-                     max_concurrent: int = 4, timeout: float | None = None, per_rank: bool = False,
-                     progress: Callable[[int], None] | None = None) -> StageReport:
-    """Stream ``src`` (read on ``root``) to ``dest`` on every node; every rank returns or raises alike.
+def stage_checkpoint(
+    src: str,
+    dest: str,
+    comm: MPI.Intracomm | None = None,
+    *,
+    root: int = 0,
+    chunk_bytes: int = 64 << 20,
+    max_concurrent: int = 4,
+    timeout: float | None = None,
+    per_rank: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> StageReport:
+    """Stream ``src`` (read on ``root``) to ``dest`` on every node; every rank returns or raises
+    alike.
 
     ``dest`` may hold ``{rank}`` (the writer's rank in ``comm``), ``{node}``
     (the index of its node: 0 for the node of rank 0, then in the order of each
@@ -182,10 +207,14 @@ def stage_checkpoint(src: str, dest: str, comm: MPI.Intracomm | None = None, *, 
     """
     start = _time.perf_counter()
     with ParamSync(comm, root=root, max_concurrent=max_concurrent, timeout=timeout) as syncer:
+
         def exchange(world, call):
             job = _Job(world, call, syncer, src, dest, root, per_rank)
             return job.run(chunk_bytes, max_concurrent, progress)
-        size, writers, wrote, digest = syncer._collective_exchange("checkpoint staging", [src], exchange)
+
+        size, writers, wrote, digest = syncer._collective_exchange(
+            "checkpoint staging", [src], exchange
+        )
     return StageReport(size, _time.perf_counter() - start, writers, wrote, digest)
 
 
@@ -208,13 +237,16 @@ class _Job:
         self.target = self.tmp = self.backup = None
         self.fd = -1
         self.renamed = False  # the new DEST is in place on this rank (a roll-back removes it)
-        self.unkept = False  # a previous DEST was replaced with no backup: a roll-back cannot restore it
+        # a previous DEST was replaced with no backup: a roll-back cannot restore it
+        self.unkept = False
         self.source = None
 
     def run(self, chunk_bytes, capacity, progress) -> tuple:
         world, call, rank, root = self.world, self.call, self.rank, self.root
         if not (isinstance(root, int) and 0 <= root < world.size):
-            raise InvalidParamError(f"root={root!r} is not a rank of this communicator (size {world.size})")
+            raise InvalidParamError(
+                f"root={root!r} is not a rank of this communicator (size {world.size})"
+            )
         # 1. Root checks the file; everyone learns the verdict (fixed-size status, no pickle).
         status = _np.zeros(_STATUS_HEAD + _MAX_MESSAGE, dtype=_np.uint8)
         if rank == root:
@@ -228,7 +260,8 @@ class _Job:
         ok, size, mode, message = _decode_status(status)
         if not ok:
             raise InvalidParamError(f"mpisync: {message}")
-        # 2. Everyone is here (the barrier is timed), so the blocking splits cannot hang on a no-show.
+        # 2. Everyone is here (the barrier is timed), so the blocking splits cannot hang on a
+        # no-show.
         call(world.Ibarrier())
         self.writer, self.writers, self.node = _writer_comm(world, root, self.per_rank)
         n_writers = _np.array([1 if self.writer else 0], dtype=_np.int64)
@@ -238,11 +271,22 @@ class _Job:
             digest, failure = b"", ""
             if self.writer:
                 # root is rank 0 of the writers' communicator (see _writer_comm)
-                digest, failure = _stream(self.writers, call, self.syncer, self.source, size, chunk_bytes, capacity,
-                                          self.fd, progress, rank)
+                digest, failure = _stream(
+                    self.writers,
+                    call,
+                    self.syncer,
+                    self.source,
+                    size,
+                    chunk_bytes,
+                    capacity,
+                    self.fd,
+                    progress,
+                    rank,
+                )
             if self.fd >= 0 and not failure:
                 failure = self._local(_os.fsync, self.fd)
-            # Root's digest of what it read travels; every writer compares the digest of what it wrote.
+            # Root's digest of what it read travels; every writer compares the digest of what it
+            # wrote.
             reference = _np.frombuffer(digest.ljust(16, b"\0"), _np.uint8).copy()
             call(world.Ibcast(reference, root))
             if self.writer and not failure and reference.tobytes() != digest:
@@ -259,7 +303,10 @@ class _Job:
             step(*args)
             return ""
         except Exception as exc:
-            return f"rank {self.rank} (node {self.node}, {_socket.gethostname()}): {type(exc).__name__}: {exc}"
+            return (
+                f"rank {self.rank} (node {self.node}, {_socket.gethostname()}): "
+                f"{type(exc).__name__}: {exc}"
+            )
 
     def _prepare(self, mode: int) -> None:
         if self.rank == self.root:
@@ -274,17 +321,21 @@ class _Job:
         folder = _os.path.dirname(_os.path.abspath(self.target))
         _os.makedirs(folder, exist_ok=True)
         # O_EXCL, and no symlink followed: a name planted in the folder cannot redirect the write.
-        self.fd, self.tmp = _tempfile.mkstemp(prefix=f".{_os.path.basename(self.target)}.", suffix=".mpisync-tmp",
-                                              dir=folder)
+        self.fd, self.tmp = _tempfile.mkstemp(
+            prefix=f".{_os.path.basename(self.target)}.", suffix=".mpisync-tmp", dir=folder
+        )
         _os.fchmod(self.fd, mode)
 
     def _agree(self, failure: str, when: str) -> None:
         if not _all_ok(self.world, not failure, self.call):
-            raise SyncError(f"mpisync: checkpoint staging failed {when}; no DEST was written: "
-                            + "; ".join(_gather(self.world, failure, self.call)))
+            raise SyncError(
+                f"mpisync: checkpoint staging failed {when}; no DEST was written: "
+                + "; ".join(_gather(self.world, failure, self.call))
+            )
 
     def _commit(self) -> None:
-        """Rename on every writer, or on none: a writer whose rename failed makes the others roll back."""
+        """Rename on every writer, or on none: a writer whose rename failed makes the others roll
+        back."""
         failure = ""
         if self.tmp is not None:
             failure = self._local(self._rename)
@@ -299,18 +350,34 @@ class _Job:
             if kept:
                 kept = f"{kept}; the new DEST {self.target!r} is still there"
             elif self.unkept:
-                kept = (f"rank {self.world.rank} (node {self.node}): the previous {self.target!r} could not be kept "
-                        f"(no hard links here), so it was removed")
-        failures, still = _gather(self.world, failure, self.call), _gather(self.world, kept, self.call)
-        raise SyncError("mpisync: checkpoint staging failed while renaming into place: " + "; ".join(failures)
-                        + ("; rolled back on every other writer: no DEST was written" if not still else
-                           "; not everything could be rolled back: " + "; ".join(still)))
+                kept = (
+                    f"rank {self.world.rank} (node {self.node}): the previous {self.target!r} "
+                    "could not be kept "
+                    f"(no hard links here), so it was removed"
+                )
+        failures, still = (
+            _gather(self.world, failure, self.call),
+            _gather(self.world, kept, self.call),
+        )
+        raise SyncError(
+            "mpisync: checkpoint staging failed while renaming into place: "
+            + "; ".join(failures)
+            + (
+                "; rolled back on every other writer: no DEST was written"
+                if not still
+                else "; not everything could be rolled back: " + "; ".join(still)
+            )
+        )
 
     def _rename(self) -> None:
         folder = _os.path.dirname(_os.path.abspath(self.target))
-        # lexists/islink: a DEST that is a symlink (to a directory too) is itself what gets replaced.
-        if _os.path.lexists(self.target) and (_os.path.islink(self.target) or not _os.path.isdir(self.target)):
-            try:  # the previous DEST stays reachable for a roll-back (a link fails rather than overwrite)
+        # lexists/islink: a DEST that is a symlink (to a directory too) is itself what gets
+        # replaced.
+        if _os.path.lexists(self.target) and (
+            _os.path.islink(self.target) or not _os.path.isdir(self.target)
+        ):
+            # the previous DEST stays reachable for a roll-back (a link fails rather than overwrite)
+            try:
                 _os.link(self.target, f"{self.tmp}.previous", follow_symlinks=False)
                 self.backup = f"{self.tmp}.previous"
             except OSError:  # no hard links here: a roll-back can only remove the new DEST
@@ -327,7 +394,8 @@ class _Job:
             _os.replace(self.backup, self.target)
             self.backup = None
         else:
-            _os.unlink(self.target)  # with self.unkept, the previous DEST goes too (said in the error)
+            # with self.unkept, the previous DEST goes too (said in the error)
+            _os.unlink(self.target)
         _fsync_directory(_os.path.dirname(_os.path.abspath(self.target)))
 
     def _clean_up(self) -> None:
@@ -350,14 +418,17 @@ def _gather(world, message: str, call) -> list:
 
 
 def _stream(comm, call, syncer, source, size, chunk_bytes, capacity, fd, progress, rank) -> tuple:
-    """Ibcast ``size`` bytes from rank 0 of ``comm`` (which reads ``source``) in chunks through a ring.
+    """Ibcast ``size`` bytes from rank 0 of ``comm`` (which reads ``source``) in chunks through a
+    ring.
 
     Every rank writes each completed chunk to ``fd`` (if any) and hashes it.
     Returns ``(digest, failure message or "")``.
     """
     hasher = _hashlib.blake2b(digest_size=16)
     chunks = -(-size // chunk_bytes) if size else 0
-    slots = [_np.empty(min(chunk_bytes, size), dtype=_np.uint8) for _ in range(min(capacity, chunks))]
+    slots = [
+        _np.empty(min(chunk_bytes, size), dtype=_np.uint8) for _ in range(min(capacity, chunks))
+    ]
     ring = TrackedRing(max(1, len(slots)), syncer._settings.timeout.value)
     failure = ""
     for k in range(chunks):
@@ -371,7 +442,10 @@ def _stream(comm, call, syncer, source, size, chunk_bytes, capacity, fd, progres
                 got, failure = 0, failure or f"root could not read {size} bytes: {exc}"
             if got != n:
                 view[got:] = 0  # keep the collectives matched; the failure is reported at the end
-                failure = failure or f"root could not read byte {k * chunk_bytes + got} (changed while staging?)"
+                failure = (
+                    failure
+                    or f"root could not read byte {k * chunk_bytes + got} (changed while staging?)"
+                )
 
         def done(view=view, n=n):
             nonlocal failure
@@ -385,6 +459,7 @@ def _stream(comm, call, syncer, source, size, chunk_bytes, capacity, fd, progres
                     failure = f"rank {rank}: write failed: {exc}"
             if progress is not None:
                 progress(n)
+
         ring.push(comm.Ibcast([view, MPI.BYTE], 0), done, ("checkpoint",))
     ring.drain()
     return hasher.digest(), failure

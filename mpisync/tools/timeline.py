@@ -17,11 +17,32 @@ from collections.abc import Sequence
 __all__ = ["load_trace", "render", "ORDER"]
 
 #: Rows in this order first; any other span name follows, sorted.
-ORDER = ("validate", "pack", "broadcast", "cross-memory", "shared memory", "unpack", "fan-out",
-         "host", "staged", "cuda-aware", "verify")
-_COLORS = {"validate": "tab:blue", "pack": "tab:orange", "broadcast": "tab:gray", "cross-memory": "tab:olive",
-           "shared memory": "tab:cyan", "unpack": "tab:green", "fan-out": "tab:purple", "host": "tab:brown",
-           "staged": "tab:pink", "cuda-aware": "gold", "verify": "tab:red"}
+ORDER = (
+    "validate",
+    "pack",
+    "broadcast",
+    "cross-memory",
+    "shared memory",
+    "unpack",
+    "fan-out",
+    "host",
+    "staged",
+    "cuda-aware",
+    "verify",
+)
+_COLORS = {
+    "validate": "tab:blue",
+    "pack": "tab:orange",
+    "broadcast": "tab:gray",
+    "cross-memory": "tab:olive",
+    "shared memory": "tab:cyan",
+    "unpack": "tab:green",
+    "fan-out": "tab:purple",
+    "host": "tab:brown",
+    "staged": "tab:pink",
+    "cuda-aware": "gold",
+    "verify": "tab:red",
+}
 
 
 def load_trace(path: str) -> list:
@@ -36,14 +57,20 @@ def load_trace(path: str) -> list:
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise ValueError(f"{path}: not a Chrome trace (no list of traceEvents)")
-    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
-            and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur", 0), (int, float))]
+    return [
+        e
+        for e in events
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and isinstance(e.get("ts"), (int, float))
+        and isinstance(e.get("dur", 0), (int, float))
+    ]
 
 
 def _salvage(text: str, path: str):
     cut = text.rfind("}")
     while cut > 0:
-        head = text[:cut + 1]
+        head = text[: cut + 1]
         for tail in ("]}", "]"):
             try:
                 return _json.loads(head + tail)
@@ -63,7 +90,8 @@ def _window(events: list, sync: int) -> tuple | None:
 
 
 def render(paths: Sequence[str], out: str, sync: int = 0) -> int:
-    """Draw the traces in ``paths`` (one per rank) to the PNG ``out``; return the number of spans drawn.
+    """Draw the traces in ``paths`` (one per rank) to the PNG ``out``; return the number of spans
+    drawn.
 
     ``sync`` > 0 zooms on that sync (counted by the first file's "validate" spans, from 1).
     """
@@ -72,8 +100,14 @@ def render(paths: Sequence[str], out: str, sync: int = 0) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranks = sorted(((events[0].get("pid", i), events) for i, events in
-                    enumerate(load_trace(p) for p in paths) if events), key=lambda item: item[0])
+    ranks = sorted(
+        (
+            (events[0].get("pid", i), events)
+            for i, events in enumerate(load_trace(p) for p in paths)
+            if events
+        ),
+        key=lambda item: item[0],
+    )
     if not ranks:
         raise ValueError("no spans in " + ", ".join(paths))
     window = _window(ranks[0][1], sync)
@@ -84,12 +118,18 @@ def render(paths: Sequence[str], out: str, sync: int = 0) -> int:
     labels, y, drawn = [], 0, 0
     for rank, events in ranks:
         for row in rows:
-            spans = [(e["ts"], e.get("dur", 0)) for e in events if e["name"] == row
-                     and (window is None or window[0] <= e["ts"] < window[1])]
+            spans = [
+                (e["ts"], e.get("dur", 0))
+                for e in events
+                if e["name"] == row and (window is None or window[0] <= e["ts"] < window[1])
+            ]
             if not spans:
                 continue
-            ax.broken_barh([((s - t0) / 1000, max(d, 1) / 1000) for s, d in spans], (y, 0.8),
-                           color=_COLORS.get(row, f"C{len(labels) % 10}"))
+            ax.broken_barh(
+                [((s - t0) / 1000, max(d, 1) / 1000) for s, d in spans],
+                (y, 0.8),
+                color=_COLORS.get(row, f"C{len(labels) % 10}"),
+            )
             labels.append(f"rank {rank}: {row}")
             drawn += len(spans)
             y += 1
@@ -97,7 +137,9 @@ def render(paths: Sequence[str], out: str, sync: int = 0) -> int:
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     if window is not None:
-        ax.set_xlim((window[0] - t0) / 1000, None if window[1] == float("inf") else (window[1] - t0) / 1000)
+        ax.set_xlim(
+            (window[0] - t0) / 1000, None if window[1] == float("inf") else (window[1] - t0) / 1000
+        )
     ax.set_title("mpisync timeline (MPISYNC_TIMELINE): spans per rank")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()

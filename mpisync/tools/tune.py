@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-
 import argparse as _argparse
 import array as _array
 import json as _json
 import os as _os
 import statistics as _statistics
 import time as _time
+
 from ..transports.tuning import FORMAT, identity, tuning_path
 
 
-
 def _measure(comm, params, channel: str, rounds: int, first: bool) -> float:
-    """The slowest rank's median seconds of a sync through ``channel`` (a new syncer per sync if ``first``)."""
+    """The slowest rank's median seconds of a sync through ``channel`` (a new syncer per sync if
+    ``first``)."""
     from mpi4py import MPI
 
     from ..sync import ParamSync
@@ -32,7 +32,8 @@ def _measure(comm, params, channel: str, rounds: int, first: bool) -> float:
         start = _time.perf_counter()
         syncer.sync(params)
         elapsed = _array.array("d", [_time.perf_counter() - start])
-        comm.Allreduce(MPI.IN_PLACE, elapsed, op=MPI.MAX)  # a buffer call: nothing from peers is unpickled
+        # a buffer call: nothing from peers is unpickled
+        comm.Allreduce(MPI.IN_PLACE, elapsed, op=MPI.MAX)
         times.append(elapsed[0])
     syncer.close()
     return _statistics.median(times if first else times[2:])
@@ -41,8 +42,8 @@ def _measure(comm, params, channel: str, rounds: int, first: bool) -> float:
 def main(comm, args=None) -> int:
     """Measure each host transport on two parameter sets (small tensors, large ones), first sync and
     repeated, and write the tuning file on rank 0 (the path is printed)."""
-    from ..transports.selection import CHANNELS, gather_facts
     from .._runtime.clock import Deadline
+    from ..transports.selection import CHANNELS, gather_facts
     from .workloads import make_params, many_small, resnet50
 
     parser = _argparse.ArgumentParser(prog="mpisync tune")
@@ -52,21 +53,33 @@ def main(comm, args=None) -> int:
     dup = comm.Dup()
     try:
         facts = gather_facts(dup, Deadline(None).wait)
-        sets = {"small": make_params(many_small(), comm.rank), "large": make_params(resnet50(), comm.rank)}
+        sets = {
+            "small": make_params(many_small(), comm.rank),
+            "large": make_params(resnet50(), comm.rank),
+        }
         entries, measured = {}, {}
         for cls, params in sets.items():
             scores = {}
             for channel in CHANNELS:
                 first = _measure(dup, params, channel, opt.rounds, True)
                 steady = _measure(dup, params, channel, opt.rounds, False)
-                # A job syncs a handful of times: the first sync counts as much as four repeated ones.
+                # A job syncs a handful of times: the first sync counts as much as four repeated
+                # ones.
                 scores[channel] = first + 4 * steady
-                measured[f"{cls}/{channel}"] = {"first_ms": round(first * 1e3, 3), "repeated_ms": round(steady * 1e3, 3)}
+                measured[f"{cls}/{channel}"] = {
+                    "first_ms": round(first * 1e3, 3),
+                    "repeated_ms": round(steady * 1e3, 3),
+                }
             entries[cls] = min(scores, key=scores.__getitem__)
         if comm.rank == 0:
             path = opt.output or tuning_path()
-            doc = {"format": FORMAT, "identity": identity(facts.layout()), "entries": entries, "measured": measured,
-                   "written": _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())}
+            doc = {
+                "format": FORMAT,
+                "identity": identity(facts.layout()),
+                "entries": entries,
+                "measured": measured,
+                "written": _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime()),
+            }
             _os.makedirs(_os.path.dirname(_os.path.abspath(path)), exist_ok=True)
             temporary = f"{path}.{_os.getpid()}.tmp"
             with open(temporary, "w", encoding="utf-8") as f:
@@ -74,7 +87,10 @@ def main(comm, args=None) -> int:
             _os.replace(temporary, path)
             print(f"mpisync tune: wrote {path}: {_json.dumps(entries)}")
             for key, row in measured.items():
-                print(f"  {key:28s} first {row['first_ms']:9.3f} ms   repeated {row['repeated_ms']:9.3f} ms")
+                print(
+                    f"  {key:28s} first {row['first_ms']:9.3f} ms   repeated "
+                    f"{row['repeated_ms']:9.3f} ms"
+                )
     finally:
         dup.Free()
     return 0

@@ -12,7 +12,10 @@ __all__ = ["WORKLOADS", "workload", "make_params"]
 
 
 def _bn(prefix: str, n: int) -> dict:
-    out = {f"{prefix}.{k}": ((n,), "float32") for k in ("weight", "bias", "running_mean", "running_var")}
+    out = {
+        f"{prefix}.{k}": ((n,), "float32")
+        for k in ("weight", "bias", "running_mean", "running_var")
+    }
     out[f"{prefix}.num_batches_tracked"] = ((), "int64")
     return out
 
@@ -94,7 +97,12 @@ def many_small(count: int = 5000, nbytes: int = 400) -> dict:
     return {f"small.{i:05d}": ((nbytes // 4,), "float32") for i in range(count)}
 
 
-WORKLOADS = {"resnet50": resnet50, "bert-base": bert_base, "gpt2-small": gpt2_small, "many-small": many_small}
+WORKLOADS = {
+    "resnet50": resnet50,
+    "bert-base": bert_base,
+    "gpt2-small": gpt2_small,
+    "many-small": many_small,
+}
 
 
 def workload(name: str) -> dict:
@@ -106,7 +114,8 @@ def workload(name: str) -> dict:
 
 
 def make_params(shapes: dict, rank: int, library: str = "numpy") -> dict:
-    """Arrays of the given shapes whose values depend on ``rank`` (so a sync visibly changes them)."""
+    """Arrays of the given shapes whose values depend on ``rank`` (so a sync visibly changes
+    them)."""
     out = {}
     for i, (name, (shape, dtype)) in enumerate(shapes.items()):
         array = _np.full(shape, (rank * 1000 + i) % 251, dtype=dtype)

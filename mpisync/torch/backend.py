@@ -16,7 +16,8 @@ __all__ = ["BACKEND_NAME", "init_process_group"]
 BACKEND_NAME = "mpisync"
 
 # The communicator the next default group is made over (init_process_group sets it; torch's own
-# rendezvous leaves it None: MPI.COMM_WORLD), and the timeout init_process_group was given (seconds).
+# rendezvous leaves it None: MPI.COMM_WORLD), and the timeout init_process_group was given
+# (seconds).
 _base_comm = None
 _timeout_override = None
 
@@ -49,15 +50,20 @@ def _create(options, _backend_options) -> ProcessGroupMPISync:
         comm = base.Create_group(base.group.Incl(members))
     if (comm.rank, comm.size) != (options.group_rank, options.group_size):
         raise InvalidParamError(
-            f"mpisync backend: torch expects rank {options.group_rank} of {options.group_size}, but this process "
-            f"is rank {comm.rank} of {comm.size} in MPI; launch with mpiexec/srun and let mpisync.torch."
-            "init_process_group() take rank and size from MPI")
+            f"mpisync backend: torch expects rank {options.group_rank} of {options.group_size}, "
+            "but this process "
+            f"is rank {comm.rank} of {comm.size} in MPI; launch with mpiexec/srun and let "
+            "mpisync.torch."
+            "init_process_group() take rank and size from MPI"
+        )
     return ProcessGroupMPISync(comm, timeout=_group_timeout(options))
 
 
 def _register() -> None:
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(
+            BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"]
+        )
 
 
 def init_process_group(comm=None, **kwargs) -> None:
@@ -70,8 +76,10 @@ def init_process_group(comm=None, **kwargs) -> None:
     comm = MPI.COMM_WORLD if comm is None else comm
     kwargs.pop("backend", None)
     if "rank" in kwargs or "world_size" in kwargs:
-        raise InvalidParamError("mpisync.torch.init_process_group takes rank and size from MPI; "
-                                "pass neither rank nor world_size")
+        raise InvalidParamError(
+            "mpisync.torch.init_process_group takes rank and size from MPI; "
+            "pass neither rank nor world_size"
+        )
     if "store" not in kwargs and "init_method" not in kwargs:
         kwargs["store"] = dist.HashStore()
     _base_comm, _timeout_override = comm, _seconds(kwargs.get("timeout"))

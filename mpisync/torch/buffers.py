@@ -14,7 +14,14 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
-__all__ = ["ReduceBuffer", "byte_view", "check_reducible", "in_place_array", "mpi_reduce_op", "reduced"]
+__all__ = [
+    "ReduceBuffer",
+    "byte_view",
+    "check_reducible",
+    "in_place_array",
+    "mpi_reduce_op",
+    "reduced",
+]
 
 _HALF = (torch.float16, torch.bfloat16)
 _REFUSED = (torch.bool,)
@@ -30,8 +37,16 @@ def mpi_reduce_op(op) -> tuple:
     if found is None:
         from torch.distributed import ReduceOp
 
-        table = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PRODUCT: MPI.PROD, ReduceOp.MIN: MPI.MIN,
-                 ReduceOp.MAX: MPI.MAX, ReduceOp.BAND: MPI.BAND, ReduceOp.BOR: MPI.BOR, ReduceOp.BXOR: MPI.BXOR}
+        table = {
+            ReduceOp.SUM: MPI.SUM,
+            ReduceOp.AVG: MPI.SUM,
+            ReduceOp.PRODUCT: MPI.PROD,
+            ReduceOp.MIN: MPI.MIN,
+            ReduceOp.MAX: MPI.MAX,
+            ReduceOp.BAND: MPI.BAND,
+            ReduceOp.BOR: MPI.BOR,
+            ReduceOp.BXOR: MPI.BXOR,
+        }
         if kind not in table:
             raise ValueError(f"mpisync backend: reduce op {op} is not supported")
         found = _MPI_OPS[kind] = (table[kind], kind == ReduceOp.AVG)
@@ -39,19 +54,27 @@ def mpi_reduce_op(op) -> tuple:
 
 
 def check_reducible(mpi_op, tensors) -> None:
-    """``ValueError`` if ``mpi_op`` is not defined for one of ``tensors`` (checked before anything is posted)."""
+    """``ValueError`` if ``mpi_op`` is not defined for one of ``tensors`` (checked before anything
+    is posted)."""
     for tensor in tensors:
         if tensor.dtype in _REFUSED:
             raise ValueError(f"mpisync backend: cannot reduce a {tensor.dtype} tensor")
-        if mpi_op in (MPI.BAND, MPI.BOR, MPI.BXOR) and (tensor.is_floating_point() or tensor.is_complex()):
-            raise ValueError(f"mpisync backend: bitwise reductions need integer tensors, got {tensor.dtype}")
+        if mpi_op in (MPI.BAND, MPI.BOR, MPI.BXOR) and (
+            tensor.is_floating_point() or tensor.is_complex()
+        ):
+            raise ValueError(
+                f"mpisync backend: bitwise reductions need integer tensors, got {tensor.dtype}"
+            )
         if mpi_op in (MPI.MIN, MPI.MAX) and tensor.is_complex():
-            raise ValueError(f"mpisync backend: min/max are not defined for complex tensors ({tensor.dtype})")
+            raise ValueError(
+                f"mpisync backend: min/max are not defined for complex tensors ({tensor.dtype})"
+            )
 
 
 # Dtypes MPI reduces as they are, in the tensor's own memory (numpy and MPI know them).
-_IN_PLACE = frozenset((torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32,
-                       torch.int64))
+_IN_PLACE = frozenset(
+    (torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+)
 
 
 def in_place_array(tensor: torch.Tensor, mpi_op):
@@ -75,7 +98,11 @@ def reduced(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor:
     ``wide``: integers in an ``int64`` copy (for ``avg``)."""
     if tensor.dtype in _REFUSED:
         raise ValueError(f"mpisync backend: cannot reduce a {tensor.dtype} tensor")
-    if wide and not (tensor.is_floating_point() or tensor.is_complex()) and tensor.dtype != torch.int64:
+    if (
+        wide
+        and not (tensor.is_floating_point() or tensor.is_complex())
+        and tensor.dtype != torch.int64
+    ):
         return tensor.detach().to("cpu", torch.int64).contiguous()
     if tensor.dtype in _HALF:
         return tensor.detach().to("cpu", torch.float32).contiguous()
@@ -85,7 +112,8 @@ def reduced(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor:
 
 
 class ReduceBuffer:
-    """The host buffer of one reduced tensor: ``array`` for MPI, ``finish()`` once it holds the result."""
+    """The host buffer of one reduced tensor: ``array`` for MPI, ``finish()`` once it holds the
+    result."""
 
     __slots__ = ("tensor", "host", "array", "average")
 
@@ -96,7 +124,8 @@ class ReduceBuffer:
         self.average = average  # divide by this many ranks after the sum (0: no division)
 
     def finish(self) -> None:
-        """Divide for ``avg`` (integers floor, as ``//``), then write the result back where needed."""
+        """Divide for ``avg`` (integers floor, as ``//``), then write the result back where
+        needed."""
         host = self.host
         if self.average > 1:
             if host.is_floating_point() or host.is_complex():

@@ -51,10 +51,10 @@ import time as _time
 import torch
 from mpi4py import MPI
 
+from .._runtime.keepalive import keep_alive
+from .._runtime.ring import Expired, wait_request
 from ..config import abort_on_timeout as _abort_on_timeout
 from ..errors import SyncError, SyncTimeoutError
-from .._runtime.ring import Expired, wait_request
-from .._runtime.keepalive import keep_alive
 
 __all__ = ["Engine", "Operation"]
 
@@ -69,19 +69,33 @@ _CLAIM_POLL_SECONDS = 0.05
 
 
 class Operation:
-    """One posted operation: its requests, what runs once they complete, its outcome and its future."""
+    """One posted operation: its requests, what runs once they complete, its outcome and its
+    future."""
 
-    __slots__ = ("requests", "finish", "result", "label", "future", "error", "posted", "claim", "state", "buffers")
+    __slots__ = (
+        "requests",
+        "finish",
+        "result",
+        "label",
+        "future",
+        "error",
+        "posted",
+        "claim",
+        "state",
+        "buffers",
+    )
 
     def __init__(self, finish, result, label):
         self.requests, self.finish, self.result, self.label = (), finish, result, label
-        self.future = None  # made when first asked for (Engine.future): a synchronous call never needs one
+        # made when first asked for (Engine.future): a synchronous call never needs one
+        self.future = None
         self.error = None  # what the operation failed with, once finished
         # What the requests read and write (the poster's closure holds the host copies): MPI may use
         # a buffer until its request completes, and mpi4py's requests need not keep it alive.
         self.buffers = None
         self.posted = _time.monotonic()
-        # Whoever holds ``claim`` waits for or tests the requests (MPI forbids two threads waiting on
+        # Whoever holds ``claim`` waits for or tests the requests (MPI forbids two threads waiting
+        # on
         # one request), and releases it when done with them.
         self.claim = _threading.Lock()
         self.state = _PENDING  # changed under the engine's lock only
@@ -130,7 +144,8 @@ class _Failures:
                 if not self._pending:
                     continue
                 age = _time.monotonic() - self._pending[0].posted
-                if age >= period:  # nobody asked for it, or nobody could: the progress thread takes it
+                # nobody asked for it, or nobody could: the progress thread takes it
+                if age >= period:
                     self._hurry()
                 if self._timeout is None or age < self._timeout:
                     continue
@@ -138,14 +153,16 @@ class _Failures:
             return
 
     def _expire(self, extra=()) -> None:
-        """Report the operations in flight (once): abort, or fail every pending one (and ``extra``)."""
+        """Report the operations in flight (once): abort, or fail every pending one (and
+        ``extra``)."""
         with self._cond:
             if self._broken is not None:
                 return
             self._broken = "an operation timed out; its collectives may still be pending"
             failed = list(extra) + list(self._pending)
             self._cond.notify_all()
-        error = self._on_timeout([op.label for op in failed])  # aborts the job, unless MPISYNC_TIMEOUT_ABORT=0
+        # aborts the job, unless MPISYNC_TIMEOUT_ABORT=0
+        error = self._on_timeout([op.label for op in failed])
         self._broken = f"an operation timed out ({error}); its collectives may still be pending"
         self._abandon(failed, SyncTimeoutError(error))
 
@@ -159,8 +176,13 @@ class _Failures:
                 self._broken = reason
             failed = [operation] + [op for op in self._pending if op is not operation]
             self._cond.notify_all()
-        self._abandon(failed, SyncError(f"mpisync: rank {self.comm.rank}: {reason}; this process group is "
-                                        "unusable (its collectives may no longer match the other ranks')"))
+        self._abandon(
+            failed,
+            SyncError(
+                f"mpisync: rank {self.comm.rank}: {reason}; this process group is "
+                "unusable (its collectives may no longer match the other ranks')"
+            ),
+        )
 
     def _abandon(self, failed: list, error: BaseException) -> None:
         # Requests that may still be in flight keep their buffers alive (MPI may write into them).
@@ -180,7 +202,8 @@ class _Failures:
 
 
 class Engine(_Failures):
-    """Nonblocking operations on ``comm``: at most ``capacity`` in flight, each within ``timeout`` seconds."""
+    """Nonblocking operations on ``comm``: at most ``capacity`` in flight, each within ``timeout``
+    seconds."""
 
     def __init__(self, comm, capacity: int, timeout: float | None, on_timeout):
         self.comm = comm
@@ -189,10 +212,12 @@ class Engine(_Failures):
         self._on_timeout = on_timeout  # (label list) -> None: reports, then aborts or returns
         self._pending: _collections.deque = _collections.deque()
         self._cond = _threading.Condition()
-        self._post_lock = _threading.Lock()  # one poster at a time: the posting order is the issue order
+        # one poster at a time: the posting order is the issue order
+        self._post_lock = _threading.Lock()
         self._broken = None
         self._closing = False
-        # The progress thread completes what is pending only while _urgent (a future was asked for, a
+        # The progress thread completes what is pending only while _urgent (a future was asked for,
+        # a
         # caller waits for room or a drain, or the sweep found an operation nobody asked about), and
         # is woken only when it sleeps: a synchronous call wakes no thread.
         self._urgent = False
@@ -202,12 +227,15 @@ class Engine(_Failures):
         self.threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self._thread = None
         if self.threaded:
-            self._thread = _threading.Thread(target=self._progress, name="mpisync-progress", daemon=True)
+            self._thread = _threading.Thread(
+                target=self._progress, name="mpisync-progress", daemon=True
+            )
             self._thread.start()
             _threading.Thread(target=self._watch, name="mpisync-watchdog", daemon=True).start()
 
     def submit(self, post, finish=None, result=None, label: str = "") -> Operation:
-        """Post ``post(comm)`` (an iterable of requests) now; once they complete, run ``finish()`` and
+        """Post ``post(comm)`` (an iterable of requests) now; once they complete, run ``finish()``
+        and
         complete the operation (and its future, if asked for) with ``result``."""
         operation = Operation(finish, result, label)
         if not self.threaded:  # no progress thread may call MPI: complete here, now
@@ -216,7 +244,8 @@ class Engine(_Failures):
                     self._check()
                     operation.buffers = post
                     operation.requests = self._post(post, operation)
-                self._wait_here(operation)  # outside _post_lock: a callback of its future may submit
+                # outside _post_lock: a callback of its future may submit
+                self._wait_here(operation)
             return operation
         if len(self._pending) >= self._capacity and _threading.current_thread() is not self._thread:
             # The progress thread never waits for room (a callback of a future it completes may
@@ -257,7 +286,8 @@ class Engine(_Failures):
         return requests
 
     def _wait_here(self, operation) -> None:
-        """Below MPI_THREAD_MULTIPLE: wait for ``operation`` within the deadline, then complete it."""
+        """Below MPI_THREAD_MULTIPLE: wait for ``operation`` within the deadline, then complete
+        it."""
         deadline = None if self._timeout is None else operation.posted + self._timeout
         try:
             for request in operation.requests:
@@ -276,7 +306,8 @@ class Engine(_Failures):
         if not operation.take():
             return
         try:
-            if self._timeout is None or self._abort:  # the watchdog aborts the job if it never completes
+            # the watchdog aborts the job if it never completes
+            if self._timeout is None or self._abort:
                 MPI.Request.Waitall(operation.requests)
             else:  # polled, so that the caller itself can report the timeout and raise
                 deadline = operation.posted + self._timeout
@@ -292,7 +323,8 @@ class Engine(_Failures):
             operation.claim.release()
 
     def test(self, operation: Operation) -> bool:
-        """Whether ``operation`` finished; completes it here if its requests have (``is_completed``)."""
+        """Whether ``operation`` finished; completes it here if its requests have
+        (``is_completed``)."""
         if operation.finished():
             return True
         if not operation.claim.acquire(blocking=False):
@@ -323,7 +355,8 @@ class Engine(_Failures):
 
     @property
     def broken(self) -> bool:
-        """Whether a timeout or an MPI error made the engine unusable (requests may still be in flight)."""
+        """Whether a timeout or an MPI error made the engine unusable (requests may still be in
+        flight)."""
         return self._broken is not None
 
     def drain(self) -> None:
@@ -353,11 +386,14 @@ class Engine(_Failures):
             raise SyncError("mpisync: this process group is shut down")
 
     def _retire(self, operation) -> None:
-        """Run the completion of ``operation`` (its requests are done, its claim held), then finish it."""
+        """Run the completion of ``operation`` (its requests are done, its claim held), then finish
+        it."""
         with self._cond:
-            if operation.state is not _PENDING:  # failed meanwhile with the engine (a timeout elsewhere)
+            # failed meanwhile with the engine (a timeout elsewhere)
+            if operation.state is not _PENDING:
                 return
-            operation.state = _RETIRING  # from here on it completes: a failure elsewhere leaves it be
+            # from here on it completes: a failure elsewhere leaves it be
+            operation.state = _RETIRING
         error = None
         try:
             if operation.finish is not None:

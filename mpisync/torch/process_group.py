@@ -16,15 +16,14 @@ from mpi4py import MPI
 from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import config as _config
+from .._runtime.keepalive import keep_alive
+from .._runtime.timeouts import abort_job, timed_out
 from ..errors import SyncTimeoutError
 from ..sync import ParamSync
-from .._runtime.timeouts import abort_job, timed_out
 from .buffers import ReduceBuffer, byte_view, check_reducible, in_place_array, mpi_reduce_op
 from .engine import Engine
-from .._runtime.keepalive import keep_alive
 
 __all__ = ["ProcessGroupMPISync"]
-
 
 
 class _Work(dist._Work):
@@ -65,11 +64,13 @@ def _host_bytes(tensor: torch.Tensor) -> tuple:
     def back():
         with torch.no_grad():
             tensor.copy_(host)
+
     return byte_view(host), back
 
 
 class ProcessGroupMPISync(dist.ProcessGroup):
-    """The ``"mpisync"`` backend over ``comm`` (duplicated: its traffic never meets the caller's)."""
+    """The ``"mpisync"`` backend over ``comm`` (duplicated: its traffic never meets the
+    caller's)."""
 
     def __init__(self, comm, *, timeout: float | None = None, max_concurrent: int | None = None):
         super().__init__(comm.rank, comm.size)
@@ -77,7 +78,9 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         self._timeout = settings.timeout.value
         self._comm = comm.Dup()
         self._rank, self._size = comm.rank, comm.size
-        self._engine = Engine(self._comm, settings.max_concurrent.value, self._timeout, self._timed_out)
+        self._engine = Engine(
+            self._comm, settings.max_concurrent.value, self._timeout, self._timed_out
+        )
         self._param_syncs: dict = {}  # root -> ParamSync (each duplicates self._comm on first use)
 
     # -- identity -----------------------------------------------------------------------------
@@ -98,7 +101,8 @@ class ProcessGroupMPISync(dist.ProcessGroup):
 
     @property
     def threaded(self) -> bool:
-        """Whether a progress thread completes operations (MPI_THREAD_MULTIPLE), else the caller does."""
+        """Whether a progress thread completes operations (MPI_THREAD_MULTIPLE), else the caller
+        does."""
         return self._engine.threaded
 
     def shutdown(self) -> None:
@@ -130,14 +134,19 @@ class ProcessGroupMPISync(dist.ProcessGroup):
 
     # -- collectives ----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        """All-reduce each tensor of ``tensors`` in place (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)."""
+        """All-reduce each tensor of ``tensors`` in place (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR,
+        BXOR)."""
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
         mpi_op, average = mpi_reduce_op(op)
         if len(tensors) == 1 and not average:  # the common case (a synchronous call, a DDP bucket)
             array = in_place_array(tensors[0], mpi_op)
             if array is not None:
-                return self._submit(lambda comm: (comm.Iallreduce(MPI.IN_PLACE, array, mpi_op),), None, tensors,
-                                    "all_reduce")
+                return self._submit(
+                    lambda comm: (comm.Iallreduce(MPI.IN_PLACE, array, mpi_op),),
+                    None,
+                    tensors,
+                    "all_reduce",
+                )
         check_reducible(mpi_op, tensors)
         buffers = [ReduceBuffer(t, self._size if average else 0, wide=average) for t in tensors]
 
@@ -147,6 +156,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         def finish():
             for b in buffers:
                 b.finish()
+
         return self._submit(post, finish, list(tensors), "all_reduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -154,12 +164,16 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensor_list, opts=None):
-        """Broadcast from ``opts.rootRank`` through mpisync's fused parameter sync (after a drain)."""
+        """Broadcast from ``opts.rootRank`` through mpisync's fused parameter sync (after a
+        drain)."""
         root = 0 if opts is None else opts.rootRank
-        self._engine.drain()  # collectives issued before this one complete first (MPI ordering rule)
+        # collectives issued before this one complete first (MPI ordering rule)
+        self._engine.drain()
         syncer = self._param_syncs.get(root)
         if syncer is None:
-            syncer = self._param_syncs[root] = ParamSync(self._comm, root=root, timeout=self._timeout)
+            syncer = self._param_syncs[root] = ParamSync(
+                self._comm, root=root, timeout=self._timeout
+            )
         syncer.sync({f"{k:08d}": t for k, t in enumerate(tensor_list)})
         return _done(list(tensor_list))
 
@@ -179,8 +193,13 @@ class ProcessGroupMPISync(dist.ProcessGroup):
                 for send, recv, outputs in parts:
                     n = send.nbytes
                     for r, out in enumerate(outputs):
-                        src = torch.from_numpy(recv[r * n:(r + 1) * n]).view(out.dtype).reshape(out.shape)
+                        src = (
+                            torch.from_numpy(recv[r * n : (r + 1) * n])
+                            .view(out.dtype)
+                            .reshape(out.shape)
+                        )
                         out.copy_(src)
+
         return self._submit(post, finish, output_tensors, "all_gather")
 
     def all_gather_single(self, output, input, opts=None):
@@ -188,44 +207,64 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         recv, back = _host_bytes(output)
         send, _ = _host_bytes(input.contiguous())
         if recv.nbytes != send.nbytes * self._size:
-            raise ValueError(f"mpisync backend: output has {recv.nbytes} bytes, expected "
-                             f"{send.nbytes * self._size} ({self._size} x input)")
-        return self._submit(lambda comm: [comm.Iallgather(send, recv)], back, output,
-                            "all_gather_into_tensor")
+            raise ValueError(
+                f"mpisync backend: output has {recv.nbytes} bytes, expected "
+                f"{send.nbytes * self._size} ({self._size} x input)"
+            )
+        return self._submit(
+            lambda comm: [comm.Iallgather(send, recv)], back, output, "all_gather_into_tensor"
+        )
 
     _allgather_base = all_gather_single
 
     def reduce_scatter_single(self, output, input, opts=None):
-        """``reduce_scatter_tensor``: reduce ``input`` over ranks; this rank keeps its ``output``-sized block."""
+        """``reduce_scatter_tensor``: reduce ``input`` over ranks; this rank keeps its
+        ``output``-sized block."""
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
         mpi_op, average = mpi_reduce_op(op)
         check_reducible(mpi_op, (input, output))
         send = ReduceBuffer(input.contiguous(), wide=average)
         result = ReduceBuffer(output, self._size if average else 0, wide=average)
         if send.array.size != result.array.size * self._size:
-            raise ValueError(f"mpisync backend: input has {send.array.size} elements, expected "
-                             f"{result.array.size * self._size} ({self._size} x output)")
-        return self._submit(lambda comm: [comm.Ireduce_scatter_block(send.array, result.array, mpi_op)],
-                            result.finish, output, "reduce_scatter_tensor")
+            raise ValueError(
+                f"mpisync backend: input has {send.array.size} elements, expected "
+                f"{result.array.size * self._size} ({self._size} x output)"
+            )
+        return self._submit(
+            lambda comm: [comm.Ireduce_scatter_block(send.array, result.array, mpi_op)],
+            result.finish,
+            output,
+            "reduce_scatter_tensor",
+        )
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        """``reduce_scatter``: ``input_tensors[i][r]`` reduced over ranks lands in rank ``r``'s ``output_tensors[i]``."""
-        works = [self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts)
-                 for out, ins in zip(output_tensors, input_tensors)]
-        future = torch.futures.collect_all([w.get_future() for w in works]).then(lambda _: output_tensors)
+        """``reduce_scatter``: ``input_tensors[i][r]`` reduced over ranks lands in rank ``r``'s
+        ``output_tensors[i]``."""
+        works = [
+            self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts)
+            for out, ins in zip(output_tensors, input_tensors)
+        ]
+        future = torch.futures.collect_all([w.get_future() for w in works]).then(
+            lambda _: output_tensors
+        )
         return _work(future)
 
     def barrier(self, opts=None):
-        """Complete when every rank has reached it (and everything issued before it has completed)."""
+        """Complete when every rank has reached it (and everything issued before it has
+        completed)."""
         return self._submit(lambda comm: [comm.Ibarrier()], None, [], "barrier")
 
     def send(self, tensors, dst_rank: int, tag: int = 0):
         """Send ``tensors`` (bytes) to ``dst_rank`` with ``tag``."""
         views = [_host_bytes(t.contiguous())[0] for t in tensors]
-        return self._submit(lambda comm: (comm.Isend(v, dst_rank, tag) for v in views), None,
-                            list(tensors), f"send to {dst_rank}")
+        return self._submit(
+            lambda comm: (comm.Isend(v, dst_rank, tag) for v in views),
+            None,
+            list(tensors),
+            f"send to {dst_rank}",
+        )
 
     def recv(self, tensors, src_rank: int, tag: int = 0):
         """Receive ``tensors`` (bytes) from ``src_rank`` with ``tag``."""
@@ -235,5 +274,10 @@ class ProcessGroupMPISync(dist.ProcessGroup):
             for _, back in targets:
                 if back is not None:
                     back()
-        return self._submit(lambda comm: (comm.Irecv(v, src_rank, tag) for v, _ in targets), finish,
-                            list(tensors), f"recv from {src_rank}")
+
+        return self._submit(
+            lambda comm: (comm.Irecv(v, src_rank, tag) for v, _ in targets),
+            finish,
+            list(tensors),
+            f"recv from {src_rank}",
+        )

@@ -8,7 +8,8 @@ the sync's deadline (``run``, collective) and frees its buffers (``close``).
 - ``mpi``: nonblocking broadcasts through the request ring, small tensors
   packed into fusion buckets of an arena;
 - ``cross-memory``: tensors copied process to process (:mod:`mpisync.transports.cma`);
-- ``shared memory``: a ring of slots in a file every rank maps (:mod:`mpisync.transports.nodesegment`).
+- ``shared memory``: a ring of slots in a file every rank maps
+(:mod:`mpisync.transports.nodesegment`).
 
 The device transport (staged or CUDA-aware) is :mod:`mpisync.transports.device`.
 """
@@ -17,26 +18,43 @@ from __future__ import annotations
 
 import abc as _abc
 
-
 from ..params.bulk import BulkManifest
-from ..plan.transfers import bulk_plan
-from ..plan.transfers import build_plan
+from ..plan.transfers import build_plan, bulk_plan
 
 __all__ = ["Transport", "Context", "host_plan", "names_of"]
 
-class Context:
-    """What one sync's run needs: the communicator, root, a wait helper, the report and the timeline."""
 
-    __slots__ = ("comm", "root", "call", "deadline", "report", "timeline", "capacity", "one_node", "pending")
+class Context:
+    """What one sync's run needs: the communicator, root, a wait helper, the report and the
+    timeline."""
+
+    __slots__ = (
+        "comm",
+        "root",
+        "call",
+        "deadline",
+        "report",
+        "timeline",
+        "capacity",
+        "one_node",
+        "pending",
+    )
 
     def __init__(self, comm, root, deadline, report, timeline, capacity: int, one_node: bool):
         self.comm, self.root, self.deadline, self.call = comm, root, deadline, deadline.wait
-        self.report, self.timeline, self.capacity, self.one_node = report, timeline, capacity, one_node
-        self.pending = None  # names in flight when a wait expires: a callable, set by the running transport
+        self.report, self.timeline, self.capacity, self.one_node = (
+            report,
+            timeline,
+            capacity,
+            one_node,
+        )
+        # names in flight when a wait expires: a callable, set by the running transport
+        self.pending = None
 
 
 def host_plan(manifest, fusion: int, chunk: int, runs: tuple = ()) -> list:
-    """The host plan of ``manifest``: ``bulk_plan`` tuples for a bulk manifest, else ``build_plan``'s."""
+    """The host plan of ``manifest``: ``bulk_plan`` tuples for a bulk manifest, else
+    ``build_plan``'s."""
     if isinstance(manifest, BulkManifest):
         return bulk_plan(manifest.sizes, fusion, chunk)
     return build_plan([p.nbytes for p in manifest.host_params], fusion, chunk, runs)
@@ -58,14 +76,17 @@ class Transport(_abc.ABC):
 
     @_abc.abstractmethod
     def compile(self, manifest, plan: list, fusion: int, ctx: Context):
-        """This rank's program for ``plan`` over ``manifest``'s host arrays (local, no communication)."""
+        """This rank's program for ``plan`` over ``manifest``'s host arrays (local, no
+        communication)."""
 
     def bind(self, program, ctx: Context) -> None:
-        """Exchange what peers need about a fresh program (collective; most transports need nothing)."""
+        """Exchange what peers need about a fresh program (collective; most transports need
+        nothing)."""
 
     @_abc.abstractmethod
     def run(self, program, ctx: Context) -> None:
-        """Move root's bytes (collective); raises :class:`~mpisync._runtime.ring.Expired` past the deadline."""
+        """Move root's bytes (collective); raises :class:`~mpisync._runtime.ring.Expired` past the
+        deadline."""
 
     def close(self, broken: bool = False) -> None:
         """Free the buffers (kept alive for good when ``broken``: collectives may still write)."""
@@ -74,5 +95,3 @@ class Transport(_abc.ABC):
 def names_of(label) -> str:
     """The first few names of ``label`` for a log line."""
     return ", ".join(label[:5]) + (f", ... ({len(label)} tensors)" if len(label) > 5 else "")
-
-

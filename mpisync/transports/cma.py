@@ -54,8 +54,14 @@ def _bind():
         return None
     for call in calls:
         call.restype = _ctypes.c_ssize_t
-        call.argtypes = [_ctypes.c_int, _ctypes.c_void_p, _ctypes.c_ulong, _ctypes.c_void_p, _ctypes.c_ulong,
-                         _ctypes.c_ulong]
+        call.argtypes = [
+            _ctypes.c_int,
+            _ctypes.c_void_p,
+            _ctypes.c_ulong,
+            _ctypes.c_void_p,
+            _ctypes.c_ulong,
+            _ctypes.c_ulong,
+        ]
     return calls
 
 
@@ -84,7 +90,7 @@ def _batches(call, pid: int, pairs: list) -> list:
     remote bytes follow each other share one remote iovec (a region read in one piece)."""
     out = []
     for start in range(0, len(pairs), _BATCH):
-        group = pairs[start:start + _BATCH]
+        group = pairs[start : start + _BATCH]
         remote = []
         for _, there, n in group:
             if remote and remote[-1][0] + remote[-1][1] == there:
@@ -92,8 +98,17 @@ def _batches(call, pid: int, pairs: list) -> list:
             else:
                 remote.append([there, n])
         local = (_Iovec * len(group))(*[(here, n) for here, _, n in group])
-        out.append((call, pid, local, len(group), (_Iovec * len(remote))(*map(tuple, remote)), len(remote),
-                    sum(n for _, _, n in group)))
+        out.append(
+            (
+                call,
+                pid,
+                local,
+                len(group),
+                (_Iovec * len(remote))(*map(tuple, remote)),
+                len(remote),
+                sum(n for _, _, n in group),
+            )
+        )
     return out
 
 
@@ -118,7 +133,8 @@ def _regions(local: _np.ndarray, remote: _np.ndarray, scratch: int) -> list:
 
 
 def _byte_range(local: _np.ndarray, remote: _np.ndarray, start: int, stop: int) -> list:
-    """``(local address, remote address, nbytes)`` covering bytes ``[start, stop)`` of the pieces laid end
+    """``(local address, remote address, nbytes)`` covering bytes ``[start, stop)`` of the pieces
+    laid end
     to end; ``local``/``remote`` are ``(k, 2)`` tables of ``(address, nbytes)``."""
     pairs, offset = [], 0
     for (here, nbytes), (there, _) in zip(local.tolist(), remote.tolist()):
@@ -130,24 +146,32 @@ def _byte_range(local: _np.ndarray, remote: _np.ndarray, start: int, stop: int) 
 
 
 class CrossMemory:
-    """Every rank's pid, checked reachable by a token read; :meth:`bind` compiles one rank's copies."""
+    """Every rank's pid, checked reachable by a token read; :meth:`bind` compiles one rank's
+    copies."""
 
     def __init__(self, pids: list, rank: int, root: int):
         self.pids, self.rank, self.root = pids, rank, root
-        self._scratch = _np.empty(_PAGE, dtype=_np.uint8)  # where the gaps between root's small tensors land
-        self.fraction = None  # the part of each receiver's large-tensor bytes root writes; None: not chosen yet
-        self.last = (0, 0)  # (direct bytes, all bytes) of the last sync's copies: the same on every rank
+        # where the gaps between root's small tensors land
+        self._scratch = _np.empty(_PAGE, dtype=_np.uint8)
+        # the part of each receiver's large-tensor bytes root writes; None: not chosen yet
+        self.fraction = None
+        # (direct bytes, all bytes) of the last sync's copies: the same on every rank
+        self.last = (0, 0)
 
     @classmethod
     def open(cls, comm, root: int, call, requested: bool | None = None) -> CrossMemory | None:
         """Check on every rank of ``comm`` that root and every other rank can reach each other; the
-        object, or None on every rank. Collective (an all-gather and an all-reduce, waited with ``call``)."""
+        object, or None on every rank. Collective (an all-gather and an all-reduce, waited with
+        ``call``)."""
         rank, size = comm.rank, comm.size
         mine = enabled(requested)
-        token = _np.frombuffer(_secrets.token_bytes(16), dtype=_np.int64).copy()  # peers read this array
+        # peers read this array
+        token = _np.frombuffer(_secrets.token_bytes(16), dtype=_np.int64).copy()
         host = host_word()
-        row = _np.array([_os.getpid() if mine else 0, token.ctypes.data, token[0], token[1], host],
-                        dtype=_np.int64)
+        row = _np.array(
+            [_os.getpid() if mine else 0, token.ctypes.data, token[0], token[1], host],
+            dtype=_np.int64,
+        )
         table = _np.empty((size, 5), dtype=_np.int64)
         call(comm.Iallgather(row, table))
         # One node only (as MPI names them): on several, some pairs could not reach each other.
@@ -160,7 +184,8 @@ class CrossMemory:
                 pairs = [(probe.ctypes.data, int(table[peer, 1]), 16)]
                 if not Copies.run_batches(_batches(_CALLS[0], int(table[peer, 0]), pairs)):
                     ok = False
-                if not ok or not _np.array_equal(probe, table[peer, 2:4]):  # another process under that pid
+                # another process under that pid
+                if not ok or not _np.array_equal(probe, table[peer, 2:4]):
                     ok = False
                     break
         except Exception:  # noqa: BLE001 - any local failure: every rank learns it below and keeps MPI
@@ -171,7 +196,8 @@ class CrossMemory:
         return cls(table[:, 0].tolist(), rank, root) if everyone[0] else None
 
     def bind(self, comm, direct: list, small: list, call) -> Copies:
-        """This rank's copies for the plan's direct transfers ``direct`` and the masters of its fused
+        """This rank's copies for the plan's direct transfers ``direct`` and the masters of its
+        fused
         tensors ``small`` (byte buffers, plan order, the same counts on every rank).
 
         Collective (one all-gather of addresses, skipped when there is nothing
@@ -193,15 +219,21 @@ class CrossMemory:
         d = len(direct)
         total = int(mine[:d, 1].sum())
         if self.fraction is None and total:
-            # An even split leaves root last to finish; a fixed share of 0.8 of it is used (figures in
+            # An even split leaves root last to finish; a fixed share of 0.8 of it is used (figures
+            # in
             # docs/performance.md). Nothing measured rides in the validation exchange to move it.
             self.fraction = min(1.0, 0.8 * int(mine[:, 1].sum()) / (size * total))
-        regions = [] if self.rank == self.root else _regions(mine[d:], table[self.root, d:], self._scratch.ctypes.data)
+        regions = (
+            []
+            if self.rank == self.root
+            else _regions(mine[d:], table[self.root, d:], self._scratch.ctypes.data)
+        )
         return Copies(self, mine[:d], table[:, :d], int(mine[d:, 1].sum()), regions)
 
 
 class Copies:
-    """One rank's copies for one set of arrays, bound to every rank's addresses; :meth:`split` redoes
+    """One rank's copies for one set of arrays, bound to every rank's addresses; :meth:`split`
+    redoes
     the direct part for the current :attr:`CrossMemory.fraction` without talking to the others."""
 
     def __init__(self, cross: CrossMemory, mine, table, small_bytes: int, regions):
@@ -219,24 +251,38 @@ class Copies:
         share = int(round(cross.fraction * total)) if total else 0
         read, write = _CALLS
         if cross.rank == cross.root:
-            self.batches = [batch for peer in range(len(cross.pids)) if peer != cross.root
-                            for batch in _batches(write, cross.pids[peer], _byte_range(mine, table[peer], 0, share))
-                            ] if total else []
+            self.batches = (
+                [
+                    batch
+                    for peer in range(len(cross.pids))
+                    if peer != cross.root
+                    for batch in _batches(
+                        write, cross.pids[peer], _byte_range(mine, table[peer], 0, share)
+                    )
+                ]
+                if total
+                else []
+            )
         else:
             pairs = _byte_range(mine, table[cross.root], share, total) if total else []
             self.batches = _batches(read, cross.pids[cross.root], pairs + self._regions)
 
     def run(self) -> bool:
-        """Carry out this rank's copies; False when any failed or fell short (or addresses did not match)."""
+        """Carry out this rank's copies; False when any failed or fell short (or addresses did not
+        match)."""
         self._cross.last = (self.direct_bytes, self.total_bytes)
         return self.run_batches(self.batches)
 
     @staticmethod
     def run_batches(batches) -> bool:
-        """Carry out ``batches`` (from :func:`_batches`); False when any copy failed or fell short."""
+        """Carry out ``batches`` (from :func:`_batches`); False when any copy failed or fell
+        short."""
         if batches is None:
             return False
         for call, pid, local, nlocal, remote, nremote, nbytes in batches:
-            if call(pid, _ctypes.addressof(local), nlocal, _ctypes.addressof(remote), nremote, 0) != nbytes:
+            if (
+                call(pid, _ctypes.addressof(local), nlocal, _ctypes.addressof(remote), nremote, 0)
+                != nbytes
+            ):
                 return False
         return True

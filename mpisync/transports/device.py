@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from ..params.fanout import copy_device, replica_copies
 from ..plan.transfers import build_plan
-from .device_pipeline import DEFAULT_DEVICE_CHUNK_BYTES, DeviceSlots, compile_device_steps, device_to_host, run_device_steps
+from .device_pipeline import (
+    DEFAULT_DEVICE_CHUNK_BYTES,
+    DeviceSlots,
+    compile_device_steps,
+    device_to_host,
+    run_device_steps,
+)
 
 __all__ = ["DeviceTransport"]
 
@@ -42,13 +48,15 @@ class DeviceTransport:
 
     def run(self, comm, root: int, steps: list, gpu_transport: str, timeout, report, trace) -> str:
         """Broadcast ``steps``; returns the transport used (``"staged"`` or ``"cuda-aware"``)."""
-        from ..devices.detect import choose_transport
         from .._runtime.observe import logger
+        from ..devices.detect import choose_transport
 
         transport, why = choose_transport(gpu_transport)
         logger.debug("device buffers: transport %s (%s)", transport, why)
         start = trace.now()
-        run_device_steps(comm, root, steps, self.slots, staged=transport == "staged", timeout=timeout)
+        run_device_steps(
+            comm, root, steps, self.slots, staged=transport == "staged", timeout=timeout
+        )
         report.collectives += len(steps)
         report.transfers += len(steps)
         report.fused_buckets += sum(1 for s in steps if s.fused)
@@ -62,7 +70,11 @@ class DeviceTransport:
             backend.synchronize(device)
         for param in device_params:
             master = param.master
-            copy_device(replica_copies([param], (0,)), master.backend, self.slots.stream(master.backend, master.device))
+            copy_device(
+                replica_copies([param], (0,)),
+                master.backend,
+                self.slots.stream(master.backend, master.device),
+            )
         for backend, device in touched:  # the copies are done before the caller's next kernel
             backend.synchronize(device)
 

@@ -22,12 +22,18 @@ import time as _time
 
 from mpi4py import MPI
 
-from ..params.fanout import copy_device, replica_copies
-from .._runtime.ring import Expired
 from .._runtime.keepalive import keep_alive
+from .._runtime.ring import Expired
+from ..params.fanout import copy_device, replica_copies
 
-__all__ = ["DeviceStep", "compile_device_steps", "DeviceSlots", "run_device_steps", "device_to_host",
-           "DEFAULT_DEVICE_CHUNK_BYTES"]
+__all__ = [
+    "DeviceStep",
+    "compile_device_steps",
+    "DeviceSlots",
+    "run_device_steps",
+    "device_to_host",
+    "DEFAULT_DEVICE_CHUNK_BYTES",
+]
 
 #: Largest device transfer: big enough for full-speed copies, small enough to pipeline.
 DEFAULT_DEVICE_CHUNK_BYTES = 4 << 20
@@ -51,20 +57,40 @@ def compile_device_steps(params: list, plan: list) -> list:
     """Bind ``plan`` (made for the device ``params``) to this rank's device views."""
     steps = []
     for transfer in plan:
-        views = [params[i].master.backend.slice(params[i].master.data, start, start + n)
-                 for i, start, _, n in transfer.pieces]
+        views = [
+            params[i].master.backend.slice(params[i].master.data, start, start + n)
+            for i, start, _, n in transfer.pieces
+        ]
         first = params[transfer.pieces[0][0]].master
         fan_out = replica_copies(params, transfer.completes)
         label = tuple(params[p[0]].name for p in transfer.pieces)
-        devices = tuple(sorted({r.device for i in {p[0] for p in transfer.pieces} | set(transfer.completes)
-                                for r in params[i].replicas}))
-        steps.append(DeviceStep(transfer.fused, transfer.nbytes, views, fan_out, first.backend, first.device,
-                                devices, label))
+        devices = tuple(
+            sorted(
+                {
+                    r.device
+                    for i in {p[0] for p in transfer.pieces} | set(transfer.completes)
+                    for r in params[i].replicas
+                }
+            )
+        )
+        steps.append(
+            DeviceStep(
+                transfer.fused,
+                transfer.nbytes,
+                views,
+                fan_out,
+                first.backend,
+                first.device,
+                devices,
+                label,
+            )
+        )
     return steps
 
 
 class DeviceSlots:
-    """``count`` staging slots, each a pinned host chunk and per-device bucket buffers, made on first use."""
+    """``count`` staging slots, each a pinned host chunk and per-device bucket buffers, made on
+    first use."""
 
     def __init__(self, count: int, chunk_bytes: int):
         self.count = count
@@ -131,8 +157,11 @@ def _synchronize_devices(steps) -> None:
                 step.backend.synchronize(device)
 
 
-def run_device_steps(comm, root: int, steps: list, slots: DeviceSlots, *, staged: bool, timeout) -> None:
-    """Broadcast every device step from ``root``; returns when all bytes and fan-outs are on the devices.
+def run_device_steps(
+    comm, root: int, steps: list, slots: DeviceSlots, *, staged: bool, timeout
+) -> None:
+    """Broadcast every device step from ``root``; returns when all bytes and fan-outs are on the
+    devices.
 
     Raises :class:`~mpisync._runtime.ring.Expired` (with ``.pending`` labels) when a broadcast
     outlives ``timeout`` seconds.
@@ -166,8 +195,14 @@ def run_device_steps(comm, root: int, steps: list, slots: DeviceSlots, *, staged
             spin_start = _time.monotonic()
             continue
         now = _time.monotonic()
-        expired = [i for i in flight if i.state == "broadcasting" and not i.arrived
-                   and i.deadline is not None and now > i.deadline]
+        expired = [
+            i
+            for i in flight
+            if i.state == "broadcasting"
+            and not i.arrived
+            and i.deadline is not None
+            and now > i.deadline
+        ]
         if expired:
             _abandon(flight, slots)
             error = Expired()
@@ -191,7 +226,8 @@ def _advance(comm, root, flight, slots, staged, is_root, timeout) -> bool:
       its earlier chunks. An earlier broadcast still on the wire never delays a later posting.
     """
     progressed = False
-    posting = acting = True  # every earlier transfer has posted its broadcast / had its arrival acted on
+    # every earlier transfer has posted its broadcast / had its arrival acted on
+    posting = acting = True
     for item in flight:
         if item.state == "preparing":
             if posting and item.step.backend.done(item.event):
@@ -244,7 +280,9 @@ def _admit(comm, root, item, slots, staged, is_root, timeout) -> None:
         if staged:
             item.buffer = slots.pinned(backend, item.slot)[:n]
         elif step.fused:
-            item.buffer = backend.mpi_buffer(backend.slice(slots.device(backend, step.device, item.slot), 0, n))
+            item.buffer = backend.mpi_buffer(
+                backend.slice(slots.device(backend, step.device, item.slot), 0, n)
+            )
         else:
             item.buffer = backend.mpi_buffer(step.views[0])
         _post(comm, root, item, timeout)
@@ -289,5 +327,5 @@ def device_to_host(view, slots: DeviceSlots):
         event = backend.record(stream)
         while not backend.done(event):
             _os.sched_yield()
-        out[start:start + n] = pinned[:n]
+        out[start : start + n] = pinned[:n]
     return out

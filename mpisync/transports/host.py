@@ -1,4 +1,5 @@
-"""The host transports of one syncer: which one each sync takes, set up on first use, freed together.
+"""The host transports of one syncer: which one each sync takes, set up on first use, freed
+together.
 
 The choice follows :func:`mpisync.transports.selection.choose` over facts every rank
 shares (gathered in one all-reduce posted with the communicator's
@@ -10,14 +11,15 @@ by a closed syncer of the same ranks is adopted when every rank holds it.
 from __future__ import annotations
 
 from ..plan.arena import Arena
-from .nodesegment import setting as segment_setting
-from .selection import CROSS, MPI, SHARED, FactsExchange, choose
+from . import spares
 from .crossmemory import CrossTransport
 from .mpi import MpiTransport
+from .nodesegment import setting as segment_setting
 from .segment import SegmentTransport, segment_geometry, spare_words
-from . import spares
+from .selection import CROSS, MPI, SHARED, FactsExchange, choose
 
 __all__ = ["HostTransports"]
+
 
 class HostTransports:
     """Channel -> transport for one syncer (``None`` where a set-up failed on some rank)."""
@@ -35,10 +37,15 @@ class HostTransports:
         return segment_geometry(self.capacity, self.fusion, every_set or self.preferred == SHARED)
 
     def post_facts(self, user_comm) -> FactsExchange:
-        """Post the facts all-reduce on ``user_comm`` (offering the spare segment, if this rank has one)."""
+        """Post the facts all-reduce on ``user_comm`` (offering the spare segment, if this rank has
+        one)."""
         self._spare = spares.take(spares.SEGMENT)
-        return FactsExchange(user_comm, spare=spare_words(self._spare, user_comm, self.root,
-                                                          self.geometry(segment_setting() is True)))
+        return FactsExchange(
+            user_comm,
+            spare=spare_words(
+                self._spare, user_comm, self.root, self.geometry(segment_setting() is True)
+            ),
+        )
 
     @property
     def nbytes(self) -> int:
@@ -56,7 +63,8 @@ class HostTransports:
         return self._open[channel]
 
     def choose(self, comm, small: bool, call) -> str:
-        """The channel for a set (``small``: every host tensor under ``fusion_bytes``), set up on every
+        """The channel for a set (``small``: every host tensor under ``fusion_bytes``), set up on
+        every
         rank on first use (collective: every rank makes the same choice from the same facts)."""
         while True:
             unavailable = tuple(c for c, t in self._open.items() if t is None)
@@ -67,27 +75,40 @@ class HostTransports:
             transport = self._open[channel]
             if transport is not None and not (channel == CROSS and transport.failed):
                 return channel
-            self._open[channel] = None  # failed set-up, or a copy failed on some rank: not offered again
+            # failed set-up, or a copy failed on some rank: not offered again
+            self._open[channel] = None
 
     def _set_up(self, comm, channel: str, call):
         if channel == MPI:
-            return MpiTransport(comm, self.root, spares.take(spares.ARENA) if self.one_shot else None)
+            return MpiTransport(
+                comm, self.root, spares.take(spares.ARENA) if self.one_shot else None
+            )
         if channel == SHARED and self.facts.spare:
-            spare, self._spare = self._spare, None  # the same segment on every rank (the facts agreed)
+            # the same segment on every rank (the facts agreed)
+            spare, self._spare = self._spare, None
             return SegmentTransport(comm, self.root, spare)
         if channel == SHARED:
-            return SegmentTransport.open(comm, self.root, call, self.geometry(self.facts.shared_setting is True))
+            return SegmentTransport.open(
+                comm, self.root, call, self.geometry(self.facts.shared_setting is True)
+            )
         fallback = self._open.get(MPI) or MpiTransport(comm, self.root)
         self._open.setdefault(MPI, fallback)
         return CrossTransport.open(comm, self.root, call, fallback)
 
     def close(self, broken: bool) -> None:
-        """Free every transport; after a timeout (``broken``) their buffers are kept out of use for good."""
+        """Free every transport; after a timeout (``broken``) their buffers are kept out of use for
+        good."""
         for channel, transport in self._open.items():
             if transport is None:
                 continue
-            if (channel == MPI and self.one_shot and not broken and len(transport.arena)
-                    and spares.offer(spares.ARENA, transport.arena)):  # for the next sync_params call
+            if (
+                channel == MPI
+                and self.one_shot
+                and not broken
+                and len(transport.arena)
+                # for the next sync_params call
+                and spares.offer(spares.ARENA, transport.arena)
+            ):
                 transport.arena = Arena(0)
             if channel == SHARED:
                 transport.close(broken, keep=True)

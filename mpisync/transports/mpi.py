@@ -6,17 +6,15 @@ from __future__ import annotations
 import functools as _functools
 import logging as _logging
 
-
-from ..plan.arena import Arena
-from ..params.bulk import BulkManifest
-from ..plan.program import compile_bulk
-from .._runtime.observe import logger
-from ..plan.program import arena_slots, compile_program, fused_slots
-from .._runtime.ring import TrackedRing
-from .selection import MPI as MPI_NAME
-from .._runtime.speedups import speedups as _speedups
-from .base import Context, Transport, names_of
 from .._runtime.keepalive import keep_alive
+from .._runtime.observe import logger
+from .._runtime.ring import TrackedRing
+from .._runtime.speedups import speedups as _speedups
+from ..params.bulk import BulkManifest
+from ..plan.arena import Arena
+from ..plan.program import arena_slots, compile_bulk, compile_program, fused_slots
+from .base import Context, Transport, names_of
+from .selection import MPI as MPI_NAME
 
 
 def _fused_count(plan: list) -> int:
@@ -24,7 +22,8 @@ def _fused_count(plan: list) -> int:
 
 
 class MpiTransport(Transport):
-    """Nonblocking broadcasts through the request ring; small tensors packed in an arena's buckets."""
+    """Nonblocking broadcasts through the request ring; small tensors packed in an arena's
+    buckets."""
 
     name = MPI_NAME
 
@@ -46,10 +45,17 @@ class MpiTransport(Transport):
     def compile(self, manifest, plan: list, fusion: int, ctx: Context):
         if isinstance(manifest, BulkManifest):
             self._ensure_arena(fused_slots(ctx.capacity, _fused_count(plan), ctx.one_node) * fusion)
-            return compile_bulk(manifest, plan, receiving=self.receiving, arena=self.arena, fusion_bytes=fusion)
+            return compile_bulk(
+                manifest, plan, receiving=self.receiving, arena=self.arena, fusion_bytes=fusion
+            )
         self._ensure_arena(arena_slots(plan, ctx.capacity, ctx.one_node) * fusion)
-        return compile_program(manifest.host_params, plan, receiving=self.receiving, arena=self.arena,
-                               fusion_bytes=fusion)
+        return compile_program(
+            manifest.host_params,
+            plan,
+            receiving=self.receiving,
+            arena=self.arena,
+            fusion_bytes=fusion,
+        )
 
     def run(self, program, ctx: Context) -> None:
         comm, root, timeline = self.comm, self.root, ctx.timeline
@@ -63,8 +69,15 @@ class MpiTransport(Transport):
                 ring.retire_through(step.after)
             step.start(timeline.active)
             if debug:
-                logger.debug("Ibcast %d/%d: %d bytes from root %d, %s: %s", k + 1, len(program),
-                             len(step.buffer[0]), root, "fused" if step.fused else "direct", names_of(step.label))
+                logger.debug(
+                    "Ibcast %d/%d: %d bytes from root %d, %s: %s",
+                    k + 1,
+                    len(program),
+                    len(step.buffer[0]),
+                    root,
+                    "fused" if step.fused else "direct",
+                    names_of(step.label),
+                )
             request = comm.Ibcast(step.buffer, root)
             if not (step.unpack or step.fan_out):
                 done = None
@@ -74,7 +87,12 @@ class MpiTransport(Transport):
                 done = step.finish
             ring.push(request, done, step.label)
         ring.drain()
-        timeline.span("broadcast", start, collectives=len(program), bytes=sum(len(s.buffer[0]) for s in program))
+        timeline.span(
+            "broadcast",
+            start,
+            collectives=len(program),
+            bytes=sum(len(s.buffer[0]) for s in program),
+        )
         ctx.report.collectives += len(program)
 
     def close(self, broken: bool = False) -> None:

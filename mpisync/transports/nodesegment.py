@@ -33,16 +33,24 @@ import time as _time
 import numpy as _np
 from mpi4py import MPI
 
-from ..plan.arena import Arena, vectored_io_available
-from ..config import env_switch
-from ..params.fanout import copy_host, replica_copies
-from ..plan.program import bucket_pack, bucket_unpack, transfer_buffer
 from .._runtime.ring import Expired
+from ..config import env_switch
 from ..params.adapters import _byte_view
 from ..params.bulk import BulkManifest
+from ..params.fanout import copy_host, replica_copies
+from ..plan.arena import Arena, vectored_io_available
+from ..plan.program import bucket_pack, bucket_unpack, transfer_buffer
 
-__all__ = ["NodeSegment", "Chunk", "compile_chunks", "enabled", "available", "setting", "SLOT_BYTES",
-           "SMALL_SLOTS"]
+__all__ = [
+    "NodeSegment",
+    "Chunk",
+    "compile_chunks",
+    "enabled",
+    "available",
+    "setting",
+    "SLOT_BYTES",
+    "SMALL_SLOTS",
+]
 
 #: Bytes of one slot for sets with large tensors: one copy on each side per slot, so large enough
 #: that the handshake is cheap, small enough that slots stay in cache (docs/performance.md).
@@ -58,7 +66,8 @@ _SLEEP_SECONDS = 0.001
 
 
 def setting() -> bool | None:
-    """``MPISYNC_SHARED_MEMORY``: True (``1``: any parameter set), False (``0``: never), None (unset:
+    """``MPISYNC_SHARED_MEMORY``: True (``1``: any parameter set), False (``0``: never), None
+    (unset:
     sets whose tensors are all smaller than ``fusion_bytes``, see the module notes)."""
     if not _os.environ.get("MPISYNC_SHARED_MEMORY", "").strip():
         return None
@@ -75,8 +84,11 @@ def enabled(requested: bool | None = None) -> bool:
 
 def available() -> bool:
     """Whether this platform has what the segment needs (x86-64, ``/dev/shm``, preadv/pwritev)."""
-    return (_platform.machine().lower() in ("x86_64", "amd64") and vectored_io_available()
-            and _os.path.isdir("/dev/shm"))
+    return (
+        _platform.machine().lower() in ("x86_64", "amd64")
+        and vectored_io_available()
+        and _os.path.isdir("/dev/shm")
+    )
 
 
 def _header_bytes(slots: int, size: int) -> int:
@@ -87,11 +99,15 @@ def _header_bytes(slots: int, size: int) -> int:
 class NodeSegment:
     """The mapped file: slot sequence numbers, per-rank acks, and the slots (an :class:`Arena`)."""
 
-    def __init__(self, fd: int, mapping, slots: int, slot_bytes: int, size: int, rank: int, root: int):
+    def __init__(
+        self, fd: int, mapping, slots: int, slot_bytes: int, size: int, rank: int, root: int
+    ):
         header = _header_bytes(slots, size)
         self.slots, self.slot_bytes, self.rank, self.root = slots, slot_bytes, rank, root
-        # The counters as 64-bit words: plain int loads and stores, cheaper than numpy scalars in the
-        # handshake loop. Word (1 + k) * _WORD is slot k's sequence number, (1 + slots + r) * _WORD rank r's ack.
+        # The counters as 64-bit words: plain int loads and stores, cheaper than numpy scalars in
+        # the
+        # handshake loop. Word (1 + k) * _WORD is slot k's sequence number, (1 + slots + r) * _WORD
+        # rank r's ack.
         self._words = memoryview(mapping)[:header].cast("q")
         self._seq = [(1 + k) * _WORD for k in range(slots)]
         self._ack = [(1 + slots + r) * _WORD for r in range(size)]
@@ -99,12 +115,14 @@ class NodeSegment:
         self.nbytes = header + slots * slot_bytes
         self._others = [self._ack[r] for r in range(size) if r != root]
         self.size = size
-        self.token = int.from_bytes(bytes(mapping[:8]), "little", signed=True)  # root's random token: names it
+        # root's random token: names it
+        self.token = int.from_bytes(bytes(mapping[:8]), "little", signed=True)
         self.next_id = 0  # chunks moved so far; every rank counts the same
 
     @classmethod
-    def open(cls, comm, root: int, slots: int, slot_bytes: int, call, requested: bool | None = None
-             ) -> NodeSegment | None:
+    def open(
+        cls, comm, root: int, slots: int, slot_bytes: int, call, requested: bool | None = None
+    ) -> NodeSegment | None:
         """Set the segment up on every rank of ``comm``, or return None on every rank.
 
         Collective (two nonblocking collectives, waited with ``call``). Root
@@ -120,7 +138,11 @@ class NodeSegment:
             if rank == root and enabled(requested):
                 token = _secrets.token_bytes(16)
                 path = f"/dev/shm/mpisync-{_os.getpid()}-{token[:6].hex()}"
-                fd = _os.open(path, _os.O_RDWR | _os.O_CREAT | _os.O_EXCL | getattr(_os, "O_CLOEXEC", 0), 0o600)
+                fd = _os.open(
+                    path,
+                    _os.O_RDWR | _os.O_CREAT | _os.O_EXCL | getattr(_os, "O_CLOEXEC", 0),
+                    0o600,
+                )
                 nbytes = _header_bytes(slots, size) + slots * slot_bytes
                 _os.ftruncate(fd, nbytes)
                 # Reserve the pages now: a full /dev/shm then fails here (ENOSPC, and every rank
@@ -130,7 +152,7 @@ class NodeSegment:
                 mapping[:16] = token
                 name = path.encode()
                 geometry[:] = (len(name), slots, slot_bytes)
-                message[:len(name)] = _np.frombuffer(name, _np.uint8)
+                message[: len(name)] = _np.frombuffer(name, _np.uint8)
                 message[_NAME_BYTES:] = _np.frombuffer(token, _np.uint8)
         except Exception:  # noqa: BLE001 - any local failure: every rank learns it below and keeps MPI
             fd, mapping = _close(fd, mapping)
@@ -142,13 +164,14 @@ class NodeSegment:
             length, slots, slot_bytes = (int(x) for x in packed[:24].view(_np.int64))
             if rank != root and length and enabled(requested):
                 try:
-                    name = packed[24:24 + length].tobytes().decode()
+                    name = packed[24 : 24 + length].tobytes().decode()
                     fd = _os.open(name, _os.O_RDWR | getattr(_os, "O_CLOEXEC", 0))
                     nbytes = _header_bytes(slots, size) + slots * slot_bytes
                     if _os.fstat(fd).st_size != nbytes:
                         raise OSError("size differs")
                     mapping = _mmap.mmap(fd, nbytes)
-                    if mapping[:16] != packed[24 + _NAME_BYTES:].tobytes():  # another node's file of that name
+                    # another node's file of that name
+                    if mapping[:16] != packed[24 + _NAME_BYTES :].tobytes():
                         raise OSError("token differs")
                 except Exception:  # noqa: BLE001 - any local failure: every rank learns it below
                     fd, mapping = _close(fd, mapping)
@@ -166,7 +189,8 @@ class NodeSegment:
         return cls(fd, mapping, slots, slot_bytes, size, rank, root)
 
     def run(self, chunks: list, deadline_after, timeline=None, log=None) -> None:
-        """Move ``chunks`` (this rank's side) through the slots; ``deadline_after()`` gives each wait's deadline.
+        """Move ``chunks`` (this rank's side) through the slots; ``deadline_after()`` gives each
+        wait's deadline.
 
         Raises :class:`~mpisync._runtime.ring.Expired` with ``.pending`` (the waiting
         chunk's names) when a wait outlives its deadline. ``timeline`` gets a
@@ -185,7 +209,11 @@ class NodeSegment:
                 # the chunk slots before this one, or (early in a sync) the last sync's.
                 need = start + k - slots + 1 if k >= slots else start
                 if min([words[a] for a in others]) < need:
-                    _wait(lambda: min([words[a] for a in others]) >= need, deadline_after(), chunk.label)
+                    _wait(
+                        lambda need=need: min([words[a] for a in others]) >= need,
+                        deadline_after(),
+                        chunk.label,
+                    )
                 begin = timeline.now() if timeline is not None else 0
                 chunk.write(arena)
                 words[seq] = start + k + 1  # published after the bytes (stores stay in order)
@@ -193,12 +221,17 @@ class NodeSegment:
             else:
                 ident = start + k + 1
                 if words[seq] != ident:
-                    _wait(lambda: words[seq] == ident, deadline_after(), chunk.label)
+                    _wait(lambda s=seq, i=ident: words[s] == i, deadline_after(), chunk.label)
                 begin = timeline.now() if timeline is not None else 0
                 chunk.read(arena)
                 words[mine] = ident  # released after the bytes were read
             if timeline is not None:
-                timeline.span("pack" if root else "unpack", begin, bytes=chunk.nbytes, tensors=len(chunk.label))
+                timeline.span(
+                    "pack" if root else "unpack",
+                    begin,
+                    bytes=chunk.nbytes,
+                    tensors=len(chunk.label),
+                )
         self.next_id = start + len(chunks)
 
 
@@ -225,20 +258,27 @@ def _wait(ready, deadline: float | None, label: tuple) -> None:
 
 
 class Chunk:
-    """One slot's worth of a plan: a fused bucket (copy lists) or a piece of one transfer (bytes)."""
+    """One slot's worth of a plan: a fused bucket (copy lists) or a piece of one transfer
+    (bytes)."""
 
     __slots__ = ("offset", "nbytes", "pack", "unpack", "source", "target", "fan_out", "label")
 
-    def __init__(self, offset, nbytes, pack=(), unpack=(), source=None, target=None, fan_out=(), label=()):
+    def __init__(
+        self, offset, nbytes, pack=(), unpack=(), source=None, target=None, fan_out=(), label=()
+    ):
         self.offset = offset  # the slot's start in the arena
         self.nbytes = nbytes
-        self.pack, self.unpack = pack, unpack  # copy lists (buckets): root's masters in; replicas out
-        self.source, self.target = source, target  # byte views (pieces): root's master / a receiver's
-        self.fan_out = fan_out  # (destination, source) pairs once a direct transfer's last piece is here
+        # copy lists (buckets): root's masters in; replicas out
+        self.pack, self.unpack = pack, unpack
+        # byte views (pieces): root's master / a receiver's
+        self.source, self.target = source, target
+        # (destination, source) pairs once a direct transfer's last piece is here
+        self.fan_out = fan_out
         self.label = label
 
     def write(self, arena: Arena) -> None:
-        """Root: put the bytes into the slot; a bucket with streaming stores (where the C loops are built).
+        """Root: put the bytes into the slot; a bucket with streaming stores (where the C loops are
+        built).
 
         Packed the usual way, a bucket sits in root's cache and every receiver then fetches each
         line from there; streamed, it goes to memory, which every receiver reads at the same cost.
@@ -248,7 +288,7 @@ class Chunk:
         if self.pack:
             arena.gather(self.pack, streaming=True)
         elif self.source is not None:
-            arena.view[self.offset:self.offset + self.source.nbytes] = self.source
+            arena.view[self.offset : self.offset + self.source.nbytes] = self.source
 
     def after_write(self, arena: Arena) -> None:
         """Root: fill its own other replicas (from the slot for buckets, from the master otherwise).
@@ -262,11 +302,13 @@ class Chunk:
     def read(self, arena: Arena) -> None:
         """Receivers: copy the slot into the master and every other replica."""
         if self.target is not None:
-            self.target[:] = arena.view[self.offset:self.offset + self.target.nbytes]
+            self.target[:] = arena.view[self.offset : self.offset + self.target.nbytes]
         self.after_write(arena)
 
 
-def compile_chunks(plan: list, params: list, *, receiving: bool, slots: int, slot_bytes: int = SLOT_BYTES) -> list:
+def compile_chunks(
+    plan: list, params: list, *, receiving: bool, slots: int, slot_bytes: int = SLOT_BYTES
+) -> list:
     """The chunks that carry out host ``plan`` (made for ``params``) through ``slots`` slots."""
     chunks = []
     for transfer in plan:
@@ -274,37 +316,67 @@ def compile_chunks(plan: list, params: list, *, receiving: bool, slots: int, slo
             offset = (len(chunks) % slots) * slot_bytes
             pieces = transfer.pieces
             pack = () if receiving else bucket_pack(params, pieces, offset)
-            chunks.append(Chunk(offset, transfer.nbytes, pack=pack,
-                                unpack=bucket_unpack(params, pieces, offset, receiving),
-                                label=tuple(params[p[0]].name for p in pieces)))
+            chunks.append(
+                Chunk(
+                    offset,
+                    transfer.nbytes,
+                    pack=pack,
+                    unpack=bucket_unpack(params, pieces, offset, receiving),
+                    label=tuple(params[p[0]].name for p in pieces),
+                )
+            )
             continue
         view = memoryview(transfer_buffer(params, transfer)).cast("B")
         names = tuple(params[i].name for i in (transfer.run or (transfer.pieces[0][0],)))
         fan_out = tuple(replica_copies(params, transfer.completes))
         for start in range(0, transfer.nbytes, slot_bytes):
-            piece = view[start:start + slot_bytes]
+            piece = view[start : start + slot_bytes]
             last = start + slot_bytes >= transfer.nbytes
-            chunks.append(Chunk((len(chunks) % slots) * slot_bytes, piece.nbytes, source=None if receiving else piece,
-                                target=piece if receiving else None, fan_out=fan_out if last else (),
-                                label=names))
+            chunks.append(
+                Chunk(
+                    (len(chunks) % slots) * slot_bytes,
+                    piece.nbytes,
+                    source=None if receiving else piece,
+                    target=piece if receiving else None,
+                    fan_out=fan_out if last else (),
+                    label=names,
+                )
+            )
     return chunks
 
 
-def compile_bulk_chunks(manifest: BulkManifest, plan: list, *, receiving: bool, slots: int, slot_bytes: int) -> list:
-    """The :class:`~mpisync.transports.nodesegment.Chunk` list carrying out ``plan`` on ``manifest``'s arrays through
-    a shared segment of ``slots`` slots: buckets copied by ``BufferList`` parts, large tensors in pieces."""
+def compile_bulk_chunks(
+    manifest: BulkManifest, plan: list, *, receiving: bool, slots: int, slot_bytes: int
+) -> list:
+    """The :class:`~mpisync.transports.nodesegment.Chunk` list carrying out ``plan`` on
+    ``manifest``'s arrays through
+    a shared segment of ``slots`` slots: buckets copied by ``BufferList`` parts, large tensors in
+    pieces."""
     names, values, chunks = manifest.names, manifest.values, []
     for fused, first, last, nbytes in plan:
         offset = (len(chunks) % slots) * slot_bytes
         if fused:
             copies = ((offset, (), nbytes, manifest.held.part(first, last)),)
-            chunks.append(Chunk(offset, nbytes, pack=() if receiving else copies,
-                                unpack=copies if receiving else (), label=tuple(names[first:last])))
+            chunks.append(
+                Chunk(
+                    offset,
+                    nbytes,
+                    pack=() if receiving else copies,
+                    unpack=copies if receiving else (),
+                    label=tuple(names[first:last]),
+                )
+            )
             continue
         view = memoryview(_byte_view(values[first])).cast("B")
         for start in range(last, last + nbytes, slot_bytes):
-            piece = view[start:min(start + slot_bytes, last + nbytes)]
-            chunks.append(Chunk((len(chunks) % slots) * slot_bytes, piece.nbytes,
-                                source=None if receiving else piece, target=piece if receiving else None,
-                                label=(names[first],)))
+            piece = view[start : min(start + slot_bytes, last + nbytes)]
+            chunks.append(
+                Chunk(
+                    (len(chunks) % slots) * slot_bytes,
+                    piece.nbytes,
+                    source=None if receiving else piece,
+                    target=piece if receiving else None,
+                    label=(names[first],),
+                )
+            )
     return chunks

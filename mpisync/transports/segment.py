@@ -1,24 +1,24 @@
-"""The ``shared memory`` transport: the node's shared segment (:mod:`mpisync.transports.nodesegment`);
+"""The ``shared memory`` transport: the node's shared segment
+(:mod:`mpisync.transports.nodesegment`);
 root copies into slots, the others copy out, with no MPI data movement."""
 
 from __future__ import annotations
 
 import logging as _logging
 
-
-from ..params.bulk import BulkManifest
-from .nodesegment import compile_bulk_chunks
-from .nodesegment import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_chunks
-from .._runtime.observe import logger
-from .selection import SHARED
-from .base import Context, Transport, names_of
 from .._runtime.keepalive import keep_alive
+from .._runtime.observe import logger
+from ..params.bulk import BulkManifest
 from . import spares
+from .base import Context, Transport, names_of
+from .nodesegment import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_bulk_chunks, compile_chunks
+from .selection import SHARED
 
 
 def segment_geometry(capacity: int, fusion: int, every_set: bool) -> tuple:
     """``(slots, slot bytes)`` of a shared segment. For sets of small tensors only:
-    :data:`~mpisync.transports.nodesegment.SMALL_SLOTS` slots of one bucket; for any set (``every_set``)
+    :data:`~mpisync.transports.nodesegment.SMALL_SLOTS` slots of one bucket; for any set
+    (``every_set``)
     slots of at least ``SLOT_BYTES`` within ``capacity x fusion`` (two at least)."""
     if every_set:
         slot_bytes = max(SLOT_BYTES, fusion)
@@ -27,24 +27,34 @@ def segment_geometry(capacity: int, fusion: int, every_set: bool) -> tuple:
 
 
 def spare_words(segment, comm, root: int, geometry: tuple) -> tuple:
-    """``(token, mismatch)`` for the facts all-reduce: a spare is adopted only when every rank holds the
+    """``(token, mismatch)`` for the facts all-reduce: a spare is adopted only when every rank
+    holds the
     same one (equal tokens) at the same rank, with the same root, size and ``geometry`` (no mismatch
     anywhere), so a syncer never holds more than its own settings allow."""
     if segment is None:
         return (0, 0)
-    return (segment.token, int(segment.rank != comm.rank or segment.root != root or segment.size != comm.size
-                               or (segment.slots, segment.slot_bytes) != tuple(geometry)))
+    return (
+        segment.token,
+        int(
+            segment.rank != comm.rank
+            or segment.root != root
+            or segment.size != comm.size
+            or (segment.slots, segment.slot_bytes) != tuple(geometry)
+        ),
+    )
 
 
 class SegmentTransport(Transport):
-    """The node's shared segment: root copies into slots, the others copy out (no MPI data movement)."""
+    """The node's shared segment: root copies into slots, the others copy out (no MPI data
+    movement)."""
 
     name = SHARED
 
     def __init__(self, comm, root: int, segment: NodeSegment):
         super().__init__(comm, root)
         self.segment = segment
-        self.clean = True  # the last run completed: every rank's counters agree, so it may serve again
+        # the last run completed: every rank's counters agree, so it may serve again
+        self.clean = True
 
     @classmethod
     def open(cls, comm, root: int, call, geometry: tuple) -> SegmentTransport | None:
@@ -60,24 +70,47 @@ class SegmentTransport(Transport):
     def compile(self, manifest, plan: list, fusion: int, ctx: Context):
         node = self.segment
         if isinstance(manifest, BulkManifest):
-            return compile_bulk_chunks(manifest, plan, receiving=self.receiving, slots=node.slots,
-                                       slot_bytes=node.slot_bytes)
-        return compile_chunks(plan, manifest.host_params, receiving=self.receiving, slots=node.slots,
-                              slot_bytes=node.slot_bytes)
+            return compile_bulk_chunks(
+                manifest,
+                plan,
+                receiving=self.receiving,
+                slots=node.slots,
+                slot_bytes=node.slot_bytes,
+            )
+        return compile_chunks(
+            plan,
+            manifest.host_params,
+            receiving=self.receiving,
+            slots=node.slots,
+            slot_bytes=node.slot_bytes,
+        )
 
     def run(self, program, ctx: Context) -> None:
         timeline, deadline = ctx.timeline, ctx.deadline
         start = timeline.now()
+
         def log(k, chunk):
-            logger.debug("slot %d/%d: %d bytes through shared memory: %s", k + 1, len(program), chunk.nbytes,
-                         names_of(chunk.label))
+            logger.debug(
+                "slot %d/%d: %d bytes through shared memory: %s",
+                k + 1,
+                len(program),
+                chunk.nbytes,
+                names_of(chunk.label),
+            )
+
         self.clean = False
-        self.segment.run(program, deadline.at, timeline.active, log if logger.isEnabledFor(_logging.DEBUG) else None)
+        self.segment.run(
+            program,
+            deadline.at,
+            timeline.active,
+            log if logger.isEnabledFor(_logging.DEBUG) else None,
+        )
         self.clean = True
         timeline.span("broadcast", start, chunks=len(program), channel="shared memory")
 
     def close(self, broken: bool = False, keep: bool = False) -> None:
-        """``keep``: offer the segment to the next syncer of these ranks (when its last run completed)."""
+        """``keep``: offer the segment to the next syncer of these ranks (when its last run
+        completed)."""
         if broken:
             keep_alive(self.segment)
         elif keep and self.clean:

@@ -22,7 +22,17 @@ from . import cma as _crossmemory
 from . import nodesegment as _intranode
 from .tuning import CLASSES, lookup
 
-__all__ = ["Facts", "Choice", "FactsExchange", "gather_facts", "choose", "MPI", "CROSS", "SHARED", "CHANNELS"]
+__all__ = [
+    "Facts",
+    "Choice",
+    "FactsExchange",
+    "gather_facts",
+    "choose",
+    "MPI",
+    "CROSS",
+    "SHARED",
+    "CHANNELS",
+]
 
 MPI = "mpi"
 CROSS = "cross-memory"
@@ -38,11 +48,14 @@ class Facts(_typing.NamedTuple):
     cross: bool  # cross-memory copies permitted and possible on every rank
     segment: bool  # the node's shared segment possible on every rank
     shared_setting: bool | None  # MPISYNC_SHARED_MEMORY: True any set, False never, None small sets
-    tuned: tuple = (None, None)  # the tuning file's channel for small sets and for the rest (mpisync.transports.tuning)
-    spare: bool = False  # every rank holds the same spare shared segment, usable at these ranks and root
+    # the tuning file's channel for small sets and for the rest (mpisync.transports.tuning)
+    tuned: tuple = (None, None)
+    # every rank holds the same spare shared segment, usable at these ranks and root
+    spare: bool = False
 
     def layout(self) -> str:
-        """The rank layout a tuning entry is for: ``"<size>x1"`` on one node, else ``"<size>-ranks-multinode"``."""
+        """The rank layout a tuning entry is for: ``"<size>x1"`` on one node, else
+        ``"<size>-ranks-multinode"``."""
         return f"{self.size}x1" if self.one_node else f"{self.size}-ranks-multinode"
 
 
@@ -58,8 +71,14 @@ def local_facts(size: int, spare: tuple = (0, 0)) -> tuple:
     its ``MPISYNC_SHARED_MEMORY`` setting (0 unset, 1 on, 2 off), and the tuning file's channels
     for small sets and the rest (as if every rank were on this node: entries apply only then)."""
     setting = _intranode.setting()
-    return (_crossmemory.host_word(), int(_crossmemory.enabled()), int(_intranode.available()),
-            0 if setting is None else 1 if setting else 2, *tuned_words(f"{size}x1"), *spare)
+    return (
+        _crossmemory.host_word(),
+        int(_crossmemory.enabled()),
+        int(_intranode.available()),
+        0 if setting is None else 1 if setting else 2,
+        *tuned_words(f"{size}x1"),
+        *spare,
+    )
 
 
 def tuned_words(layout: str) -> tuple:
@@ -67,7 +86,8 @@ def tuned_words(layout: str) -> tuple:
     :data:`CHANNELS` per class of :data:`mpisync.transports.tuning.CLASSES`, -1 where none."""
     try:
         entries, _ = lookup(layout)
-    except Exception:  # raised here, before the facts all-reduce, it would leave the other ranks waiting
+    # raised here, before the facts all-reduce, it would leave the other ranks waiting
+    except Exception:
         entries = {}
     return tuple(CHANNELS.index(entries[c]) if entries.get(c) in CHANNELS else -1 for c in CLASSES)
 
@@ -89,11 +109,16 @@ class FactsExchange:
         call(self.request)
         n = self.count
         high, low = self.recv[:n].tolist(), [~w for w in self.recv[n:]]
-        # A setting or a tuning entry that differs between ranks counts as unset: every rank decides alike.
+        # A setting or a tuning entry that differs between ranks counts as unset: every rank decides
+        # alike.
         setting = None if high[3] != low[3] or low[3] == 0 else low[3] == 1
-        tuned = tuple(CHANNELS[h] if h == lo and h >= 0 else None for h, lo in zip(high[4:6], low[4:6]))
+        tuned = tuple(
+            CHANNELS[h] if h == lo and h >= 0 else None for h, lo in zip(high[4:6], low[4:6])
+        )
         spare = n > 7 and high[6] == low[6] != 0 and high[7] == 0
-        return Facts(self.size, high[0] == low[0], bool(low[1]), bool(low[2]), setting, tuned, spare)
+        return Facts(
+            self.size, high[0] == low[0], bool(low[1]), bool(low[2]), setting, tuned, spare
+        )
 
 
 def gather_facts(comm, call, words: tuple | None = None) -> Facts:
@@ -101,16 +126,23 @@ def gather_facts(comm, call, words: tuple | None = None) -> Facts:
     return FactsExchange(comm, words).result(call)
 
 
-def choose(facts: Facts, small: bool, preferred: str | None = None, unavailable: tuple = ()) -> Choice:
+def choose(
+    facts: Facts, small: bool, preferred: str | None = None, unavailable: tuple = ()
+) -> Choice:
     """The channel for a set (``small``: every host tensor smaller than ``fusion_bytes``).
 
     ``preferred`` (tests, the bench) and then the tuning file's entry win where possible;
     ``unavailable`` lists channels whose set-up failed on some rank.
     """
     tuned = facts.tuned[0 if small else 1]
-    usable = {MPI: True, CROSS: facts.one_node and facts.cross and CROSS not in unavailable,
-              SHARED: facts.one_node and facts.segment and facts.shared_setting is not False
-              and SHARED not in unavailable}
+    usable = {
+        MPI: True,
+        CROSS: facts.one_node and facts.cross and CROSS not in unavailable,
+        SHARED: facts.one_node
+        and facts.segment
+        and facts.shared_setting is not False
+        and SHARED not in unavailable,
+    }
     if preferred is not None and usable.get(preferred):
         return Choice(preferred, "asked for")
     if facts.size < 2:

@@ -27,7 +27,8 @@ def take(kind: str):
 
 
 def offer(kind: str, spare) -> bool:
-    """Put ``spare`` in the pool of ``kind``; False (and nothing kept) when the pool already holds one."""
+    """Put ``spare`` in the pool of ``kind``; False (and nothing kept) when the pool already holds
+    one."""
     pool = _SPARES[kind]
     if spare is None or pool:
         return False

@@ -1,4 +1,5 @@
-"""``mpisync tune``: measure the host transports here and write a tuning file the rule then defers to.
+"""``mpisync tune``: measure the host transports here and write a tuning file the rule then defers
+to.
 
 The file names the machine (host name, processor, CPU count), the MPI library
 and the rank layout it was measured on; a file written for anything else is
@@ -29,7 +30,9 @@ def tuning_path() -> str:
     explicit = _os.environ.get("MPISYNC_TUNING", "").strip()
     if explicit:
         return explicit
-    base = _os.environ.get("XDG_CACHE_HOME", "").strip() or _os.path.join(_os.path.expanduser("~"), ".cache")
+    base = _os.environ.get("XDG_CACHE_HOME", "").strip() or _os.path.join(
+        _os.path.expanduser("~"), ".cache"
+    )
     return _os.path.join(base, "mpisync", "tuning.json")
 
 
@@ -37,7 +40,9 @@ def _machine() -> str:
     cpu = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), ""
+            )
     except OSError:
         pass
     return f"{_platform.node()}|{cpu or _platform.processor()}|{_os.cpu_count()}"
@@ -49,7 +54,11 @@ def identity(layout: str) -> dict:
     from mpi4py import MPI
 
     library = MPI.Get_library_version().strip().splitlines()
-    return {"machine": _machine(), "mpi": library[0].strip() if library else "unknown", "layout": layout}
+    return {
+        "machine": _machine(),
+        "mpi": library[0].strip() if library else "unknown",
+        "layout": layout,
+    }
 
 
 def load(path: str | None = None):
@@ -67,16 +76,22 @@ def load(path: str | None = None):
     try:
         with open(path, encoding="utf-8") as f:
             doc = _json.load(f)
-        ok = (isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(doc.get("identity"), dict)
-              and isinstance(doc.get("entries"), dict))
-    except Exception:  # any unreadable file (deep nesting: RecursionError) is "no tuning file" on this rank
+        ok = (
+            isinstance(doc, dict)
+            and doc.get("format") == FORMAT
+            and isinstance(doc.get("identity"), dict)
+            and isinstance(doc.get("entries"), dict)
+        )
+    # any unreadable file (deep nesting: RecursionError) is "no tuning file" on this rank
+    except Exception:
         doc, ok = None, False
     _cache[path] = (stat.st_mtime_ns, stat.st_size, doc if ok else None)
     return doc if ok else None
 
 
 def lookup(layout: str) -> tuple:
-    """``(entries, why)``: the file's ``{"small": channel, "large": channel}`` when it was written for
+    """``(entries, why)``: the file's ``{"small": channel, "large": channel}`` when it was written
+    for
     the machine and MPI library it is read on and for ``layout``, else ``({}, why not)``."""
     doc = load()
     if doc is None:
@@ -84,7 +99,10 @@ def lookup(layout: str) -> tuple:
     mine = identity(layout)
     for key, value in mine.items():
         if doc["identity"].get(key) != value:
-            return {}, f"tuning file {tuning_path()} is for another {key} ({doc['identity'].get(key)!r})"
+            return (
+                {},
+                f"tuning file {tuning_path()} is for another {key} ({doc['identity'].get(key)!r})",
+            )
     entries = {k: v for k, v in doc["entries"].items() if k in CLASSES and isinstance(v, str)}
     return entries, f"tuning file {tuning_path()}"
 
@@ -95,5 +113,7 @@ def describe(size: int, one_node: bool) -> str:
     entries, why = lookup(layout)
     if entries:
         return f"{why}: {entries} (layout {layout})"
-    return (f"built-in rule ({why}): one node -> shared memory for sets of small tensors, cross-memory "
-            "copies for the rest; several nodes -> MPI")
+    return (
+        f"built-in rule ({why}): one node -> shared memory for sets of small tensors, cross-memory "
+        "copies for the rest; several nodes -> MPI"
+    )

@@ -6,6 +6,7 @@ import tempfile
 import pytest
 
 import mpisync
+
 from mpiutil import last_rank, same_bytes, values
 
 pytestmark = pytest.mark.mpi
@@ -15,8 +16,13 @@ def test_unwritable_timeline_on_one_rank_still_syncs(comm):
     root = 0
     folder = tempfile.mkdtemp(prefix="mpisync-tl-")
     # The last rank (a receiver when size > 1) gets a folder that does not exist.
-    target = os.path.join(folder, "missing" if comm.rank == last_rank(comm) else "", "tl-{rank}.json")
-    params = {"w": values("w", comm.rank, (64,), "float32"), "b": values("b", comm.rank, (3,), "int16")}
+    target = os.path.join(
+        folder, "missing" if comm.rank == last_rank(comm) else "", "tl-{rank}.json"
+    )
+    params = {
+        "w": values("w", comm.rank, (64,), "float32"),
+        "b": values("b", comm.rank, (3,), "int16"),
+    }
     old = os.environ.get("MPISYNC_TIMELINE")
     os.environ["MPISYNC_TIMELINE"] = target
     try:

@@ -33,18 +33,22 @@ def test_buffer_list_copies_within_the_arena_and_refuses_what_would_not_fit():
 def test_buffer_list_streaming_gather_gives_the_same_bytes_at_every_alignment():
     speedups = speedups_or_skip()
     rng = np.random.default_rng(5)
-    sources = [rng.integers(0, 256, n, dtype=np.uint8) for n in (1, 15, 16, 17, 63, 64, 65, 400, 1000, 0, 3, 4096)]
+    sources = [
+        rng.integers(0, 256, n, dtype=np.uint8)
+        for n in (1, 15, 16, 17, 63, 64, 65, 400, 1000, 0, 3, 4096)
+    ]
     packed = np.concatenate(sources)
     held = speedups.BufferList(sources)
     for offset in range(40):
         expected = np.full(8192, 7, np.uint8)
-        expected[offset:offset + packed.size] = packed
+        expected[offset : offset + packed.size] = packed
         for streaming in (False, True):
             arena = np.full(8192, 7, np.uint8)
             assert held.gather(arena, offset, streaming) == packed.size
             assert arena.tobytes() == expected.tobytes(), (offset, streaming)
     with pytest.raises(ValueError):
-        held.gather(np.zeros(packed.size, np.uint8), 1, True)  # one byte short: refused, nothing written
+        # one byte short: refused, nothing written
+        held.gather(np.zeros(packed.size, np.uint8), 1, True)
 
 
 def test_same_items_is_identity_of_keys_and_values_in_order():
@@ -53,7 +57,8 @@ def test_same_items_is_identity_of_keys_and_values_in_order():
     params = {"a": a, "b": b}
     assert speedups.same_items(params, ("a", "b"), (a, b))
     assert not speedups.same_items(params, ("b", "a"), (b, a))  # insertion order differs
-    assert not speedups.same_items(params, ("a", "b"), (a, np.zeros(1)))  # equal values, another array
+    # equal values, another array
+    assert not speedups.same_items(params, ("a", "b"), (a, np.zeros(1)))
     assert not speedups.same_items(params, ("a",), (a,))
     assert not speedups.same_items({"a": a, "b": b, "c": a}, ("a", "b"), (a, b))
 
@@ -81,20 +86,37 @@ def test_array_list_reads_what_buffer_exports_give_in_one_pass_and_holds_the_arr
     speedups = speedups_or_skip()
     rng = np.random.default_rng(3)
     dtypes = [np.float32, np.float32, np.int16, np.float64, np.float64, np.uint8, np.complex64]
-    arrays = [rng.integers(0, 100, shape).astype(dtype) for shape, dtype in
-              zip([(3,), (0,), (2, 5), (), (4, 1, 2), (7,), (1,)], dtypes)]
+    arrays = [
+        rng.integers(0, 100, shape).astype(dtype)
+        for shape, dtype in zip([(3,), (0,), (2, 5), (), (4, 1, 2), (7,), (1,)], dtypes)
+    ]
     arrays[2].flags.writeable = False
     caller_list = list(arrays)
     held, runs, states = speedups.array_list(caller_list, np.ndarray)
     exported = speedups.BufferList(arrays, np.ndarray)
     assert (held.lengths(), held.shapes(), held.nbytes, held.readonly, len(held)) == (
-        exported.lengths(), exported.shapes(), exported.nbytes, True, 7)
-    assert [[d.name, c] for d, c in runs] == [["float32", 2], ["int16", 1], ["float64", 2], ["uint8", 1],
-                                               ["complex64", 1]]
-    assert all(d is arrays[i].dtype for (d, _), i in zip(runs, [0, 2, 3, 5, 6]))  # the arrays' own objects
+        exported.lengths(),
+        exported.shapes(),
+        exported.nbytes,
+        True,
+        7,
+    )
+    assert [[d.name, c] for d, c in runs] == [
+        ["float32", 2],
+        ["int16", 1],
+        ["float64", 2],
+        ["uint8", 1],
+        ["complex64", 1],
+    ]
+    # the arrays' own objects
+    assert all(d is arrays[i].dtype for (d, _), i in zip(runs, [0, 2, 3, 5, 6]))
     assert states == speedups.array_states(arrays, np.ndarray)
     assert held.touching() == exported.touching()
-    assert held.part(2, 3).readonly and not held.part(3, 7).readonly and held.part(3, 7).nbytes == 8 + 64 + 7 + 8
+    assert (
+        held.part(2, 3).readonly
+        and not held.part(3, 7).readonly
+        and held.part(3, 7).nbytes == 8 + 64 + 7 + 8
+    )
     packed = bytearray(held.nbytes)
     held.gather(packed)
     expected = b"".join(a.tobytes() for a in arrays)
@@ -113,6 +135,7 @@ def test_array_list_refuses_what_a_buffer_export_refuses():
         speedups.array_list([np.zeros(3), np.zeros((3, 3))[:, 0]], np.ndarray)
     with pytest.raises(TypeError, match="item 1 is a list, not exactly a numpy.ndarray"):
         speedups.array_list([np.zeros(3), [1.0]], np.ndarray)
+
     class Subclass(np.ndarray):
         pass
 
@@ -135,7 +158,8 @@ def test_sorted_names_sorts_as_sorted_does_and_says_whether_the_dict_was_in_orde
     import collections
 
     moved = collections.OrderedDict((k, 0) for k in ["a", "b", "c"])
-    moved.move_to_end("a")  # iterates b, c, a; the dict underneath still holds a, b, c in that order
+    # iterates b, c, a; the dict underneath still holds a, b, c in that order
+    moved.move_to_end("a")
     assert speedups.sorted_names(moved) == (["a", "b", "c"], False)
     moved.move_to_end("b"), moved.move_to_end("c")
     assert speedups.sorted_names(moved) == (["a", "b", "c"], True)

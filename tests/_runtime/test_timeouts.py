@@ -1,4 +1,5 @@
-"""Unit tests of mpisync._runtime.timeouts: the abort that ends a timed-out job is itself bounded."""
+"""Unit tests of mpisync._runtime.timeouts: the abort that ends a timed-out job is itself
+bounded."""
 
 import signal
 import subprocess
@@ -27,8 +28,13 @@ print("abort_job returned")
 
 def test_abort_job_ends_the_process_when_abort_does_not(bounded_env):
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", STUCK_ABORT], env=bounded_env, capture_output=True, text=True,
-                          timeout=50)
+    proc = subprocess.run(
+        [sys.executable, "-c", STUCK_ABORT],
+        env=bounded_env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert proc.returncode == -signal.SIGALRM, (proc.returncode, proc.stdout, proc.stderr)
     assert "abort_job returned" not in proc.stdout
     assert time.monotonic() - start < 30
@@ -36,9 +42,14 @@ def test_abort_job_ends_the_process_when_abort_does_not(bounded_env):
 
 def test_abort_job_leaves_a_handler_the_program_installed_alone(bounded_env):
     # A program that handles SIGALRM itself keeps its handler and its alarm: no bound is set.
-    program = STUCK_ABORT.replace("timeouts.abort_job", "import signal\n"
-                                  "signal.signal(signal.SIGALRM, lambda *a: print('own handler', flush=True))\n"
-                                  "signal.alarm(0)\ntimeouts.abort_job").replace("time.sleep(60)", "time.sleep(3)")
-    proc = subprocess.run([sys.executable, "-c", program], env=bounded_env, capture_output=True, text=True, timeout=50)
+    program = STUCK_ABORT.replace(
+        "timeouts.abort_job",
+        "import signal\n"
+        "signal.signal(signal.SIGALRM, lambda *a: print('own handler', flush=True))\n"
+        "signal.alarm(0)\ntimeouts.abort_job",
+    ).replace("time.sleep(60)", "time.sleep(3)")
+    proc = subprocess.run(
+        [sys.executable, "-c", program], env=bounded_env, capture_output=True, text=True, timeout=50
+    )
     assert proc.returncode == 0 and "own handler" not in proc.stdout, proc.stdout + proc.stderr
     assert "abort_job returned" in proc.stdout

@@ -1,4 +1,5 @@
-"""Unit tests of mpisync.allreduce.bulk: which sets take the bulk path, and that its steps are the general plan's."""
+"""Unit tests of mpisync.allreduce.bulk: which sets take the bulk path, and that its steps are the
+general plan's."""
 
 import collections
 import random
@@ -14,7 +15,9 @@ _SETTINGS = {"op": "sum", "fusion_bytes": 256}
 def _scan(params, op="sum", rank=0, size=2, devices=None):
     from mpisync.allreduce.bulk import scan_for_reduce
 
-    return scan_for_reduce(params, op, rank=rank, size=size, devices=devices, settings=dict(_SETTINGS, op=op))
+    return scan_for_reduce(
+        params, op, rank=rank, size=size, devices=devices, settings=dict(_SETTINGS, op=op)
+    )
 
 
 def test_sets_of_dtypes_mpi_reduces_as_they_are_take_the_bulk_path():
@@ -26,7 +29,8 @@ def test_sets_of_dtypes_mpi_reduces_as_they_are_take_the_bulk_path():
     assert _scan({"a": np.zeros(3, np.float16)}) is None  # reduced in float32
     assert _scan({"a": np.zeros(3, np.float32), "b": np.zeros(3, np.float64)}) is not None
     assert _scan({"a": np.zeros(3, np.float32), "b": np.zeros(3, np.float16)}) is None
-    assert _scan({"a": np.zeros(3, np.complex64)}, "max") is None  # refused: the general path says why
+    # refused: the general path says why
+    assert _scan({"a": np.zeros(3, np.complex64)}, "max") is None
     assert _scan({"a": np.zeros(3, ">f4")}) is None
     assert _scan({"a": np.zeros(3, np.bool_)}) is None
     readonly = np.zeros(3, np.float32)
@@ -40,16 +44,23 @@ def test_sets_of_dtypes_mpi_reduces_as_they_are_take_the_bulk_path():
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 @pytest.mark.parametrize("dtype", ["float32", "int64", "uint8", "mixed"])
 def test_bulk_steps_are_the_general_plans_steps(op, dtype):
-    from mpisync.params.manifest import build_manifest
     from mpisync.allreduce.bulk import compile_bulk_steps
     from mpisync.allreduce.plan import compile_steps
+    from mpisync.params.manifest import build_manifest
 
     speedups_or_skip()
     rng = random.Random(f"{op}{dtype}")
     for trial in range(20):
-        sizes = [rng.choice([0, 1, 3, 40, 64, 65, 200, 300, 1000]) for _ in range(rng.randint(1, 30))]
-        kinds = [rng.choice(["float32", "int64", "float64"]) if dtype == "mixed" else dtype for _ in sizes]
-        items = [(f"t{i:03d}", (np.arange(n) % 5 + i).astype(kinds[i])) for i, n in enumerate(sizes)]
+        sizes = [
+            rng.choice([0, 1, 3, 40, 64, 65, 200, 300, 1000]) for _ in range(rng.randint(1, 30))
+        ]
+        kinds = [
+            rng.choice(["float32", "int64", "float64"]) if dtype == "mixed" else dtype
+            for _ in sizes
+        ]
+        items = [
+            (f"t{i:03d}", (np.arange(n) % 5 + i).astype(kinds[i])) for i, n in enumerate(sizes)
+        ]
         if trial % 2:  # an OrderedDict out of sorted order (what a state_dict may be)
             rng.shuffle(items)
         params = (collections.OrderedDict if trial % 2 else dict)(items)
@@ -63,14 +74,26 @@ def test_bulk_steps_are_the_general_plans_steps(op, dtype):
         got, got_arena = compile_bulk_steps(bulk, op, fusion, 2)
         want, want_arena = compile_steps(full.host_params, op, fusion, 2)
         assert len(got_arena) == len(want_arena), (sizes, fusion)
-        def shown(steps):  # a bulk bucket's label also names the empty arrays within it
-            return [(s.fused, s.buffer.dtype, s.buffer.size, tuple(n for n in s.label if params[n].size))
-                    for s in steps]
+
+        # a bulk bucket's label also names the empty arrays within it
+        def shown(steps, params=params):
+            return [
+                (
+                    s.fused,
+                    s.buffer.dtype,
+                    s.buffer.size,
+                    tuple(n for n in s.label if params[n].size),
+                )
+                for s in steps
+            ]
+
         assert shown(got) == shown(want), (sizes, fusion)
         for g, w in zip(got, want):
             if g.fused:  # the same place in the arena, and the same bytes packed into it
-                assert (g.buffer.ctypes.data - np.frombuffer(got_arena.view, np.uint8).ctypes.data
-                        == w.buffer.ctypes.data - np.frombuffer(want_arena.view, np.uint8).ctypes.data)
+                assert (
+                    g.buffer.ctypes.data - np.frombuffer(got_arena.view, np.uint8).ctypes.data
+                    == w.buffer.ctypes.data - np.frombuffer(want_arena.view, np.uint8).ctypes.data
+                )
                 g.load()
                 w.load()
                 assert g.buffer.tobytes() == w.buffer.tobytes()
@@ -88,36 +111,46 @@ def test_bulk_steps_are_the_general_plans_steps(op, dtype):
 
 def test_torch_cpu_tensors_take_the_bulk_path_through_their_numpy_views():
     torch = pytest.importorskip("torch")
-    from mpisync.params.manifest import build_manifest
     from mpisync.allreduce.bulk import compile_bulk_steps
     from mpisync.allreduce.plan import compile_steps
+    from mpisync.params.manifest import build_manifest
 
     speedups_or_skip()
-    grads = collections.OrderedDict((f"w{i}", torch.full((i * 30 + 1,), float(i))) for i in (3, 1, 2, 0))
+    grads = collections.OrderedDict(
+        (f"w{i}", torch.full((i * 30 + 1,), float(i))) for i in (3, 1, 2, 0)
+    )
     bulk = _scan(grads, "avg")
     full = build_manifest(grads, rank=0, size=2, root=0, settings=dict(_SETTINGS, op="avg"))
     assert bulk is not None and bulk.digest() == full.digest()
     got, _ = compile_bulk_steps(bulk, "avg", 256, 2)
     want, _ = compile_steps(full.host_params, "avg", 256, 2)
-    assert [(s.fused, s.buffer.size, s.label) for s in got] == [(s.fused, s.buffer.size, s.label) for s in want]
+    assert [(s.fused, s.buffer.size, s.label) for s in got] == [
+        (s.fused, s.buffer.size, s.label) for s in want
+    ]
     for s in got:
         if s.load is not None:
             s.load()
         s.buffer *= 2  # as if summed over two ranks holding the same values
         s.store()
-    assert all(torch.equal(t, torch.full(t.shape, float(i))) for i, t in ((int(n[1:]), t) for n, t in grads.items()))
+    assert all(
+        torch.equal(t, torch.full(t.shape, float(i)))
+        for i, t in ((int(n[1:]), t) for n, t in grads.items())
+    )
 
 
 def test_an_arena_from_arena_for_holds_the_buckets_from_its_base():
-    from mpisync.plan.arena import Arena
     from mpisync.allreduce.bulk import compile_bulk_steps
+    from mpisync.plan.arena import Arena
 
     speedups_or_skip()
-    params = {f"t{i}": np.full(10, i, np.float32) for i in range(10)}  # 40 B each: buckets of 3, 3, 3, 1
+    # 40 B each: buckets of 3, 3, 3, 1
+    params = {f"t{i}": np.full(10, i, np.float32) for i in range(10)}
     shared = Arena(4096, vectored=False)
     asked = []
-    steps, arena = compile_bulk_steps(_scan(params), "sum", 128, 2,
-                                      lambda nbytes: asked.append(nbytes) or (shared, 1024))
-    assert arena is shared and asked == [128 + 128 + 128 + 64]  # 120, 120, 120 and 40 B, from 64-byte bounds
+    steps, arena = compile_bulk_steps(
+        _scan(params), "sum", 128, 2, lambda nbytes: asked.append(nbytes) or (shared, 1024)
+    )
+    # 120, 120, 120 and 40 B, from 64-byte bounds
+    assert arena is shared and asked == [128 + 128 + 128 + 64]
     base = np.frombuffer(shared.view, np.uint8).ctypes.data
     assert [s.buffer.ctypes.data - base for s in steps] == [1024, 1152, 1280, 1408]

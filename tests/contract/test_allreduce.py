@@ -5,6 +5,7 @@ import pytest
 
 import mpisync
 from mpisync.devices.simulated import SimulatedDeviceArray
+
 from mpiutil import everyone, last_rank, need_ranks, raises_everywhere
 
 pytestmark = pytest.mark.mpi
@@ -23,13 +24,21 @@ def _values(name: str, rank: int, replica: int, n: int, dtype) -> np.ndarray:
 
 def _reference_dtype(dtype):
     kind = np.dtype(dtype).kind
-    # Integers in int64: a product that wraps in the dtype wraps alike in MPI, numpy and this reference.
+    # Integers in int64: a product that wraps in the dtype wraps alike in MPI, numpy and this
+    # reference.
     return np.int64 if kind in "iu" else np.complex128 if kind == "c" else np.float64
 
 
-def _expected(op: str, name: str, size: int, replicas: int, n: int, dtype, salt: int = 0) -> np.ndarray:
-    every = np.stack([_values(name, r, salt + k, n, _reference_dtype(dtype)) for r in range(size)
-                      for k in range(replicas)])
+def _expected(
+    op: str, name: str, size: int, replicas: int, n: int, dtype, salt: int = 0
+) -> np.ndarray:
+    every = np.stack(
+        [
+            _values(name, r, salt + k, n, _reference_dtype(dtype))
+            for r in range(size)
+            for k in range(replicas)
+        ]
+    )
     out = _REFERENCE[op](every, axis=0)
     if op == "avg":
         count = size * replicas
@@ -59,14 +68,19 @@ def test_every_op_and_dtype_matches_numpy(comm, op, dtype):
             if np.dtype(dtype).kind in "iu":
                 assert np.array_equal(replica, expected), (name, replica[:5], expected[:5])
             else:
-                assert np.allclose(replica, expected, rtol=1e-3 if dtype == "float16" else 1e-6), name
+                assert np.allclose(replica, expected, rtol=1e-3 if dtype == "float16" else 1e-6), (
+                    name
+                )
 
 
 class _OtherDict(dict):
-    """A dict subclass: the general path (a plain dict of arrays of one dtype takes the bulk scan)."""
+    """A dict subclass: the general path (a plain dict of arrays of one dtype takes the bulk
+    scan)."""
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "complex64", "mixed"])
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float64", "int32", "int64", "uint8", "complex64", "mixed"]
+)
 @pytest.mark.parametrize("op", ["sum", "avg", "min", "max", "prod"])
 def test_one_array_per_name_on_the_bulk_and_general_paths_matches_numpy(comm, op, dtype):
     _bulk_beside_general(comm, op, dtype, "subclass")
@@ -83,21 +97,39 @@ def _bulk_beside_general(comm, op, dtype, other):
     # Odd ranks pass a dict subclass (kept and reused), or one-replica lists (prepared again at
     # every call): ranks on both paths must issue the same collectives on the same bucket layout
     # (the node's shared regions line up from the second call on).
-    from mpisync.allreduce.bulk import scan_for_reduce
     from mpisync._runtime.speedups import enabled
+    from mpisync.allreduce.bulk import scan_for_reduce
 
     # Fused bytes within the node segment's bounds for every dtype (24 KiB to 16 buckets).
-    sizes = dict(_SIZES, **{"a.empty": 0, "e.more": 300, "f.more": 90}, **{f"g.{i:02d}": 500 for i in range(50)})
+    sizes = dict(
+        _SIZES,
+        **{"a.empty": 0, "e.more": 300, "f.more": 90},
+        **{f"g.{i:02d}": 500 for i in range(50)},
+    )
     mixed = ("float64", "int64", "float32", "int64")  # "mixed": dtypes interleaved in sorted order
-    kinds = {name: mixed[i % 4] if dtype == "mixed" else dtype for i, name in enumerate(sorted(sizes))}
+    kinds = {
+        name: mixed[i % 4] if dtype == "mixed" else dtype for i, name in enumerate(sorted(sizes))
+    }
     mapping = _OtherDict if comm.rank % 2 and other == "subclass" else dict
-    params = mapping({name: _values(name, comm.rank, 0, n, kinds[name]) for name, n in sizes.items()})
+    params = mapping(
+        {name: _values(name, comm.rank, 0, n, kinds[name]) for name, n in sizes.items()}
+    )
     arrays = dict(params)
     if comm.rank % 2 and other == "lists":
         params = {name: [array] for name, array in arrays.items()}
-    staged = op == "avg" and any(kinds[name] in ("int32", "uint8") for name in sizes)  # summed in int64
-    took_bulk = scan_for_reduce(params, op, rank=comm.rank, size=comm.size, devices=None,
-                                settings={"op": op, "fusion_bytes": 16384}) is not None
+    # summed in int64
+    staged = op == "avg" and any(kinds[name] in ("int32", "uint8") for name in sizes)
+    took_bulk = (
+        scan_for_reduce(
+            params,
+            op,
+            rank=comm.rank,
+            size=comm.size,
+            devices=None,
+            settings={"op": op, "fusion_bytes": 16384},
+        )
+        is not None
+    )
     assert took_bulk == (enabled() and not comm.rank % 2 and not staged)
     segment = _one_node_segment(comm)
     with mpisync.GradSync(comm, op=op, fusion_bytes=16384) as syncer:
@@ -127,13 +159,17 @@ def test_an_array_resized_in_place_is_never_reduced_at_its_old_address(comm, who
             a[...] = comm.rank + 10 * i
         if who == "one rank":
             before = {n: a.copy() for n, a in params.items()}
-            raises_everywhere(comm, mpisync.ManifestMismatchError, lambda: syncer.allreduce(params), "'g2'")
+            raises_everywhere(
+                comm, mpisync.ManifestMismatchError, lambda: syncer.allreduce(params), "'g2'"
+            )
             assert all(params[n].tobytes() == before[n].tobytes() for n in params)
         else:
             syncer.allreduce(params)
             total = sum(range(comm.size))
             for i, a in enumerate(params.values()):
-                assert a.tobytes() == np.full(a.size, total + comm.size * 10 * i, np.float64).tobytes(), i
+                assert (
+                    a.tobytes() == np.full(a.size, total + comm.size * 10 * i, np.float64).tobytes()
+                ), i
             assert params["g2"].size == 50_000
 
 
@@ -148,7 +184,7 @@ def test_a_torch_tensor_given_new_memory_is_reduced_there(comm):
         grads["p3"].data = torch.full((300,), 100.0 + comm.rank)  # the same object, new memory
         syncer.allreduce(grads)
     assert torch.equal(grads["p3"], torch.full((300,), 100.0 * comm.size + total))
-    assert torch.equal(grads["p1"], torch.full((300,), float(comm.size ** 2 * (total + comm.size))))
+    assert torch.equal(grads["p1"], torch.full((300,), float(comm.size**2 * (total + comm.size))))
 
 
 def test_torch_bfloat16_and_float16_reduce_in_float32(comm):
@@ -172,7 +208,8 @@ def test_gradsync_reuses_its_plan_and_sees_new_values(comm):
             mean = sum(r + step for r in range(comm.size)) / comm.size
             assert all(np.allclose(a, mean) for a in params.values()), step
         assert report.fused_buckets >= 2 and report.transfers == report.fused_buckets + 1
-        # One agreement, then one all-reduce per transfer, or the large one and the segment's two barriers.
+        # One agreement, then one all-reduce per transfer, or the large one and the segment's two
+        # barriers.
         per_call = 1 + (report.transfers if report.channel == "mpi" else 1 + 2)
         assert report.collectives == (per_call if comm.size > 1 else 0)
     with pytest.raises(mpisync.SyncError, match="closed"):
@@ -199,10 +236,14 @@ def test_fused_buckets_go_through_the_node_segment_on_one_node(comm, op):
     params = {name: _values(name, comm.rank, 0, n, d) for name, (n, d) in shapes.items()}
     expected = {name: _expected(op, name, comm.size, 1, n, d) for name, (n, d) in shapes.items()}
     segment = _one_node_segment(comm)
-    widened = {"float16": 2, "uint8": 8 if op == "avg" else 1}  # reduced in float32; avg of uint8 in int64
-    fused = sum(a.nbytes * widened.get(a.dtype.name, 1) for n, a in params.items() if n != "float64.big")
+    # reduced in float32; avg of uint8 in int64
+    widened = {"float16": 2, "uint8": 8 if op == "avg" else 1}
+    fused = sum(
+        a.nbytes * widened.get(a.dtype.name, 1) for n, a in params.items() if n != "float64.big"
+    )
     with mpisync.GradSync(comm, op=op, fusion_bytes=4096) as syncer:
-        first = syncer.allreduce(params)  # the first call goes through MPI: the segment opens at the next
+        # the first call goes through MPI: the segment opens at the next
+        first = syncer.allreduce(params)
         assert first.channel == "mpi"
         assert fused <= syncer.buffer_bytes <= fused + 4096 or comm.size == 1
         for name, array in params.items():
@@ -218,8 +259,10 @@ def test_fused_buckets_go_through_the_node_segment_on_one_node(comm, op):
 
 
 def test_a_larger_set_after_the_segment_was_sized_goes_through_mpi(comm):
-    small = {f"s{i}": np.full(400, comm.rank + i, np.float32) for i in range(20)}  # 32 kB: the segment's
-    large = {f"s{i}": np.full(4000, comm.rank + i, np.float32) for i in range(20)}  # fused, in 5 buckets
+    # 32 kB: the segment's
+    small = {f"s{i}": np.full(400, comm.rank + i, np.float32) for i in range(20)}
+    # fused, in 5 buckets
+    large = {f"s{i}": np.full(4000, comm.rank + i, np.float32) for i in range(20)}
     with mpisync.GradSync(comm, op="sum", fusion_bytes=1 << 16) as syncer:
         first = syncer.allreduce(small)
         sized = syncer.allreduce(small)  # the segment opens here, sized for this set
@@ -231,7 +274,8 @@ def test_a_larger_set_after_the_segment_was_sized_goes_through_mpi(comm):
         assert large[f"s{i}"].tolist() == [float(total + comm.size * i)] * 4000
     segment = _one_node_segment(comm)
     assert (first.channel, sized.channel, larger.channel, again.channel) == (
-        ("mpi", "shared memory", "mpi", "shared memory") if segment else ("mpi",) * 4)
+        ("mpi", "shared memory", "mpi", "shared memory") if segment else ("mpi",) * 4
+    )
 
 
 def test_fused_bytes_under_the_segments_floor_stay_on_mpi(comm):
@@ -241,8 +285,8 @@ def test_fused_bytes_under_the_segments_floor_stay_on_mpi(comm):
         channels = [syncer.allreduce(params).channel for _ in range(3)]
     assert channels == ["mpi"] * 3
     total = sum(range(comm.size))
-    assert float(params["loss"]) == float(comm.size ** 2 * (total + comm.size))
-    assert params["acc"].tolist() == [float(comm.size ** 2 * total)] * 8
+    assert float(params["loss"]) == float(comm.size**2 * (total + comm.size))
+    assert params["acc"].tolist() == [float(comm.size**2 * total)] * 8
 
 
 def test_fused_bytes_beyond_sixteen_buckets_stay_on_mpi(comm):
@@ -261,7 +305,10 @@ def test_mapping_replicas_with_devices_order(comm):
 
 
 def test_simulated_device_replicas_are_staged(comm):
-    replicas = [SimulatedDeviceArray(np.full(300, float(comm.rank + k), np.float32), device=k) for k in range(2)]
+    replicas = [
+        SimulatedDeviceArray(np.full(300, float(comm.rank + k), np.float32), device=k)
+        for k in range(2)
+    ]
     report = mpisync.allreduce({"w": replicas, "host": np.ones(5)}, comm, op="sum")
     expected = sum(r + k for r in range(comm.size) for k in range(2))
     assert report.transport == "staged"
@@ -277,25 +324,43 @@ def test_zero_size_and_zero_dim_arrays(comm):
 
 def test_refused_inputs_raise_everywhere(comm):
     flags = np.zeros(3, bool)
-    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.allreduce({"f": flags}, comm),
-                      "dtype bool")
+    raises_everywhere(
+        comm, mpisync.InvalidParamError, lambda: mpisync.allreduce({"f": flags}, comm), "dtype bool"
+    )
     complex_ = np.zeros(3, np.complex64)
-    raises_everywhere(comm, mpisync.InvalidParamError,
-                      lambda: mpisync.allreduce({"c": complex_}, comm, op="max"), "not defined for complex")
-    raises_everywhere(comm, mpisync.InvalidParamError,
-                      lambda: mpisync.allreduce({"x": np.zeros(2)}, comm, op="mean"), "op must be one of")
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.allreduce({"c": complex_}, comm, op="max"),
+        "not defined for complex",
+    )
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.allreduce({"x": np.zeros(2)}, comm, op="mean"),
+        "op must be one of",
+    )
     frozen = np.zeros(4)
     frozen.flags.writeable = False
-    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.allreduce({"ro": frozen}, comm), "read-only")
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.allreduce({"ro": frozen}, comm),
+        "read-only",
+    )
 
 
 def test_bad_input_on_one_rank_raises_everywhere_and_writes_nothing(comm):
     need_ranks(comm, 2)
     good = np.full(8, float(comm.rank))
     value = np.zeros((4, 4))[:, 1] if comm.rank == last_rank(comm) else np.zeros(4)
-    raises_everywhere(comm, mpisync.InvalidParamError,
-                      lambda: mpisync.allreduce({"good": good, "bad": value}, comm),
-                      f"rank(s) {last_rank(comm)}", "'bad'")
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.allreduce({"good": good, "bad": value}, comm),
+        f"rank(s) {last_rank(comm)}",
+        "'bad'",
+    )
     assert np.all(good == comm.rank)
 
 
@@ -303,16 +368,25 @@ def test_mismatched_shapes_raise_everywhere_and_write_nothing(comm):
     need_ranks(comm, 2)
     n = 5 if comm.rank == last_rank(comm) else 4
     grads = {"w": np.full(n, 1.0), "v": np.full(3, float(comm.rank))}
-    raises_everywhere(comm, mpisync.ManifestMismatchError, lambda: mpisync.allreduce(grads, comm),
-                      "'w'", "shape (5,)")
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.allreduce(grads, comm),
+        "'w'",
+        "shape (5,)",
+    )
     assert np.all(grads["v"] == comm.rank) and np.all(grads["w"] == 1.0)
 
 
 def test_mismatched_op_raises_everywhere(comm):
     need_ranks(comm, 2)
     op = "max" if comm.rank == last_rank(comm) else "sum"
-    raises_everywhere(comm, mpisync.ManifestMismatchError,
-                      lambda: mpisync.allreduce({"w": np.ones(3)}, comm, op=op), "op")
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.allreduce({"w": np.ones(3)}, comm, op=op),
+        "op",
+    )
 
 
 def test_cuda_tensors(comm):
@@ -330,9 +404,11 @@ def test_cuda_tensors(comm):
 @pytest.mark.parametrize("fusion_bytes", [4096, 0], ids=["fused", "direct"])
 def test_integer_avg_sums_without_overflowing_the_dtype(comm, fusion_bytes):
     # int8 avg(100, 100) is 100, not (200 wrapped to -56) // 2 = -28: the sum is taken in int64.
-    params = {"i8": [np.full(5, 100, np.int8), np.full(5, 110, np.int8)],
-              "u8": [np.full(300, 250, np.uint8), np.full(300, 240, np.uint8)],
-              "i32": [np.full(7, 2**31 - 1 - comm.rank, np.int32), np.full(7, 2**31 - 3, np.int32)]}
+    params = {
+        "i8": [np.full(5, 100, np.int8), np.full(5, 110, np.int8)],
+        "u8": [np.full(300, 250, np.uint8), np.full(300, 240, np.uint8)],
+        "i32": [np.full(7, 2**31 - 1 - comm.rank, np.int32), np.full(7, 2**31 - 3, np.int32)],
+    }
     mpisync.allreduce(params, comm, op="avg", fusion_bytes=fusion_bytes)
     count = 2 * comm.size
     i32 = (sum(2**31 - 1 - r for r in range(comm.size)) + comm.size * (2**31 - 3)) // count

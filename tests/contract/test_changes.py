@@ -1,10 +1,13 @@
-"""Nothing slips through: names that differ only in where a NUL falls, arrays changed between two syncs
-of one ParamSync, and the buffers of a syncer whose sync timed out. Bytes and errors on every rank."""
+"""Nothing slips through: names that differ only in where a NUL falls, arrays changed between two
+syncs
+of one ParamSync, and the buffers of a syncer whose sync timed out. Bytes and errors on every
+rank."""
 
 import numpy as np
 import pytest
 
 import mpisync
+
 from mpiutil import everyone, last_rank, need_ranks, raises_everywhere, same_bytes, values
 
 pytestmark = pytest.mark.mpi
@@ -22,15 +25,24 @@ def test_names_that_differ_only_in_where_a_nul_falls_do_not_match(comm, form, ve
     need_ranks(comm, 2)
     names = ("a\0b", "c") if comm.rank == 0 else ("a", "b\0c")
     params = _form({n: values(n, comm.rank, (3,), "float32") for n in names}, form)
-    before = {n: np.array(v if form == "bare arrays" else v[0], copy=True) for n, v in params.items()}
-    raises_everywhere(comm, mpisync.ManifestMismatchError,
-                      lambda: mpisync.sync_params(params, comm, root=0, verify=verify), "parameter 'a")
+    before = {
+        n: np.array(v if form == "bare arrays" else v[0], copy=True) for n, v in params.items()
+    }
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.sync_params(params, comm, root=0, verify=verify),
+        "parameter 'a",
+    )
     for n, v in params.items():
         assert same_bytes(v if form == "bare arrays" else v[0], before[n]), n
 
 
 def test_names_with_lone_surrogates_sync(comm):
-    params = {"\ud800x": values("s", comm.rank, (4,), "int32"), "y": values("y", comm.rank, (2,), "int32")}
+    params = {
+        "\ud800x": values("s", comm.rank, (4,), "int32"),
+        "y": values("y", comm.rank, (2,), "int32"),
+    }
     mpisync.sync_params(params, comm, root=0, verify=True)
     assert same_bytes(params["\ud800x"], values("s", 0, (4,), "int32"))
 
@@ -60,14 +72,22 @@ def test_an_array_made_read_only_on_a_receiver_between_syncs_is_refused(comm, li
             if comm.rank == bad:
                 params["p1"].flags.writeable = False
             before = {n: np.array(a, copy=True) for n, a in params.items()}
-            raises_everywhere(comm, mpisync.InvalidParamError, lambda: syncer.sync(params),
-                              f"rank {bad}: parameter 'p1'", "read-only")
+            raises_everywhere(
+                comm,
+                mpisync.InvalidParamError,
+                lambda: syncer.sync(params),
+                f"rank {bad}: parameter 'p1'",
+                "read-only",
+            )
             for n, a in params.items():  # nothing written, on any rank
                 assert same_bytes(a, before[n]), n
             params["p1"].flags.writeable = True
         for n in params:
-            params[n][...] = (values(f"{n}.2", comm.rank, (64,), "float32") if library == "numpy"
-                              else __import__("torch").from_numpy(values(f"{n}.2", comm.rank, (64,), "float32")))
+            params[n][...] = (
+                values(f"{n}.2", comm.rank, (64,), "float32")
+                if library == "numpy"
+                else __import__("torch").from_numpy(values(f"{n}.2", comm.rank, (64,), "float32"))
+            )
         syncer.sync(params)  # the same syncer, prepared again
         for n, a in params.items():
             assert same_bytes(np.asarray(a), values(f"{n}.2", 0, (64,), "float32")), n
@@ -83,10 +103,15 @@ def test_a_torch_parameter_re_pointed_at_its_transpose_on_one_rank_is_refused(co
         for n in params:
             params[n].copy_(torch.from_numpy(values(f"{n}.1", comm.rank, (8, 8), "float32")))
         if comm.rank == bad:
-            params["w"].data = params["w"].data.t()  # the same object, the same storage, other strides
+            # the same object, the same storage, other strides
+            params["w"].data = params["w"].data.t()
         before = {n: params[n].contiguous().numpy().copy() for n in params}
-        raises_everywhere(comm, mpisync.InvalidParamError, lambda: syncer.sync(params),
-                          f"rank {bad}: parameter 'w'")
+        raises_everywhere(
+            comm,
+            mpisync.InvalidParamError,
+            lambda: syncer.sync(params),
+            f"rank {bad}: parameter 'w'",
+        )
         for n in params:
             assert same_bytes(params[n].contiguous().numpy(), before[n]), n
 
@@ -104,7 +129,9 @@ def test_a_numpy_array_resized_in_place_is_never_written_at_its_old_address(comm
             a[...] = values(f"{n}.1", comm.rank, a.shape, "float64")
         if who == "one rank":
             before = {n: a.copy() for n, a in params.items()}
-            raises_everywhere(comm, mpisync.ManifestMismatchError, lambda: syncer.sync(params), "'q2'")
+            raises_everywhere(
+                comm, mpisync.ManifestMismatchError, lambda: syncer.sync(params), "'q2'"
+            )
             for n, a in params.items():
                 assert same_bytes(a, before[n]), n
         else:
@@ -128,7 +155,8 @@ def test_a_numpy_array_reshaped_in_place_on_every_rank_is_prepared_again(comm):
 
 
 def test_a_timed_out_sync_never_hands_its_buffers_on(comm, monkeypatch):
-    # Receivers time out waiting for root's bucket (root is held back); their fusion arena may still be
+    # Receivers time out waiting for root's bucket (root is held back); their fusion arena may still
+    # be
     # written by that broadcast, so the next sync_params must not get it.
     need_ranks(comm, 2)
     import time
@@ -139,7 +167,8 @@ def test_a_timed_out_sync_never_hands_its_buffers_on(comm, monkeypatch):
     monkeypatch.setenv("MPISYNC_TIMEOUT_ABORT", "0")
     monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # a small set through MPI's ring and the arena
     monkeypatch.setitem(spares._SPARES, spares.ARENA, [])
-    params = {f"s{i}": values(f"s{i}", comm.rank, (16,), "float32") for i in range(10)}  # one bucket
+    # one bucket
+    params = {f"s{i}": values(f"s{i}", comm.rank, (16,), "float32") for i in range(10)}
     comm.Barrier()  # together into the sync: only root's late broadcast may outlast the others' 1 s
     if comm.rank == 0:
         real = MpiTransport.run
@@ -147,6 +176,7 @@ def test_a_timed_out_sync_never_hands_its_buffers_on(comm, monkeypatch):
         def late(self, program, ctx):
             time.sleep(4)
             real(self, program, ctx)
+
         monkeypatch.setattr(MpiTransport, "run", late)
         mpisync.sync_params(params, comm, root=0, timeout=60)
     else:
@@ -159,4 +189,6 @@ def test_a_timed_out_sync_never_hands_its_buffers_on(comm, monkeypatch):
     monkeypatch.undo()
     fresh = {f"s{i}": values(f"s{i}.1", comm.rank, (16,), "float32") for i in range(10)}
     mpisync.sync_params(fresh, comm, root=0, timeout=60)
-    assert everyone(comm, all(same_bytes(a, values(f"{n}.1", 0, (16,), "float32")) for n, a in fresh.items()))
+    assert everyone(
+        comm, all(same_bytes(a, values(f"{n}.1", 0, (16,), "float32")) for n, a in fresh.items())
+    )

@@ -4,19 +4,26 @@ import numpy as np
 import pytest
 
 import mpisync
-from mpisync.params.verify import verify
 from mpisync.params.manifest import build_manifest
+from mpisync.params.verify import verify
+
 from mpiutil import last_rank, need_ranks, raises_everywhere, same_bytes, values
 
 pytestmark = pytest.mark.mpi
 
 
 def _good(rank, n=6):
-    return {f"w{i}": [values(f"w{i}", rank, (4, i + 1), "float32"), np.zeros((4, i + 1), np.float32)] for i in range(n)}
+    return {
+        f"w{i}": [values(f"w{i}", rank, (4, i + 1), "float32"), np.zeros((4, i + 1), np.float32)]
+        for i in range(n)
+    }
 
 
 def _snapshot(params):
-    return {n: [np.array(r, copy=True) for r in (v if isinstance(v, list) else [v])] for n, v in params.items()}
+    return {
+        n: [np.array(r, copy=True) for r in (v if isinstance(v, list) else [v])]
+        for n, v in params.items()
+    }
 
 
 def _untouched(params, snapshot):
@@ -26,7 +33,8 @@ def _untouched(params, snapshot):
             assert same_bytes(now, before), f"{name} was written"
 
 
-# Bare arrays (a plain dict of numpy arrays) take mpisync.params.bulk's path when its C loops are built;
+# Bare arrays (a plain dict of numpy arrays) take mpisync.params.bulk's path when its C loops are
+# built;
 # its errors must read as the general path's, which words them.
 FORMS = ["replica lists", "bare arrays"]
 
@@ -44,8 +52,13 @@ def test_read_only_replica_on_a_receiver(comm, form):
     if comm.rank == bad:
         (params["w3"][1] if form == "replica lists" else params["w3"]).flags.writeable = False
     before = _snapshot(params)
-    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.sync_params(params, comm, root=0),
-                      f"rank(s) {bad}", f"rank {bad}: parameter 'w3': replica {replica} is read-only")
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.sync_params(params, comm, root=0),
+        f"rank(s) {bad}",
+        f"rank {bad}: parameter 'w3': replica {replica} is read-only",
+    )
     _untouched(params, before)
 
 
@@ -78,16 +91,38 @@ def test_manifest_mismatch_on_one_rank(comm, kind, form):
             params["w2"] = params["w2"][:1]
     params = _held_as({n: v if isinstance(v, list) else [v] for n, v in params.items()}, form)
     before = _snapshot(params)
-    expected = {"shape": "has shape (4, 4), root has (4, 3)", "dtype": "has dtype float64, root has float32",
-                "missing": "parameter 'w2' is missing", "extra": "parameter 'zz' is not on root rank 0",
-                "count": "has 1 replica(s), root has 2"}[kind]
-    raises_everywhere(comm, mpisync.ManifestMismatchError, lambda: mpisync.sync_params(params, comm, root=0),
-                      f"on rank(s) {bad}:", f"rank {bad}: ", expected)
+    expected = {
+        "shape": "has shape (4, 4), root has (4, 3)",
+        "dtype": "has dtype float64, root has float32",
+        "missing": "parameter 'w2' is missing",
+        "extra": "parameter 'zz' is not on root rank 0",
+        "count": "has 1 replica(s), root has 2",
+    }[kind]
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.sync_params(params, comm, root=0),
+        f"on rank(s) {bad}:",
+        f"rank {bad}: ",
+        expected,
+    )
     _untouched(params, before)
 
 
-@pytest.mark.parametrize("kind", ["non-contiguous", "replica-shape", "replica-dtype", "object", "object-dtype",
-                                  "not-a-mapping", "no-replicas", "missing-device", "name-type"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "non-contiguous",
+        "replica-shape",
+        "replica-dtype",
+        "object",
+        "object-dtype",
+        "not-a-mapping",
+        "no-replicas",
+        "missing-device",
+        "name-type",
+    ],
+)
 def test_invalid_input_on_one_rank(comm, kind):
     bad = last_rank(comm)
     params = _good(comm.rank)
@@ -114,14 +149,24 @@ def test_invalid_input_on_one_rank(comm, kind):
     devices = ["cpu0"] if kind == "missing-device" else None
     if devices is not None:
         params = {n: (v if isinstance(v, dict) else {"cpu0": v[0]}) for n, v in params.items()}
-    expected = {"non-contiguous": "not C-contiguous", "replica-shape": "replica 1 has shape (2, 2)",
-                "replica-dtype": "replica 1 has shape (4, 2) dtype int32", "object": "unsupported object of type builtins.str",
-                "object-dtype": "holds Python objects", "not-a-mapping": "params must be a mapping",
-                "no-replicas": "has no replicas", "missing-device": "no replica for device(s) ['cpu0']",
-                "name-type": "parameter names must be str"}[kind]
-    raises_everywhere(comm, mpisync.InvalidParamError,
-                      lambda: mpisync.sync_params(params, comm, root=0, devices=devices),
-                      f"rank(s) {bad}", expected)
+    expected = {
+        "non-contiguous": "not C-contiguous",
+        "replica-shape": "replica 1 has shape (2, 2)",
+        "replica-dtype": "replica 1 has shape (4, 2) dtype int32",
+        "object": "unsupported object of type builtins.str",
+        "object-dtype": "holds Python objects",
+        "not-a-mapping": "params must be a mapping",
+        "no-replicas": "has no replicas",
+        "missing-device": "no replica for device(s) ['cpu0']",
+        "name-type": "parameter names must be str",
+    }[kind]
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.sync_params(params, comm, root=0, devices=devices),
+        f"rank(s) {bad}",
+        expected,
+    )
     if before is not None and devices is None:
         _untouched(params, before)
 
@@ -129,8 +174,12 @@ def test_invalid_input_on_one_rank(comm, kind):
 def test_root_out_of_range_everywhere(comm):
     params = _good(comm.rank)
     before = _snapshot(params)
-    message = raises_everywhere(comm, mpisync.InvalidParamError,
-                                lambda: mpisync.sync_params(params, comm, root=comm.size), "is not a rank")
+    message = raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.sync_params(params, comm, root=comm.size),
+        "is not a rank",
+    )
     assert isinstance(mpisync.InvalidParamError(message), ValueError)
     _untouched(params, before)
 
@@ -140,8 +189,13 @@ def test_root_differs_between_ranks(comm):
     params = _good(comm.rank)
     before = _snapshot(params)
     root = 1 if comm.rank == last_rank(comm) else 0
-    raises_everywhere(comm, mpisync.ManifestMismatchError,
-                      lambda: mpisync.sync_params(params, comm, root=root), "disagree", "root")
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.sync_params(params, comm, root=root),
+        "disagree",
+        "root",
+    )
     _untouched(params, before)
 
 
@@ -149,17 +203,24 @@ def test_setting_differs_between_ranks(comm):
     need_ranks(comm, 2)
     params = _good(comm.rank)
     fusion = 0 if comm.rank == last_rank(comm) else 1024
-    raises_everywhere(comm, mpisync.ManifestMismatchError,
-                      lambda: mpisync.sync_params(params, comm, fusion_bytes=fusion), "fusion_bytes")
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.sync_params(params, comm, fusion_bytes=fusion),
+        "fusion_bytes",
+    )
 
 
 def test_bad_setting_on_one_rank(comm):
     params = _good(comm.rank)
     bad = last_rank(comm)
     max_concurrent = 0 if comm.rank == bad else 4
-    raises_everywhere(comm, mpisync.InvalidParamError,
-                      lambda: mpisync.sync_params(params, comm, max_concurrent=max_concurrent),
-                      f"rank {bad}: max_concurrent must be >= 1")
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.sync_params(params, comm, max_concurrent=max_concurrent),
+        f"rank {bad}: max_concurrent must be >= 1",
+    )
 
 
 def test_verification_names_rank_and_parameter(comm):
@@ -169,16 +230,19 @@ def test_verification_names_rank_and_parameter(comm):
     if comm.rank == bad:
         params["b"][3] += 1
     manifest = build_manifest(params, rank=comm.rank, size=comm.size, root=0)
-    raises_everywhere(comm, mpisync.VerificationError,
-                      lambda: verify(comm, manifest, 0, lambda request: request.Wait()),
-                      f"rank {bad}: 'b'")
+    raises_everywhere(
+        comm,
+        mpisync.VerificationError,
+        lambda: verify(comm, manifest, 0, lambda request: request.Wait()),
+        f"rank {bad}: 'b'",
+    )
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["bulk everywhere", "bulk beside general"])
 def test_verification_of_a_bulk_set_names_rank_and_parameter(comm, mixed):
     """A dict of bare arrays is verified from its scan; ranks on the general path compare alike."""
-    from mpisync.params.bulk import BulkManifest, scan
     from mpisync._runtime.speedups import speedups
+    from mpisync.params.bulk import BulkManifest, scan
 
     need_ranks(comm, 2)
     if speedups is None:  # the same in every rank of a pass
@@ -193,9 +257,12 @@ def test_verification_of_a_bulk_set_names_rank_and_parameter(comm, mixed):
     assert verify(comm, manifest, 0, lambda request: request.Wait()) == 1  # equal: one all-reduce
     if comm.rank == bad:
         params["b"][3] += 1
-    raises_everywhere(comm, mpisync.VerificationError,
-                      lambda: verify(comm, manifest, 0, lambda request: request.Wait()),
-                      f"rank {bad}: 'b'")
+    raises_everywhere(
+        comm,
+        mpisync.VerificationError,
+        lambda: verify(comm, manifest, 0, lambda request: request.Wait()),
+        f"rank {bad}: 'b'",
+    )
 
 
 def test_verification_catches_local_replica_divergence(comm):
@@ -203,18 +270,22 @@ def test_verification_catches_local_replica_divergence(comm):
     params["a"][1][0] += 1
     manifest = build_manifest(params, rank=comm.rank, size=comm.size, root=0)
     expected = ", ".join(f"rank {r}: 'a'" for r in range(comm.size)).replace(", ", "; ")
-    raises_everywhere(comm, mpisync.VerificationError,
-                      lambda: verify(comm if comm.size > 1 else None, manifest, 0, lambda r: r.Wait()), expected)
+    raises_everywhere(
+        comm,
+        mpisync.VerificationError,
+        lambda: verify(comm if comm.size > 1 else None, manifest, 0, lambda r: r.Wait()),
+        expected,
+    )
 
 
 def test_intercommunicator_is_refused(comm):
     need_ranks(comm, 2)
     local = comm.Split(color=comm.rank % 2, key=comm.rank)
-    inter = local.Create_intercomm(0, comm, 1 - comm.rank % 2, tag=7)  # leaders: world ranks 0 and 1
+    # leaders: world ranks 0 and 1
+    inter = local.Create_intercomm(0, comm, 1 - comm.rank % 2, tag=7)
     try:
         with pytest.raises(mpisync.InvalidParamError, match="intercommunicator"):
             mpisync.sync_params({"w": np.zeros(2)}, inter)
     finally:
         inter.Free()
         local.Free()
-

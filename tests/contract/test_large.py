@@ -1,4 +1,5 @@
-"""Load: a 3 GiB tensor (past 2**31 bytes and elements), 100 000 tiny tensors, 1000 repeated syncs."""
+"""Load: a 3 GiB tensor (past 2**31 bytes and elements), 100 000 tiny tensors, 1000 repeated
+syncs."""
 
 import os
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 import mpisync
+
 from mpiutil import need_ranks, same_bytes, values
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -15,12 +17,13 @@ PERIOD = 251  # prime: any chunk landing at the wrong offset shows
 
 
 STEP = 256 << 20
-_TILE = np.resize(np.arange(PERIOD, dtype=np.uint8), STEP + PERIOD)  # byte i of the tensor is i % PERIOD
+# byte i of the tensor is i % PERIOD
+_TILE = np.resize(np.arange(PERIOD, dtype=np.uint8), STEP + PERIOD)
 
 
 def _pattern(start, n):
     offset = start % PERIOD
-    return _TILE[offset:offset + n]
+    return _TILE[offset : offset + n]
 
 
 def test_one_3gib_tensor(comm):
@@ -31,7 +34,7 @@ def test_one_3gib_tensor(comm):
     step = STEP
     if comm.rank == root:
         for start in range(0, N, step):
-            data[start:start + step] = _pattern(start, min(step, N - start))
+            data[start : start + step] = _pattern(start, min(step, N - start))
     report = mpisync.sync_params({"huge": data}, comm, root=root, verify=True)
     assert report.bytes == N and report.verified
     assert report.transfers == 4  # chunks of at most 1 GiB
@@ -39,13 +42,17 @@ def test_one_3gib_tensor(comm):
     # exchange and closing all-reduce; the shared segment its set-up (2)
     assert report.collectives == {"mpi": 8, "cross-memory": 8, "shared memory": 6}[report.channel]
     for start in range(0, N, step):  # compared chunk by chunk: no second 3 GiB copy
-        assert np.array_equal(data[start:start + step], _pattern(start, min(step, N - start))), start
+        assert np.array_equal(data[start : start + step], _pattern(start, min(step, N - start))), (
+            start
+        )
 
 
 def test_100k_tiny_tensors(comm):
     root = comm.size - 1
     names = [f"t{i:06d}" for i in range(100_000)]
-    params = {n: np.full(1 + i % 4, (comm.rank * 7 + i) % 127, np.int8) for i, n in enumerate(names)}
+    params = {
+        n: np.full(1 + i % 4, (comm.rank * 7 + i) % 127, np.int8) for i, n in enumerate(names)
+    }
     report = mpisync.sync_params(params, comm, root=root, verify=True)
     assert report.tensors == 100_000
     for i, n in enumerate(names):
@@ -71,12 +78,15 @@ def test_1000_repeated_syncs_hold_memory_and_communicators_flat(comm):
     assert report.tensors == 50
     for n, (s, d) in shapes.items():
         assert same_bytes(params[n], values(n, 0, s, d))
-    assert rss_1000 - rss_100 < 8 << 20, f"RSS grew by {(rss_1000 - rss_100) / 2**20:.1f} MiB over 900 syncs"
+    assert rss_1000 - rss_100 < 8 << 20, (
+        f"RSS grew by {(rss_1000 - rss_100) / 2**20:.1f} MiB over 900 syncs"
+    )
 
 
 def test_3000_cold_calls_free_their_communicators(comm):
     need_ranks(comm, 2)  # one rank alone duplicates nothing
-    # MPICH has a few thousand context ids: leaking one duplicated communicator per call would fail here.
+    # MPICH has a few thousand context ids: leaking one duplicated communicator per call would fail
+    # here.
     params = {"w": values("w", comm.rank, (8,), "float32")}
     for _ in range(3000):
         mpisync.sync_params(params, comm, root=0)

@@ -10,6 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import mpisync
+
 from mpiutil import everyone, same_bytes
 
 pytestmark = pytest.mark.mpi
@@ -61,7 +62,8 @@ def test_ranks_know_their_nodes(comm):
 
 
 def _sync_and_count(comm, syncer, params, root_here: bool):
-    """Bytes each host's eth0 received during one sync; rows (received, root's host?) of every rank."""
+    """Bytes each host's eth0 received during one sync; rows (received, root's host?) of every
+    rank."""
     comm.Barrier()
     before = _rx_bytes()
     comm.Barrier()  # nobody sends before every host has read its counter
@@ -74,7 +76,8 @@ def _sync_and_count(comm, syncer, params, root_here: bool):
 
 
 def test_sync_bytes_cross_the_network(comm):
-    """Every host but root's receives at least the payload on eth0, once per host (not once per rank)."""
+    """Every host but root's receives at least the payload on eth0, once per host (not once per
+    rank)."""
     if _expected_nodes() < 2 or not everyone(comm, os.path.exists(RX_BYTES)):
         pytest.skip("only meaningful under ci/multihost.sh")
     root = comm.size - 1  # on the last host
@@ -110,9 +113,11 @@ def test_parameter_set_over_256mb(comm):
 
     params = {n: fill(comm.rank, i, s) for i, (n, s) in enumerate(shapes.items())}
     with mpisync.ParamSync(comm, root=root) as syncer:
-        reports = [syncer.sync(params, verify=True) for _ in range(2)]  # MPI, then a shared segment if it can
+        # MPI, then a shared segment if it can
+        reports = [syncer.sync(params, verify=True) for _ in range(2)]
     assert all(r.bytes > 256 * 2**20 and r.verified for r in reports)
-    if os.environ.get("MPISYNC_EXPECT_NODES", "1") != "1":  # ranks on several nodes: no segment to share
+    # ranks on several nodes: no segment to share
+    if os.environ.get("MPISYNC_EXPECT_NODES", "1") != "1":
         assert [r.channel for r in reports] == ["mpi", "mpi"]
     for i, (n, s) in enumerate(shapes.items()):
         assert same_bytes(params[n], fill(root, i, s)), n

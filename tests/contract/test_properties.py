@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 import mpisync
+
 from mpiutil import same_bytes, values
 
 pytestmark = pytest.mark.mpi
@@ -20,16 +21,26 @@ DTYPES = ["float32", "float16", "int8", "uint16", "bool", "complex64", "float64"
 PERTURBATIONS = ["none", "shape", "dtype", "missing", "extra", "read-only", "non-contiguous"]
 
 manifests = st.lists(
-    st.tuples(st.text("abcxyz._", min_size=1, max_size=6),
-              st.lists(st.integers(0, 4), min_size=0, max_size=3),
-              st.sampled_from(DTYPES), st.integers(1, 3)),
-    min_size=1, max_size=7, unique_by=lambda row: row[0])
+    st.tuples(
+        st.text("abcxyz._", min_size=1, max_size=6),
+        st.lists(st.integers(0, 4), min_size=0, max_size=3),
+        st.sampled_from(DTYPES),
+        st.integers(1, 3),
+    ),
+    min_size=1,
+    max_size=7,
+    unique_by=lambda row: row[0],
+)
 
 
 def _build(rows, rank):
-    return {name: [values(name, rank, tuple(shape), dtype) if i == 0 else np.zeros(tuple(shape), dtype)
-                   for i in range(count)]
-            for name, shape, dtype, count in rows}
+    return {
+        name: [
+            values(name, rank, tuple(shape), dtype) if i == 0 else np.zeros(tuple(shape), dtype)
+            for i in range(count)
+        ]
+        for name, shape, dtype, count in rows
+    }
 
 
 def _perturb(params, rows, kind):
@@ -61,13 +72,26 @@ def _expected_error(kind, size, perturbed_is_root, rows):
     return None
 
 
-@settings(derandomize=True, database=None, deadline=None, max_examples=150,
-          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-@given(rows=manifests, root_pick=st.integers(0, 7), split=st.integers(1, 2),
-       kind=st.sampled_from(PERTURBATIONS), victim_pick=st.integers(0, 7),
-       fusion=st.sampled_from([0, 16, 1 << 20]), capacity=st.integers(1, 4))
-def test_root_bytes_everywhere_or_the_same_error_everywhere(comm, rows, root_pick, split, kind, victim_pick,
-                                                            fusion, capacity):
+@settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=150,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+@given(
+    rows=manifests,
+    root_pick=st.integers(0, 7),
+    split=st.integers(1, 2),
+    kind=st.sampled_from(PERTURBATIONS),
+    victim_pick=st.integers(0, 7),
+    fusion=st.sampled_from([0, 16, 1 << 20]),
+    capacity=st.integers(1, 4),
+)
+def test_root_bytes_everywhere_or_the_same_error_everywhere(
+    comm, rows, root_pick, split, kind, victim_pick, fusion, capacity
+):
     color = comm.rank % split if comm.size >= split else 0
     sub = comm.Split(color, key=comm.rank)
     try:
@@ -80,7 +104,9 @@ def test_root_bytes_everywhere_or_the_same_error_everywhere(comm, rows, root_pic
         expected = _expected_error(kind, sub.size, victim == root, rows)
         outcome = np.zeros(1, np.int64)  # every rank must agree on the outcome
         try:
-            mpisync.sync_params(params, sub, root=root, fusion_bytes=fusion, max_concurrent=capacity)
+            mpisync.sync_params(
+                params, sub, root=root, fusion_bytes=fusion, max_concurrent=capacity
+            )
         except mpisync.SyncError as exc:
             assert expected is not None and type(exc) is expected, (kind, exc)
             outcome[0] = 1
@@ -90,9 +116,14 @@ def test_root_bytes_everywhere_or_the_same_error_everywhere(comm, rows, root_pic
         else:
             assert expected is None, (kind, expected)
             root_world = world_of[root]
-            for name, shape, dtype, count in rows:
-                if sub.rank == victim and kind in ("shape", "dtype", "missing") and name == rows[0][0]:
-                    continue  # size-1 communicator: the perturbed parameter is this rank's own business
+            for name, shape, dtype, _count in rows:
+                if (
+                    sub.rank == victim
+                    and kind in ("shape", "dtype", "missing")
+                    and name == rows[0][0]
+                ):
+                    # size-1 communicator: the perturbed parameter is this rank's own business
+                    continue
                 for replica in params[name]:
                     assert same_bytes(replica, values(name, root_world, tuple(shape), dtype)), name
         event(f"{kind}: {expected.__name__ if expected else 'synced'}")

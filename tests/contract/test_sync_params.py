@@ -7,11 +7,23 @@ import pytest
 from mpi4py import MPI
 
 import mpisync
+
 from mpiutil import everyone, need_ranks, same_bytes, values
 
 pytestmark = pytest.mark.mpi
 
-DTYPES = ["float16", "float32", "float64", "bool", "complex64", "complex128", "uint16", "int8", "int64", "uint8"]
+DTYPES = [
+    "float16",
+    "float32",
+    "float64",
+    "bool",
+    "complex64",
+    "complex128",
+    "uint16",
+    "int8",
+    "int64",
+    "uint8",
+]
 
 
 def _params(rank, shapes):
@@ -22,7 +34,9 @@ def _params(rank, shapes):
 def test_dtypes_shapes_and_any_root(comm, root_choice):
     root = 0 if root_choice == "first" else comm.size - 1
     shapes = {f"p.{d}": ((3, 5), d) for d in DTYPES}
-    shapes.update({"zero": ((0, 4), "float32"), "scalar": ((), "float64"), "big": ((1000, 300), "float32")})
+    shapes.update(
+        {"zero": ((0, 4), "float32"), "scalar": ((), "float64"), "big": ((1000, 300), "float32")}
+    )
     params = _params(comm.rank, shapes)
     report = mpisync.sync_params(params, comm, root=root, verify=True, fusion_bytes=1 << 20)
     for name, (shape, dtype) in shapes.items():
@@ -33,7 +47,8 @@ def test_dtypes_shapes_and_any_root(comm, root_choice):
     assert report.bytes == sum(a.nbytes for a in params.values())
     assert report.transport == ("local" if comm.size == 1 else "host")
     assert report.verified and report.seconds > 0 and report.gbps >= 0
-    if comm.size > 1:  # one fused bucket + 'big' (1.2 MB > fusion_bytes), whichever transport moved them
+    # one fused bucket + 'big' (1.2 MB > fusion_bytes), whichever transport moved them
+    if comm.size > 1:
         assert report.channel in ("mpi", "cross-memory", "shared memory")
         assert report.transfers == 2 and report.fused_buckets == 1
         if report.channel == "mpi":  # Idup + validation + facts + two broadcasts + verification
@@ -45,10 +60,19 @@ def test_dtypes_shapes_and_any_root(comm, root_choice):
 def test_replicas_as_list_and_mapping_with_devices(comm):
     root = comm.size // 2
     shape = (4, 6)
-    a = [values("a", comm.rank, shape, "float32"), np.zeros(shape, np.float32), np.ones(shape, np.float32)]
+    a = [
+        values("a", comm.rank, shape, "float32"),
+        np.zeros(shape, np.float32),
+        np.ones(shape, np.float32),
+    ]
     master_b = values("b", comm.rank, shape, "int32")
-    b = {"cpu:1": np.zeros(shape, np.int32), "cpu:0": master_b, "cpu:2": np.full(shape, -1, np.int32)}
-    c = {"x": values("c", comm.rank, (7,), "uint16"), "y": np.zeros(7, np.uint16)}  # first key is master
+    b = {
+        "cpu:1": np.zeros(shape, np.int32),
+        "cpu:0": master_b,
+        "cpu:2": np.full(shape, -1, np.int32),
+    }
+    # first key is master
+    c = {"x": values("c", comm.rank, (7,), "uint16"), "y": np.zeros(7, np.uint16)}
     report = mpisync.sync_params({"a": a, "b": b, "c": c}, comm, root=root, devices=None)
     assert report.replicas == 3 + 3 + 2
     for replica in a:
@@ -98,8 +122,9 @@ def test_buffer_protocol_and_dlpack_objects(comm):
 def test_many_small_tensors_fused_and_not(comm, fusion_bytes, max_concurrent):
     shapes = {f"t{i:04d}": ((i % 17,), ["float32", "int8", "float16"][i % 3]) for i in range(500)}
     params = _params(comm.rank, shapes)
-    report = mpisync.sync_params(params, comm, root=comm.size - 1, fusion_bytes=fusion_bytes,
-                                 max_concurrent=max_concurrent)
+    report = mpisync.sync_params(
+        params, comm, root=comm.size - 1, fusion_bytes=fusion_bytes, max_concurrent=max_concurrent
+    )
     for name, (shape, dtype) in shapes.items():
         assert same_bytes(params[name], values(name, comm.size - 1, shape, dtype)), name
     if comm.size > 1 and fusion_bytes == 0:
@@ -119,9 +144,13 @@ def test_param_sync_reuses_communicator_plan_and_buffers(comm):
             for n, (s, d) in shapes.items():
                 assert same_bytes(params[n], values(n, 10 * step, s, d)), (step, n)
             seen.add(id(syncer._comm))
-            # max_concurrent x fusion_bytes plus a constant (a shared segment's header), never the model's
-            # size; MPISYNC_SHARED_MEMORY=1 puts every set through the segment, in slots of at least 1 MiB
-            every_set = report.channel == "shared memory" and os.environ.get("MPISYNC_SHARED_MEMORY") == "1"
+            # max_concurrent x fusion_bytes plus a constant (a shared segment's header), never the
+            # model's
+            # size; MPISYNC_SHARED_MEMORY=1 puts every set through the segment, in slots of at least
+            # 1 MiB
+            every_set = (
+                report.channel == "shared memory" and os.environ.get("MPISYNC_SHARED_MEMORY") == "1"
+            )
             assert syncer.buffer_bytes <= (2 << 20 if every_set else 2 * 512) + 8192
             assert (syncer._prepared is not None) == (comm.size > 1)
         assert len(seen) == 1
@@ -144,7 +173,9 @@ def test_arrays_replaced_in_the_same_dict_are_synced(comm):
                 params["w5"][:] = comm.rank + 7  # new bytes in the same array
             syncer.sync(params)
             for name, array in params.items():
-                reference = values(name, 100 if step >= 2 and name == "w3" else 0, array.shape, "float32")
+                reference = values(
+                    name, 100 if step >= 2 and name == "w3" else 0, array.shape, "float32"
+                )
                 if step == 4 and name == "w5":
                     reference = np.full(array.shape, 7, np.float32)
                 assert same_bytes(array, reference), (step, name)
@@ -154,9 +185,12 @@ def test_arrays_replaced_in_the_same_dict_are_synced(comm):
 
 @pytest.mark.parametrize("form", ["bare arrays", "replica lists"])
 def test_buckets_take_turns_in_two_arena_slots_with_many_collectives_in_flight(comm, form):
-    # 16 collectives may be in flight but, on one node, fused buckets share two arena slots: a bucket
-    # is packed (root) or received (the others) into a slot only after the bucket before it there was
-    # sent and unpacked. Buckets of 96 KiB move by rendezvous, where a slot overwritten too early shows.
+    # 16 collectives may be in flight but, on one node, fused buckets share two arena slots: a
+    # bucket
+    # is packed (root) or received (the others) into a slot only after the bucket before it there
+    # was
+    # sent and unpacked. Buckets of 96 KiB move by rendezvous, where a slot overwritten too early
+    # shows.
     shapes = {f"t{i:03d}": (1000 + i,) for i in range(300)}  # ~4 KiB each: about 13 buckets
 
     def make(seed):
@@ -170,13 +204,14 @@ def test_buckets_take_turns_in_two_arena_slots_with_many_collectives_in_flight(c
             report = syncer.sync(params)
             for name, shape in shapes.items():
                 expected = values(name, 10 * step, shape, "float32")
-                for replica in ([params[name]] if form == "bare arrays" else params[name]):
+                for replica in [params[name]] if form == "bare arrays" else params[name]:
                     assert same_bytes(replica, expected), (step, name)
         if comm.size > 1:
             node = comm.Split_type(MPI.COMM_TYPE_SHARED)
             one_node = everyone(comm, node.size == comm.size)
             node.Free()
-            # Across nodes each collective in flight keeps a slot of its own, as many as there are buckets.
+            # Across nodes each collective in flight keeps a slot of its own, as many as there are
+            # buckets.
             slots = 2 if one_node else min(16, report.fused_buckets)
             assert report.channel == "mpi"
             assert report.fused_buckets >= 10 and syncer.buffer_bytes == slots * 96 * 1024
@@ -188,10 +223,12 @@ def test_sync_params_calls_hand_their_fusion_arena_on(comm, monkeypatch):
     from mpisync.transports import spares
 
     monkeypatch.setitem(spares._SPARES, spares.ARENA, [])  # none left by earlier tests
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # small sets: the arena, not the node's segment
+    # small sets: the arena, not the node's segment
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
     shapes = {f"v{i:03d}": (i % 13 + 1,) for i in range(200)}
     arenas = []
-    for call, fusion in enumerate([1024, 1024, 64 << 10, 1024]):  # 11 KB in all: one bucket of 64 KiB
+    # 11 KB in all: one bucket of 64 KiB
+    for call, fusion in enumerate([1024, 1024, 64 << 10, 1024]):
         params = {n: values(n, comm.rank + call, s, "float64") for n, s in shapes.items()}
         mpisync.sync_params(params, comm, root=0, fusion_bytes=fusion)
         for name, shape in shapes.items():
@@ -242,7 +279,10 @@ def test_settings_from_environment(comm, monkeypatch):
     monkeypatch.setenv("MPISYNC_FUSION_BYTES", "0")
     monkeypatch.setenv("MPISYNC_MAX_CONCURRENT", "2")
     syncer = mpisync.ParamSync(comm)
-    assert syncer.settings.fusion_bytes.value == 0 and syncer.settings.fusion_bytes.source == "environment"
+    assert (
+        syncer.settings.fusion_bytes.value == 0
+        and syncer.settings.fusion_bytes.source == "environment"
+    )
     params = {f"s{i}": values(f"s{i}", comm.rank, (3,), "int32") for i in range(5)}
     report = syncer.sync(params)
     syncer.close()
@@ -258,15 +298,20 @@ def _flat_params(rank, shapes, order, slack=0):
     out, offset = {}, 0
     for name in order:
         shape, dtype = shapes[name]
-        view = arena[offset:offset + sizes[name]].view(dtype).reshape(shape)
+        view = arena[offset : offset + sizes[name]].view(dtype).reshape(shape)
         view[...] = values(name, rank, shape, dtype)
         out[name] = view
         offset += sizes[name] + slack
     return arena, out
 
 
-FLAT_SHAPES = {f"block{i:02d}.{kind}": ((64 + i, 33), "float32") if kind == "weight" else ((64 + i,), "float64")
-               for i in range(12) for kind in ("weight", "bias")}
+FLAT_SHAPES = {
+    f"block{i:02d}.{kind}": ((64 + i, 33), "float32")
+    if kind == "weight"
+    else ((64 + i,), "float64")
+    for i in range(12)
+    for kind in ("weight", "bias")
+}
 FLAT_SHAPES["block05.step"] = ((), "int64")
 
 
@@ -284,7 +329,8 @@ def test_parameters_end_to_end_in_one_buffer_travel_as_one_span(comm):
             assert same_bytes(view, values(name, 0, view.shape, view.dtype)), (attempt, name)
         if comm.size > 1:  # the plan: the span, then 'separate'
             assert report.transfers == 2 and report.fused_buckets == 0 and report.channel == "mpi"
-            # (Idup and the facts all-reduce, first time) + validation + the span + 'separate' + verification
+            # (Idup and the facts all-reduce, first time) + validation + the span + 'separate' +
+            # verification
             assert report.collectives == (6 if attempt == 0 else 4)
     syncer.close()
 
@@ -296,7 +342,9 @@ def test_a_rank_with_another_layout_falls_back_to_per_tensor_transfers(comm):
     syncer = mpisync.ParamSync(comm, fusion_bytes=4096)
     seen = []
     for attempt, slack in enumerate([0, 0, 8]):  # then a gap between tensors on every rank: no runs
-        arena, params = _flat_params(comm.rank, FLAT_SHAPES, order if attempt else sorted(FLAT_SHAPES), slack)
+        arena, params = _flat_params(
+            comm.rank, FLAT_SHAPES, order if attempt else sorted(FLAT_SHAPES), slack
+        )
         report = syncer.sync(params)
         for name, view in params.items():
             assert same_bytes(view, values(name, 0, view.shape, view.dtype)), (attempt, name)
@@ -304,22 +352,27 @@ def test_a_rank_with_another_layout_falls_back_to_per_tensor_transfers(comm):
     syncer.close()
     if comm.size > 1:
         assert seen[0] == 1  # one span: every rank had the same layout
-        assert seen[1] > 20 and seen[2] == seen[1]  # layouts differ / no runs: a transfer per tensor
+        # layouts differ / no runs: a transfer per tensor
+        assert seen[1] > 20 and seen[2] == seen[1]
 
 
 def test_ranks_on_the_bulk_and_the_general_path_match(comm):
     # A dict of bare numpy arrays takes mpisync.params.bulk's path; the same set held as one-replica
     # lists takes the general one. Mixed across ranks, digests and collectives must still match.
-    from mpisync.params.bulk import scan
     from mpisync._runtime.speedups import enabled
+    from mpisync.params.bulk import scan
 
     shapes = {f"s{i:03d}": ((i % 7 + 1,), "float32") for i in range(300)}
-    shapes.update({"big": ((5000,), "float64"), "empty": ((0,), "int8"), "scalar": ((), "complex64")})
+    shapes.update(
+        {"big": ((5000,), "float64"), "empty": ((0,), "int8"), "scalar": ((), "complex64")}
+    )
     params = _params(comm.rank, shapes)
     general = comm.rank % 2 == 1
     if general:
         params = {name: [array] for name, array in params.items()}
-    took_bulk = scan(params, rank=comm.rank, size=comm.size, root=0, devices=None, settings={}) is not None
+    took_bulk = (
+        scan(params, rank=comm.rank, size=comm.size, root=0, devices=None, settings={}) is not None
+    )
     assert took_bulk == (enabled() and not general)
     report = mpisync.sync_params(params, comm, root=0, fusion_bytes=1024, verify=True)
     for name, (shape, dtype) in shapes.items():

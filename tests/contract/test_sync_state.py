@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import mpisync
+
 from mpiutil import last_rank, need_ranks, raises_everywhere, same_bytes, values
 
 pytestmark = pytest.mark.mpi
@@ -33,8 +34,15 @@ def test_pytree_arrays_in_place_and_root_scalars(comm):
     arrays = [tree["layers"][0]["w"], tree["layers"][0]["b"], tree["layers"][1]["w"], tree[7][0]]
     out = mpisync.sync_state(tree, comm, root=root)
     expected = _tree(root)
-    for got, want in zip(arrays, [expected["layers"][0]["w"], expected["layers"][0]["b"],
-                                  expected["layers"][1]["w"], expected[7][0]]):
+    for got, want in zip(
+        arrays,
+        [
+            expected["layers"][0]["w"],
+            expected["layers"][0]["b"],
+            expected["layers"][1]["w"],
+            expected[7][0],
+        ],
+    ):
         assert same_bytes(got, want)
     assert out["layers"][0]["w"] is arrays[0] and out[7][0] is arrays[3]
     assert out["step"] == root + 10 and type(out["step"]) is int
@@ -52,7 +60,9 @@ def test_torch_adam_state_after_a_step(comm):
     def trained(rank):
         torch.manual_seed(100 + rank)
         model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3 * (rank + 1), betas=(0.9, 0.99 - rank / 100))
+        opt = torch.optim.Adam(
+            model.parameters(), lr=1e-3 * (rank + 1), betas=(0.9, 0.99 - rank / 100)
+        )
         for _ in range(rank + 1):
             opt.zero_grad()
             model(torch.randn(8, 6)).pow(2).sum().backward()
@@ -99,12 +109,19 @@ def test_structure_mismatch_names_the_path(comm, kind):
         else:
             tree["layers"][1]["w"] = np.zeros((3, 3))
     before = [np.array(tree["layers"][0]["w"], copy=True)]
-    expected = {"extra-key": "layers.1: keys differ (missing here: []; not on root: ['extra'])",
-                "array-vs-scalar": "layers.0.b: a non-array value here, an array on root",
-                "list-length": "layers: length 3 here, 2 on root",
-                "array-shape": "parameter 'layers.1.w' has shape (3, 3), root has (2, 2)"}[kind]
-    raises_everywhere(comm, mpisync.ManifestMismatchError, lambda: mpisync.sync_state(tree, comm, root=0),
-                      f"rank {bad}", expected)
+    expected = {
+        "extra-key": "layers.1: keys differ (missing here: []; not on root: ['extra'])",
+        "array-vs-scalar": "layers.0.b: a non-array value here, an array on root",
+        "list-length": "layers: length 3 here, 2 on root",
+        "array-shape": "parameter 'layers.1.w' has shape (3, 3), root has (2, 2)",
+    }[kind]
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.sync_state(tree, comm, root=0),
+        f"rank {bad}",
+        expected,
+    )
     assert same_bytes(tree["layers"][0]["w"], before[0])
 
 
@@ -113,22 +130,44 @@ def test_unsupported_leaf_is_refused_everywhere(comm):
     tree = _tree(comm.rank)
     if comm.rank == bad:
         tree["oops"] = {1, 2}
-    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.sync_state(tree, comm),
-                      f"rank {bad}: oops: unsupported leaf of type builtins.set")
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.sync_state(tree, comm),
+        f"rank {bad}: oops: unsupported leaf of type builtins.set",
+    )
 
 
 def test_numpy_scalar_types_are_kept_exactly(comm):
     root = last_rank(comm)
     r = comm.rank
-    tree = {"f32": np.float32(1.5 + r), "f16": np.float16(0.1 * (r + 1)), "i8": np.int8(-3 - r), "u64": np.uint64(2**63 + r),
-            "b": np.bool_(r % 2 == 0), "c64": np.complex64(1 + 2j * r),
-            "ld": np.longdouble(1) / (3 + r), "py": (1.5 + r, r, 2j + r)}
+    tree = {
+        "f32": np.float32(1.5 + r),
+        "f16": np.float16(0.1 * (r + 1)),
+        "i8": np.int8(-3 - r),
+        "u64": np.uint64(2**63 + r),
+        "b": np.bool_(r % 2 == 0),
+        "c64": np.complex64(1 + 2j * r),
+        "ld": np.longdouble(1) / (3 + r),
+        "py": (1.5 + r, r, 2j + r),
+    }
     out = mpisync.sync_state(tree, comm, root=root)
-    expected = {"f32": np.float32(1.5 + root), "f16": np.float16(0.1 * (root + 1)), "i8": np.int8(-3 - root),
-                "u64": np.uint64(2**63 + root), "b": np.bool_(root % 2 == 0), "c64": np.complex64(1 + 2j * root)}
+    expected = {
+        "f32": np.float32(1.5 + root),
+        "f16": np.float16(0.1 * (root + 1)),
+        "i8": np.int8(-3 - root),
+        "u64": np.uint64(2**63 + root),
+        "b": np.bool_(root % 2 == 0),
+        "c64": np.complex64(1 + 2j * root),
+    }
     for key, want in expected.items():
-        assert type(out[key]) is type(want) and out[key].tobytes() == want.tobytes(), (key, out[key], want)
-    assert type(out["ld"]) is np.longdouble and out["ld"] == np.longdouble(1) / (3 + root)  # not cut to a float
+        assert type(out[key]) is type(want) and out[key].tobytes() == want.tobytes(), (
+            key,
+            out[key],
+            want,
+        )
+    # not cut to a float
+    assert type(out["ld"]) is np.longdouble and out["ld"] == np.longdouble(1) / (3 + root)
     assert out["py"] == (1.5 + root, root, 2j + root) and type(out["py"][2]) is complex
 
 
@@ -146,16 +185,26 @@ def test_cyclic_or_too_deep_tree_on_one_rank_is_refused_everywhere(comm, kind):
             for _ in range(5000):
                 node["k"] = [{}] if kind == "deep-list" else {}
                 node = node["k"][0] if kind == "deep-list" else node["k"]
-    expected = ("sub.again: the tree contains itself (a cycle)" if kind == "cycle"
-                else f"the tree nests deeper than {mpisync.state.MAX_DEPTH} levels")
-    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.sync_state(tree, comm, root=0),
-                      f"rank {bad}", expected)
+    expected = (
+        "sub.again: the tree contains itself (a cycle)"
+        if kind == "cycle"
+        else f"the tree nests deeper than {mpisync.state.MAX_DEPTH} levels"
+    )
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.sync_state(tree, comm, root=0),
+        f"rank {bad}",
+        expected,
+    )
     assert same_bytes(weights, before)  # nothing was written
 
 
 def _model_and_optimizer(torch, rank, steps):
     torch.manual_seed(300 + rank)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3 * (rank + 1), weight_decay=0.01)
     for _ in range(steps):
         opt.zero_grad()
@@ -170,11 +219,16 @@ def test_broadcast_parameters_takes_horovod_forms(comm, form):
     root = comm.size // 2
     model, _ = _model_and_optimizer(torch, comm.rank, 0)
     ref, _ = _model_and_optimizer(torch, root, 0)
-    params = {"state_dict": lambda: model.state_dict(), "named_parameters": lambda: model.named_parameters(),
-              "generator": lambda: ((n, p) for n, p in model.state_dict().items()),
-              "list": lambda: list(model.named_parameters())}[form]()
+    params = {
+        "state_dict": lambda: model.state_dict(),
+        "named_parameters": lambda: model.named_parameters(),
+        "generator": lambda: ((n, p) for n, p in model.state_dict().items()),
+        "list": lambda: list(model.named_parameters()),
+    }[form]()
     assert mpisync.broadcast_parameters(params, root_rank=root, comm=comm) is None
-    names = ref.state_dict() if form in ("state_dict", "generator") else dict(ref.named_parameters())
+    names = (
+        ref.state_dict() if form in ("state_dict", "generator") else dict(ref.named_parameters())
+    )
     for name, tensor in names.items():
         assert same_bytes(model.state_dict()[name].detach().numpy(), tensor.detach().numpy()), name
 
@@ -183,9 +237,12 @@ def test_broadcast_parameters_refuses_non_pairs_everywhere(comm):
     bad = last_rank(comm)
     weights = values("w", comm.rank, (3,), "float64")
     params = {"w": weights} if comm.rank != bad else [("w", weights), "oops"]
-    raises_everywhere(comm, mpisync.InvalidParamError,
-                      lambda: mpisync.broadcast_parameters(params, root_rank=0, comm=comm),
-                      f"rank {bad}: item 1 of params is not a (name, tensor) pair: str")
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.broadcast_parameters(params, root_rank=0, comm=comm),
+        f"rank {bad}: item 1 of params is not a (name, tensor) pair: str",
+    )
 
 
 @pytest.mark.parametrize("root_steps", [1, 3])
@@ -193,7 +250,9 @@ def test_broadcast_optimizer_state_fills_ranks_without_state(comm, root_steps):
     torch = pytest.importorskip("torch")
     root = last_rank(comm)
     # Resume: only root has state (it loaded a checkpoint); rank 0 (when not root) has stepped once.
-    model, opt = _model_and_optimizer(torch, comm.rank, root_steps if comm.rank == root else int(comm.rank == 0))
+    model, opt = _model_and_optimizer(
+        torch, comm.rank, root_steps if comm.rank == root else int(comm.rank == 0)
+    )
     mpisync.broadcast_parameters(model.state_dict(), root_rank=root, comm=comm)
     mpisync.broadcast_optimizer_state(opt, comm, root=root)
     ref_model, ref_opt = _model_and_optimizer(torch, root, root_steps)
@@ -204,7 +263,10 @@ def test_broadcast_optimizer_state_fills_ranks_without_state(comm, root_steps):
         assert list(mine["state"][index]) == list(state)
         for key, tensor in state.items():
             got = mine["state"][index][key]
-            assert got.dtype == tensor.dtype and same_bytes(got.numpy(), tensor.numpy()), (index, key)
+            assert got.dtype == tensor.dtype and same_bytes(got.numpy(), tensor.numpy()), (
+                index,
+                key,
+            )
     torch.manual_seed(9)  # one more step from identical states: identical parameters
     batch = torch.randn(6, 5)
     for m, o in ((model, opt), (ref_model, ref_opt)):
@@ -223,11 +285,18 @@ def test_broadcast_optimizer_state_local_failure_is_agreed(comm):
         calls = []
         real = opt.state_dict
 
-        def failing_second_call():  # describing works; building root's structure then fails here alone
+        # describing works; building root's structure then fails here alone
+        def failing_second_call():
             calls.append(1)
             if len(calls) > 1:
                 raise RuntimeError("state_dict failed on this rank")
             return real()
+
         opt.state_dict = failing_second_call
-    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.broadcast_optimizer_state(opt, comm, root=root),
-                      f"rank {last_rank(comm)}", "state_dict failed on this rank")
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.broadcast_optimizer_state(opt, comm, root=root),
+        f"rank {last_rank(comm)}",
+        "state_dict failed on this rank",
+    )

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import mpisync
+
 from mpiutil import last_rank, need_ranks, raises_everywhere
 
 pytestmark = pytest.mark.mpi
@@ -14,8 +15,11 @@ def _trained_model(rank: int):
     """A small conv net whose weights and BatchNorm statistics depend on ``rank``."""
     torch.manual_seed(1234 + rank)
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10, dtype=torch.float32),
+        torch.nn.Conv2d(3, 8, 3),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 6 * 6, 10, dtype=torch.float32),
     )
     model.train()
     model(torch.randn(4, 3, 8, 8))  # updates running_mean, running_var, num_batches_tracked
@@ -61,13 +65,20 @@ def test_non_contiguous_tensor_is_refused_everywhere(comm):
     bad = last_rank(comm)
     w = torch.zeros(4, 4)
     params = {"w": w.t() if comm.rank == bad else w.clone()}
-    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.sync_params(params, comm),
-                      f"rank {bad}: parameter 'w'", "not contiguous")
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.sync_params(params, comm),
+        f"rank {bad}: parameter 'w'",
+        "not contiguous",
+    )
 
 
 def _float_model(rank: int):
     torch.manual_seed(99 + rank)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.BatchNorm1d(7), torch.nn.Linear(7, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(5, 7), torch.nn.BatchNorm1d(7), torch.nn.Linear(7, 3)
+    )
     model.train()
     model(torch.randn(6, 5))
     return model
@@ -94,4 +105,5 @@ def test_state_dict_rank_paths_mixed_and_re_pointed_between_syncs(comm):
         syncer.sync(params, verify=True)
         assert {name: _raw(t) for name, t in state.items()} == expected
         if comm.rank == 0 and comm.rank != root:
-            assert _raw(old) == _raw(_float_model(root).state_dict()["0.weight"])  # not written again
+            # not written again
+            assert _raw(old) == _raw(_float_model(root).state_dict()["0.weight"])

@@ -41,7 +41,9 @@ def libraries(comm):
     libs = [lib for lib, ok in zip(LIBRARIES, flags) if ok]
     if not libs:
         if os.environ.get("MPISYNC_REQUIRE_GPU") == "1":
-            pytest.fail("MPISYNC_REQUIRE_GPU=1, but neither CuPy nor torch sees a CUDA device on every rank")
+            pytest.fail(
+                "MPISYNC_REQUIRE_GPU=1, but neither CuPy nor torch sees a CUDA device on every rank"
+            )
         pytest.skip("no GPU (CuPy or torch CUDA) on every rank")
     return libs
 
@@ -85,10 +87,25 @@ def test_device_parameters_mixed_with_host(comm, libraries, transport):
     for name in libraries:
         lib = _Lib(name, comm.rank)
         other = (lib.device + 1) % lib.ndev
-        shapes = {"big": ((1024, 1027), "float32"), "small": ((33,), "float16"), "scalar": ((), "int64")}
-        params = {n: [lib.array(_values(n, comm.rank, s, d)), lib.array(np.zeros(s, d)),
-                      lib.array(np.zeros(s, d), other)] for n, (s, d) in shapes.items()}
-        params.update({f"tiny{i}": lib.array(_values(f"tiny{i}", comm.rank, (i + 1,), "int8")) for i in range(40)})
+        shapes = {
+            "big": ((1024, 1027), "float32"),
+            "small": ((33,), "float16"),
+            "scalar": ((), "int64"),
+        }
+        params = {
+            n: [
+                lib.array(_values(n, comm.rank, s, d)),
+                lib.array(np.zeros(s, d)),
+                lib.array(np.zeros(s, d), other),
+            ]
+            for n, (s, d) in shapes.items()
+        }
+        params.update(
+            {
+                f"tiny{i}": lib.array(_values(f"tiny{i}", comm.rank, (i + 1,), "int8"))
+                for i in range(40)
+            }
+        )
         params["host"] = _values("host", comm.rank, (5,), "float64")
         report = mpisync.sync_params(params, comm, root=root, gpu_transport=transport, verify=True)
         assert report.transport == ("local" if comm.size == 1 else transport)
@@ -96,7 +113,10 @@ def test_device_parameters_mixed_with_host(comm, libraries, transport):
             for replica in params[n]:
                 assert lib.host(replica).tobytes() == _values(n, root, s, d).tobytes(), (name, n)
         for i in range(40):
-            assert lib.host(params[f"tiny{i}"]).tobytes() == _values(f"tiny{i}", root, (i + 1,), "int8").tobytes()
+            assert (
+                lib.host(params[f"tiny{i}"]).tobytes()
+                == _values(f"tiny{i}", root, (i + 1,), "int8").tobytes()
+            )
         assert params["host"].tobytes() == _values("host", root, (5,), "float64").tobytes()
 
 
@@ -111,7 +131,10 @@ def test_one_gib_tensor_staged(comm, libraries):
     report = mpisync.sync_params({"huge": data}, comm, root=0, gpu_transport="staged", verify=True)
     assert report.verified
     assert lib.host(data[: 1 << 20]).tobytes() == pattern.tobytes()
-    assert lib.host(data[n - (1 << 20):]).tobytes() == np.resize(pattern, n)[n - (1 << 20):].tobytes()
+    assert (
+        lib.host(data[n - (1 << 20) :]).tobytes()
+        == np.resize(pattern, n)[n - (1 << 20) :].tobytes()
+    )
 
 
 def test_buckets_packed_by_copies_when_kernels_are_unavailable(comm, libraries):
@@ -125,13 +148,21 @@ def test_buckets_packed_by_copies_when_kernels_are_unavailable(comm, libraries):
         saved = backend.kernel_failure
         backend.kernel_failure = "test: kernels marked unavailable"
         try:
-            params = {f"t{i}": lib.array(_values(f"t{i}", comm.rank, (i + 1,), "int16")) for i in range(50)}
-            report = mpisync.sync_params(params, comm, root=root, gpu_transport="staged", verify=True)
+            params = {
+                f"t{i}": lib.array(_values(f"t{i}", comm.rank, (i + 1,), "int16"))
+                for i in range(50)
+            }
+            report = mpisync.sync_params(
+                params, comm, root=root, gpu_transport="staged", verify=True
+            )
         finally:
             backend.kernel_failure = saved
         assert report.verified
         for i in range(50):
-            assert lib.host(params[f"t{i}"]).tobytes() == _values(f"t{i}", root, (i + 1,), "int16").tobytes()
+            assert (
+                lib.host(params[f"t{i}"]).tobytes()
+                == _values(f"t{i}", root, (i + 1,), "int16").tobytes()
+            )
 
 
 def test_torch_staging_views_resolve_to_their_pinned_tensor(comm, libraries):

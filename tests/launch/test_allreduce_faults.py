@@ -1,5 +1,6 @@
 """Jobs with their own mpiexec: the DDP example (plain and through its Slurm script), and a rank
-that never joins an all-reduce, which ends the job with a diagnostic within a bound, never a hang."""
+that never joins an all-reduce, which ends the job with a diagnostic within a bound, never a
+hang."""
 
 import subprocess
 import sys
@@ -19,8 +20,14 @@ exec mpiexec -n "${SLURM_NTASKS:-2}" "$@"
 
 def test_ddp_example_under_mpiexec(bounded_env):
     pytest.importorskip("torch")
-    proc = subprocess.run(["mpiexec", "-n", "3", sys.executable, "examples/ddp_train.py", "--steps", "6"],
-                          env=bounded_env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        ["mpiexec", "-n", "3", sys.executable, "examples/ddp_train.py", "--steps", "6"],
+        env=bounded_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("weights identical on every rank: True") == 3, proc.stdout
     assert "step 6: loss" in proc.stdout
@@ -31,10 +38,21 @@ def test_ddp_slurm_script(bounded_env, tmp_path):
     fake = tmp_path / "srun"
     fake.write_text(SRUN)
     fake.chmod(0o755)
-    env = dict(bounded_env, PATH=f"{tmp_path}:{bounded_env['PATH']}", STEPS="3", SLURM_NTASKS="2",
-               VENV=str(Path(sys.executable).parent.parent))
-    proc = subprocess.run(["bash", "examples/slurm_ddp.sbatch"], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=240)
+    env = dict(
+        bounded_env,
+        PATH=f"{tmp_path}:{bounded_env['PATH']}",
+        STEPS="3",
+        SLURM_NTASKS="2",
+        VENV=str(Path(sys.executable).parent.parent),
+    )
+    proc = subprocess.run(
+        ["bash", "examples/slurm_ddp.sbatch"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("weights identical on every rank: True") == 2, proc.stdout
 
@@ -48,7 +66,8 @@ def _run(env, kind, timeout=150):
 
 @pytest.mark.parametrize("level", ["multiple", "serialized"])
 def test_backend_at_each_thread_level(bounded_env, level):
-    # Below MPI_THREAD_MULTIPLE no progress thread calls MPI: operations complete on the caller's thread.
+    # Below MPI_THREAD_MULTIPLE no progress thread calls MPI: operations complete on the caller's
+    # thread.
     pytest.importorskip("torch")
     proc, out, _ = _run(dict(bounded_env, MPI4PY_RC_THREAD_LEVEL=level), "thread-level")
     assert proc.returncode == 0, out
@@ -66,7 +85,10 @@ def test_backend_with_torch_rendezvous(bounded_env):
 def test_gradsync_missing_rank_aborts_with_diagnostic(bounded_env):
     proc, out, seconds = _run(bounded_env, "gradsync")
     assert proc.returncode != 0, out
-    assert "SyncTimeoutError: mpisync: rank 0 of 2: the all-reduce validation did not complete within 3 s" in out, out
+    assert (
+        "SyncTimeoutError: mpisync: rank 0 of 2: the all-reduce validation did not complete within "
+        "3 s" in out
+    ), out
     assert "'layer0.weight'" in out and "aborts the job" in out, out
     assert "finished" not in out
     assert seconds < 50, f"the job took {seconds:.1f} s to end"
@@ -78,7 +100,10 @@ def test_backend_missing_rank_aborts_with_diagnostic(bounded_env, level):
     pytest.importorskip("torch")
     proc, out, seconds = _run(dict(bounded_env, MPI4PY_RC_THREAD_LEVEL=level), "backend")
     assert proc.returncode != 0, out
-    assert "SyncTimeoutError: mpisync: rank 0 of 2: the torch.distributed operation did not complete" in out, out
+    assert (
+        "SyncTimeoutError: mpisync: rank 0 of 2: the torch.distributed operation did not complete"
+        in out
+    ), out
     assert "pending: 'all_reduce'" in out and "aborts the job" in out, out
     assert "finished" not in out
     assert seconds < 50, f"the job took {seconds:.1f} s to end"
@@ -96,13 +121,34 @@ def test_backend_missing_rank_raises_when_asked(bounded_env, level):
 
 def test_bench_smoke(bounded_env):
     pytest.importorskip("torch")
-    proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "mpisync.tools.bench.allreduce", "--max-bytes", "1024",
-                           "--iterations", "2", "--sets", "many-small", "--json"],
-                          env=bounded_env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            "mpiexec",
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "mpisync.tools.bench.allreduce",
+            "--max-bytes",
+            "1024",
+            "--iterations",
+            "2",
+            "--sets",
+            "many-small",
+            "--json",
+        ],
+        env=bounded_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     import json
 
     result = json.loads(proc.stdout)
     assert [row["bytes"] for row in result["sweep"]] == [4, 16, 64, 256, 1024]
-    assert result["grads"][0]["workload"] == "many-small" and result["grads"][0]["vs_per_tensor"] > 0
+    assert (
+        result["grads"][0]["workload"] == "many-small" and result["grads"][0]["vs_per_tensor"] > 0
+    )
     assert result["ddp"]["mpisync_ms"] > 0 and result["ddp"]["gloo_ms"] > 0

@@ -31,17 +31,32 @@ def test_killed_rank_ends_the_job(bounded_env, kind):
 
 @pytest.mark.parametrize("memory", ["host", "device", "host, shared segment", "host, cross-memory"])
 def test_stalled_rank_times_out_with_pending_parameters_then_aborts(bounded_env, memory):
-    env = dict(bounded_env, FAULT_TIMEOUT="3", FAULT_DEVICE="1" if memory == "device" else "0",
-               FAULT_SHARED="1" if "shared" in memory else "0", FAULT_CROSS="1" if "cross" in memory else "0")
+    env = dict(
+        bounded_env,
+        FAULT_TIMEOUT="3",
+        FAULT_DEVICE="1" if memory == "device" else "0",
+        FAULT_SHARED="1" if "shared" in memory else "0",
+        FAULT_CROSS="1" if "cross" in memory else "0",
+    )
     proc, out, seconds = _run(env, "stall")
     assert proc.returncode != 0, out
     assert "SyncTimeoutError: mpisync: rank" in out and "did not complete within 3 s" in out, out
     if memory == "device":
-        assert "the device broadcast did not complete" in out or "the validation exchange did not" in out, out
-    if "shared" in memory:  # the victim stopped after reading 10 slots: the others wait for it in the slot ring
-        assert "rank 0 of 3: the broadcast did not complete" in out and "'layer0.weight'" in out, out
-    if "cross" in memory:  # the victim stopped after its copies: the others wait in the all-reduce after them
-        assert "rank 0 of 3: the cross-memory copies did not complete" in out and "'layer0.weight'" in out, out
+        assert (
+            "the device broadcast did not complete" in out
+            or "the validation exchange did not" in out
+        ), out
+    # the victim stopped after reading 10 slots: the others wait for it in the slot ring
+    if "shared" in memory:
+        assert "rank 0 of 3: the broadcast did not complete" in out and "'layer0.weight'" in out, (
+            out
+        )
+    # the victim stopped after its copies: the others wait in the all-reduce after them
+    if "cross" in memory:
+        assert (
+            "rank 0 of 3: the cross-memory copies did not complete" in out
+            and "'layer0.weight'" in out
+        ), out
     assert "pending parameter(s): 'layer" in out
     assert "aborts the job" in out
     assert seconds < 3 + 45, f"abort took {seconds:.1f} s"
@@ -54,7 +69,9 @@ def test_exception_between_syncs_is_caught_by_the_timeout(bounded_env):
     proc, out, seconds = _run(env, "raise-between")
     assert proc.returncode != 0, out
     assert "RuntimeError: rank 1 failed between two syncs" in out
-    assert "SyncTimeoutError" in out and "validation exchange did not complete within 3 s" in out, out
+    assert "SyncTimeoutError" in out and "validation exchange did not complete within 3 s" in out, (
+        out
+    )
     assert "finished" not in out
     assert seconds < 3 + 45
 

@@ -23,8 +23,14 @@ def test_timeout_reports_pending_parameters_then_aborts(bounded_env):
     proc, seconds = _mpiexec(3, [str(JOBS / "straggler.py"), "2"], bounded_env)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
-    assert "SyncTimeoutError: mpisync: rank 0 of 3: the communicator duplication did not complete within 2 s" in out \
-        or "SyncTimeoutError: mpisync: rank 0 of 3: the validation exchange did not complete within 2 s" in out, out
+    assert (
+        "SyncTimeoutError: mpisync: rank 0 of 3: the communicator duplication did not complete "
+        "within 2 s"
+        in out
+        or "SyncTimeoutError: mpisync: rank 0 of 3: the validation exchange did not complete "
+        "within 2 s"
+        in out
+    ), out
     assert "pending parameter(s): 'decoder.bias', 'encoder.weight'" in out, out
     assert "aborts the job" in out
     assert "finished without error" not in out
@@ -42,19 +48,33 @@ def test_timeout_can_raise_instead_of_aborting(bounded_env):
 
 def test_info_prints_library_thread_level_and_sources(bounded_env):
     env = dict(bounded_env, MPISYNC_FUSION_BYTES="8192")
-    proc = subprocess.run([sys.executable, "-m", "mpisync", "info", "--json"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpisync", "info", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["thread_level"].startswith("MPI_THREAD_")
     assert info["mpi_library"] and info["mpi_standard"][0].isdigit()
-    assert info["defaults"]["fusion_bytes"] == {"value": 8192, "source": "environment", "env": "MPISYNC_FUSION_BYTES"}
+    assert info["defaults"]["fusion_bytes"] == {
+        "value": 8192,
+        "source": "environment",
+        "env": "MPISYNC_FUSION_BYTES",
+    }
     assert info["defaults"]["max_concurrent"]["source"] == "built-in"
-    assert info["cuda_aware_mpi"] == "no" and "MPIX_" in info["cuda_aware_why"]  # the PyPI wheels are not CUDA-aware
+    # the PyPI wheels are not CUDA-aware
+    assert info["cuda_aware_mpi"] == "no" and "MPIX_" in info["cuda_aware_why"]
     assert info["device_transport"].startswith("staged (")
-    expected = {"1": "on here", "0": "off"}.get(env.get("MPISYNC_SHARED_MEMORY", "").strip(), "small sets")
+    expected = {"1": "on here", "0": "off"}.get(
+        env.get("MPISYNC_SHARED_MEMORY", "").strip(), "small sets"
+    )
     assert info["shared_memory"].startswith((expected, "not available"))
-    assert info["cross_memory"].startswith("off" if env.get("MPISYNC_CROSS_MEMORY") == "0" else "on")
+    assert info["cross_memory"].startswith(
+        "off" if env.get("MPISYNC_CROSS_MEMORY") == "0" else "on"
+    )
     from mpisync._runtime.speedups import enabled
 
     built = "on" if enabled(True) else "not built"
@@ -68,8 +88,14 @@ def test_demo_job_at_two_ranks(bounded_env):
     proc, _ = _mpiexec(2, [str(root / "examples" / "sync_demo.py"), "--steps", "2"], bounded_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("identical on every rank: True") == 1, proc.stdout
-    before = [line.split("before ")[1][:16] for line in proc.stdout.splitlines() if "digest before" in line]
-    after = [line.split("after ")[1][:16] for line in proc.stdout.splitlines() if "digest before" in line]
+    before = [
+        line.split("before ")[1][:16]
+        for line in proc.stdout.splitlines()
+        if "digest before" in line
+    ]
+    after = [
+        line.split("after ")[1][:16] for line in proc.stdout.splitlines() if "digest before" in line
+    ]
     assert len(before) == 2 and before[0] != before[1] and after == [before[0], before[0]]
 
 
@@ -80,7 +106,8 @@ def test_debug_log_and_chrome_timeline_per_rank(bounded_env, tmp_path):
     assert proc.returncode == 0, proc.stderr
     for rank in (0, 1):
         shared = "over shared memory" in proc.stderr  # the node's segment moved the bytes, not MPI
-        cross = "over cross-memory" in proc.stderr  # process-to-process copies (one node, large tensors)
+        # process-to-process copies (one node, large tensors)
+        cross = "over cross-memory" in proc.stderr
         step = "cross-memory: " if cross else f"{'slot' if shared else 'Ibcast'} 1/"
         assert f"mpisync[rank {rank}] DEBUG {step}" in proc.stderr
         assert f"mpisync[rank {rank}] INFO rank {rank}/2: synced 320 tensors" in proc.stderr
@@ -99,11 +126,19 @@ def test_a_full_dev_shm_keeps_mpi_instead_of_crashing(bounded_env):
     probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("needs unshare --mount (root)")
-    env = dict(bounded_env, MPISYNC_SHARED_MEMORY="1", MPISYNC_CROSS_MEMORY="0")  # the segment's turn only
-    script = (f"mount -t tmpfs -o size=5m tmpfs /dev/shm && mpiexec -n 2 {sys.executable} "
-              f"{JOBS / 'small_shm.py'}")
-    proc = subprocess.run(["unshare", "--mount", "sh", "-c", script], env=env, capture_output=True, text=True,
-                          timeout=120)
+    # the segment's turn only
+    env = dict(bounded_env, MPISYNC_SHARED_MEMORY="1", MPISYNC_CROSS_MEMORY="0")
+    script = (
+        f"mount -t tmpfs -o size=5m tmpfs /dev/shm && mpiexec -n 2 {sys.executable} "
+        f"{JOBS / 'small_shm.py'}"
+    )
+    proc = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for rank in (0, 1):

@@ -1,4 +1,5 @@
-"""Unit tests of mpisync.params.adapters.as_array_view: numpy and torch arrays as views of their memory."""
+"""Unit tests of mpisync.params.adapters.as_array_view: numpy and torch arrays as views of their
+memory."""
 
 import numpy as np
 import pytest

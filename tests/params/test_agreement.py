@@ -1,4 +1,5 @@
-"""Unit tests of mpisync.params.agreement.diagnose: the error built from every rank's manifest document."""
+"""Unit tests of mpisync.params.agreement.diagnose: the error built from every rank's manifest
+document."""
 
 from mpisync import InvalidParamError, ManifestMismatchError
 from mpisync.params.agreement import diagnose
@@ -9,17 +10,26 @@ def _doc(params, errors=(), root=0, **settings):
 
 
 def test_diagnose_prefers_invalid_input_and_lists_every_rank():
-    docs = [_doc([["a", [2], "float32", 1, "host"]]), _doc([], [["a", "not C-contiguous"]]), _doc([], [[None, "bad root"]])]
+    docs = [
+        _doc([["a", [2], "float32", 1, "host"]]),
+        _doc([], [["a", "not C-contiguous"]]),
+        _doc([], [[None, "bad root"]]),
+    ]
     err = diagnose(docs)
     assert isinstance(err, InvalidParamError)
-    assert str(err) == ("mpisync: invalid input on rank(s) 1, 2: rank 1: parameter 'a': not C-contiguous; "
-                        "rank 2: bad root")
+    assert str(err) == (
+        "mpisync: invalid input on rank(s) 1, 2: rank 1: parameter 'a': not C-contiguous; "
+        "rank 2: bad root"
+    )
 
 
 def test_diagnose_names_mismatches_against_root():
     row = ["a", [2, 3], "float32", 1, "host"]
-    docs = [_doc([row, ["b", [1], "int8", 1, "host"]], root=1), _doc([row], root=1),
-            _doc([["a", [3, 2], "float64", 2, "device"]], root=1)]
+    docs = [
+        _doc([row, ["b", [1], "int8", 1, "host"]], root=1),
+        _doc([row], root=1),
+        _doc([["a", [3, 2], "float64", 2, "device"]], root=1),
+    ]
     err = diagnose(docs)
     assert isinstance(err, ManifestMismatchError)
     text = str(err)

@@ -1,4 +1,5 @@
-"""Unit tests of mpisync.params.bulk: scan (the bulk manifest and what it leaves to the full one) and compiled bulk steps."""
+"""Unit tests of mpisync.params.bulk: scan (the bulk manifest and what it leaves to the full one)
+and compiled bulk steps."""
 
 import numpy as np
 import pytest
@@ -18,9 +19,13 @@ def test_verification_digests_of_a_bulk_set_are_the_full_manifests():
     from mpisync.params.verify import param_digests
 
     speedups_or_skip()
-    params = {"b": np.arange(6, dtype=">i4").reshape(2, 3), "a": np.ones((), np.complex64),
-              "c": np.zeros((0, 4), np.float16), "y": np.zeros(3, [("a", "<i2"), ("b", "<f4")]),
-              **{f"w{i:03d}": np.full(i % 5 + 1, i, np.float32) for i in range(40)}}
+    params = {
+        "b": np.arange(6, dtype=">i4").reshape(2, 3),
+        "a": np.ones((), np.complex64),
+        "c": np.zeros((0, 4), np.float16),
+        "y": np.zeros(3, [("a", "<i2"), ("b", "<f4")]),
+        **{f"w{i:03d}": np.full(i % 5 + 1, i, np.float32) for i in range(40)},
+    }
     bulk = _scan(params)
     rows = param_digests(bulk)
     assert np.array_equal(rows, param_digests(build_manifest(params, rank=1, size=2, root=0)))
@@ -38,8 +43,14 @@ def test_bulk_scan_gives_the_full_manifests_digest():
     speedups_or_skip()
     cases = [
         {f"w{i:03d}": np.zeros(i % 5 + 1, np.float32) for i in range(50)},
-        {"b": np.zeros((2, 3), ">i4"), "a": np.ones((), np.complex64), "c": np.zeros((0, 4), np.float16),
-         "d": np.zeros(3, np.float16), "e": np.zeros(3, np.float32), "f": np.zeros(3, np.float32)},
+        {
+            "b": np.zeros((2, 3), ">i4"),
+            "a": np.ones((), np.complex64),
+            "c": np.zeros((0, 4), np.float16),
+            "d": np.zeros(3, np.float16),
+            "e": np.zeros(3, np.float32),
+            "f": np.zeros(3, np.float32),
+        },
         {"z": np.zeros(3, np.bool_), "y": np.zeros(3, [("a", "<i2"), ("b", "<f4")])},
     ]
     for params in cases:
@@ -48,12 +59,19 @@ def test_bulk_scan_gives_the_full_manifests_digest():
             full = build_manifest(params, rank=rank, size=2, root=0, settings={"fusion_bytes": 64})
             assert isinstance(bulk, BulkManifest)
             assert bulk.digest() == full.digest() and bulk.settings == full.settings
-            assert bulk.names == full.names and bulk.nbytes == full.nbytes and bulk.tensors == full.tensors
+            assert (
+                bulk.names == full.names
+                and bulk.nbytes == full.nbytes
+                and bulk.tensors == full.tensors
+            )
             assert bulk.sizes.tolist() == [p.nbytes for p in full.params]
             assert bulk.encode() == full.encode()
     base = cases[0]
-    for changed in ({**base, "w001": np.zeros(3, np.float64)}, {**base, "w001": np.zeros((1, 2), np.float32)},
-                    {k if k != "w001" else "w001x": v for k, v in base.items()}):
+    for changed in (
+        {**base, "w001": np.zeros(3, np.float64)},
+        {**base, "w001": np.zeros((1, 2), np.float32)},
+        {k if k != "w001" else "w001x": v for k, v in base.items()},
+    ):
         assert _scan(changed).digest() != _scan(base).digest()
 
 
@@ -91,7 +109,8 @@ def test_bulk_scan_leaves_everything_but_plain_numpy_to_the_full_manifest():
 
     assert _scan(Lookups(plain)) is None  # a subclass may override lookups
     assert _scan(plain, root=2) is None
-    assert _scan(plain, size=1, rank=0) is not None  # one rank: the set is checked, nothing is copied
+    # one rank: the set is checked, nothing is copied
+    assert _scan(plain, size=1, rank=0) is not None
     from mpisync.params.bulk import scan
 
     assert scan(plain, rank=1, size=2, root=0, devices=["cpu"], settings={}) is None
@@ -104,8 +123,8 @@ def test_bulk_scan_leaves_everything_but_plain_numpy_to_the_full_manifest():
 
 def test_bulk_steps_pack_and_unpack_every_tensor_through_the_arena():
     from mpisync.plan.arena import Arena
-    from mpisync.plan.transfers import bulk_plan
     from mpisync.plan.program import compile_bulk
+    from mpisync.plan.transfers import bulk_plan
 
     speedups_or_skip()
     sizes = [3, 0, 10, 40, 7, 7, 0, 2]
@@ -134,14 +153,21 @@ def test_bulk_scan_takes_torch_cpu_tensors_with_the_full_manifests_digest():
     from mpisync.params.manifest import build_manifest
 
     weight = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))  # requires grad
-    params = {"b": torch.zeros(3, dtype=torch.int64), "a": torch.ones((), dtype=torch.complex64),
-              "c": torch.zeros((0, 4), dtype=torch.float16), "w": weight, "flag": torch.zeros(2, dtype=torch.bool)}
+    params = {
+        "b": torch.zeros(3, dtype=torch.int64),
+        "a": torch.ones((), dtype=torch.complex64),
+        "c": torch.zeros((0, 4), dtype=torch.float16),
+        "w": weight,
+        "flag": torch.zeros(2, dtype=torch.bool),
+    }
     as_numpy = {name: t.detach().numpy() for name, t in params.items()}
     for rank in (0, 1):
         bulk = _scan(params, rank=rank, fusion_bytes=64)
         full = build_manifest(params, rank=rank, size=2, root=0, settings={"fusion_bytes": 64})
         assert isinstance(bulk, BulkManifest) and bulk.through_torch
-        assert bulk.digest() == full.digest() == _scan(as_numpy, rank=rank, fusion_bytes=64).digest()
+        assert (
+            bulk.digest() == full.digest() == _scan(as_numpy, rank=rank, fusion_bytes=64).digest()
+        )
         assert bulk.sizes.tolist() == [p.nbytes for p in full.params]
         # The bulk path's buffers are the tensors' own memory: no copy.
         assert bulk.values[bulk.names.index("w")].ctypes.data == weight.data_ptr()
@@ -173,7 +199,8 @@ def test_bulk_scan_reads_the_re_checked_states_when_the_dict_is_in_sorted_order(
     assert manifest.states == speedups.array_states(list(values.values()), np.ndarray)
     shuffled = {k: values[k] for k in ["p3", "p0", "p4", "p1", "p2"]}
     assert _scan(shuffled).states is None  # the re-check compares in the dict's order: read again
-    assert _scan({1: np.zeros(2), 2: np.zeros(2)}) is None  # names must be str: the general path says so
+    # names must be str: the general path says so
+    assert _scan({1: np.zeros(2), 2: np.zeros(2)}) is None
 
 
 def test_bulk_scan_pairs_names_and_arrays_of_a_reordered_ordered_dict():

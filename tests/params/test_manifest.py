@@ -21,7 +21,13 @@ def test_params_digest_is_the_same_with_and_without_the_c_join(names, monkeypatc
     speedups_or_skip()
     from mpisync.params import manifest
 
-    args = (names, [["float32", len(names)]], b"\x01" * 8 * len(names), [[1, len(names)]], [["h", len(names)]])
+    args = (
+        names,
+        [["float32", len(names)]],
+        b"\x01" * 8 * len(names),
+        [[1, len(names)]],
+        [["h", len(names)]],
+    )
     with_c = manifest.params_digest(*args)
     monkeypatch.setattr(manifest, "_speedups", None)
     assert manifest.params_digest(*args) == with_c

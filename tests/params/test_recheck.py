@@ -1,4 +1,5 @@
-"""Units: the per-sync re-check of prepared arrays (mpisync.params.recheck) and the names' digest encoding."""
+"""Units: the per-sync re-check of prepared arrays (mpisync.params.recheck) and the names' digest
+encoding."""
 
 import numpy as np
 import pytest
@@ -52,14 +53,17 @@ def test_torch_data_re_pointed_is_seen(path):
 
 def test_names_split_differently_at_a_nul_digest_differently():
     def digest(names):
-        return build_manifest({n: np.zeros(3, np.float32) for n in names}, rank=0, size=2, root=0).digest()
+        return build_manifest(
+            {n: np.zeros(3, np.float32) for n in names}, rank=0, size=2, root=0
+        ).digest()
 
     assert digest(["a\0b", "c"]) != digest(["a", "b\0c"])
     assert digest(["ab", "c"]) != digest(["a", "bc"])
     runs = [["float32", 2]]
     shapes = np.array([1, 3, 1, 3], np.int64).tobytes()
-    assert (params_digest(["a\0b", "c"], runs, shapes, [[1, 2]], [["h", 2]])
-            != params_digest(["a", "b\0c"], runs, shapes, [[1, 2]], [["h", 2]]))
+    assert params_digest(["a\0b", "c"], runs, shapes, [[1, 2]], [["h", 2]]) != params_digest(
+        ["a", "b\0c"], runs, shapes, [[1, 2]], [["h", 2]]
+    )
 
 
 def test_a_name_with_a_lone_surrogate_has_a_digest():
@@ -73,7 +77,8 @@ def test_a_dtype_changed_twice_is_seen(path):
     x = np.zeros(8, dtype=">f4")
     values = (x,)
     state = recheck.snapshot(values)
-    for _ in range(20):  # (an equal but new dtype object may count as changed: that only prepares again)
+    # (an equal but new dtype object may count as changed: that only prepares again)
+    for _ in range(20):
         x.dtype = np.float32
         x.dtype = ">i4"
         assert not recheck.unchanged(values, state)
@@ -85,7 +90,8 @@ def test_torch_lazy_conj_and_neg_views_are_seen(path, view):
     t = torch.zeros(4, dtype=torch.complex64)
     values = (t,)
     state = recheck.snapshot(values)
-    t.data = t.data.conj() if view == "conj" else torch._neg_view(t.data)  # same storage, a lazy bit set
+    # same storage, a lazy bit set
+    t.data = t.data.conj() if view == "conj" else torch._neg_view(t.data)
     assert not recheck.unchanged(values, state)
 
 
@@ -94,6 +100,7 @@ def test_a_check_that_raises_counts_as_changed(path):
         @property
         def dtype(self):
             raise RuntimeError("no dtype today")
+
     values = (np.zeros(3), Odd())
     state = recheck.Snapshot(None, ((1, ("x",)),))
     assert recheck.unchanged(values[:1], recheck.snapshot(values[:1]))
@@ -104,10 +111,14 @@ def _torch_snapshot(values):
     from mpisync.params.adapters import torch_cpu_views
 
     views = torch_cpu_views(values)
-    return recheck.snapshot(values, dtypes=tuple({id(v.dtype): v.dtype for v in views}.values()), views=views)
+    return recheck.snapshot(
+        values, dtypes=tuple({id(v.dtype): v.dtype for v in views}.values()), views=views
+    )
 
 
-@pytest.mark.parametrize("change", ["re-pointed", "transposed", "conj", "neg", "resized", "dtype", "not a tensor"])
+@pytest.mark.parametrize(
+    "change", ["re-pointed", "transposed", "conj", "neg", "resized", "dtype", "not a tensor"]
+)
 def test_torch_tensors_checked_through_their_numpy_views(change):
     # A bulk-prepared torch set is recorded and re-checked through Tensor.numpy() views (C loop).
     torch = pytest.importorskip("torch")

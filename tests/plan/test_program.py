@@ -1,4 +1,5 @@
-"""Unit tests of mpisync.plan.program: a compiled bucket's step, and the arena slots fused buckets take."""
+"""Unit tests of mpisync.plan.program: a compiled bucket's step, and the arena slots fused buckets
+take."""
 
 import numpy as np
 import pytest
@@ -10,8 +11,8 @@ from unitutil import ARENA_PATHS, arena_path
 
 @pytest.mark.parametrize("path", list(ARENA_PATHS))
 def test_compiled_bucket_fills_masters_and_every_replica_from_the_arena(path):
-    from mpisync.plan.arena import Arena
     from mpisync.params.manifest import build_manifest
+    from mpisync.plan.arena import Arena
     from mpisync.plan.program import compile_program
 
     counts = [1, 3, 2, 3, 1, 2]  # replica runs break and restart inside one bucket
@@ -23,7 +24,7 @@ def test_compiled_bucket_fills_masters_and_every_replica_from_the_arena(path):
     arena = Arena(1 << 10, **arena_path(path))
     (step,) = compile_program(host, plan, receiving=True, arena=arena, fusion_bytes=1 << 10)
     assert step.pack == ()
-    arena.view[:plan[0].nbytes] = np.arange(plan[0].nbytes, dtype=np.uint8).tobytes()
+    arena.view[: plan[0].nbytes] = np.arange(plan[0].nbytes, dtype=np.uint8).tobytes()
     step.finish()
     for param, (_, _, offset, n) in zip(host, plan[0].pieces):
         for replica in param.replicas:

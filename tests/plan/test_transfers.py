@@ -1,4 +1,5 @@
-"""Unit tests of mpisync.plan.transfers: build_plan, and bulk.bulk_plan posting the collectives it does."""
+"""Unit tests of mpisync.plan.transfers: build_plan, and bulk.bulk_plan posting the collectives it
+does."""
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ def _covered(plan, sizes):
     for t in plan:
         assert t.nbytes == sum(p[3] for p in t.pieces)
         for index, start, offset, n in t.pieces:
-            seen[index][start:start + n] += 1
+            seen[index][start : start + n] += 1
             if t.fused:
                 assert 0 <= offset and offset + n <= t.nbytes
     return seen
@@ -38,12 +39,18 @@ def test_plan_moves_every_byte_exactly_once(fusion, chunk):
 
 def test_plan_without_fusion_has_one_transfer_per_nonempty_tensor():
     plan = build_plan([4, 0, 8], 0)
-    assert [(t.fused, t.pieces) for t in plan] == [(False, ((0, 0, 0, 4),)), (False, ((2, 0, 0, 8),))]
+    assert [(t.fused, t.pieces) for t in plan] == [
+        (False, ((0, 0, 0, 4),)),
+        (False, ((2, 0, 0, 8),)),
+    ]
     assert plan[1].completes == (1, 2)
 
 
-@given(st.lists(st.sampled_from([0, 1, 3, 7, 8, 9, 15, 16, 17, 40, 100]), max_size=40),
-       st.sampled_from([0, 1, 8, 16, 17, 64]), st.sampled_from([1, 5, 16, 1 << 30]))
+@given(
+    st.lists(st.sampled_from([0, 1, 3, 7, 8, 9, 15, 16, 17, 40, 100]), max_size=40),
+    st.sampled_from([0, 1, 8, 16, 17, 64]),
+    st.sampled_from([1, 5, 16, 1 << 30]),
+)
 @settings(max_examples=300, deadline=None)
 def test_bulk_plan_posts_the_collectives_build_plan_does(sizes, fusion, chunk):
     from mpisync.plan.transfers import bulk_plan
@@ -51,7 +58,7 @@ def test_bulk_plan_posts_the_collectives_build_plan_does(sizes, fusion, chunk):
     expected = build_plan(sizes, fusion, chunk)
     got = bulk_plan(np.array(sizes, dtype=np.int64), fusion, chunk)
     assert [(t.fused, t.nbytes) for t in expected] == [(f, n) for f, _, _, n in got]
-    for t, (fused, first, last, nbytes) in zip(expected, got):
+    for t, (fused, first, last, _nbytes) in zip(expected, got):
         if fused:  # the same tensors, in the same order (empty ones carry nothing)
             assert [p[0] for p in t.pieces] == [i for i in range(first, last) if sizes[i]]
         else:

@@ -14,8 +14,18 @@ from cliutil import STALE
 pytestmark = pytest.mark.launcher
 REPO = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
-TINY_BENCH = ["bench", "--quick", "--no-osu", "--no-sweep", "--workloads", "resnet50", "--iterations", "2",
-              "--warmup", "0"]
+TINY_BENCH = [
+    "bench",
+    "--quick",
+    "--no-osu",
+    "--no-sweep",
+    "--workloads",
+    "resnet50",
+    "--iterations",
+    "2",
+    "--warmup",
+    "0",
+]
 
 
 def test_install_is_fresh_typed_and_licensed(installed, bounded_env):
@@ -25,8 +35,14 @@ def test_install_is_fresh_typed_and_licensed(installed, bounded_env):
     assert not list(package.glob("_speedups*"))  # no compiler: left out, not taken from build/
     licenses = list(installed.site.glob("mpisync-*.dist-info/**/LICENSE"))
     assert licenses and "MIT License" in licenses[0].read_text()
-    where = subprocess.run([sys.executable, "-c", "import mpisync; print(mpisync.__file__)"], cwd=installed.home,
-                           env=installed.env(bounded_env), capture_output=True, text=True, timeout=60)
+    where = subprocess.run(
+        [sys.executable, "-c", "import mpisync; print(mpisync.__file__)"],
+        cwd=installed.home,
+        env=installed.env(bounded_env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert where.stdout.strip() == str(package / "__init__.py"), where.stdout + where.stderr
     info = json.loads(installed.run(["info", "--json"], bounded_env).stdout)
     assert info["speedups"].startswith("not built")
@@ -38,28 +54,47 @@ def test_version(installed, bounded_env):
 
 
 def test_info_shows_a_bad_setting_on_its_line_and_goes_on(installed, bounded_env):
-    env = dict(bounded_env, MPISYNC_TIMEOUT="5m", MPISYNC_FUSION_BYTES="256K", MPISYNC_MAX_CONCURRENT="8")
+    env = dict(
+        bounded_env, MPISYNC_TIMEOUT="5m", MPISYNC_FUSION_BYTES="256K", MPISYNC_MAX_CONCURRENT="8"
+    )
     proc = installed.run(["info"], env)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stdout.splitlines()
-    assert ("  timeout         = INVALID    (MPISYNC_TIMEOUT='5m': timeout must be a number of seconds, got '5m'; "
-            "every sync raises until it is fixed or unset)") in lines
-    assert ("  fusion_bytes    = INVALID    (MPISYNC_FUSION_BYTES='256K': fusion_bytes must be an integer, "
-            "got '256K'; every sync raises until it is fixed or unset)") in lines
+    assert (
+        "  timeout         = INVALID    (MPISYNC_TIMEOUT='5m': timeout must be a number of "
+        "seconds, got '5m'; "
+        "every sync raises until it is fixed or unset)"
+    ) in lines
+    assert (
+        "  fusion_bytes    = INVALID    (MPISYNC_FUSION_BYTES='256K': fusion_bytes must be an "
+        "integer, "
+        "got '256K'; every sync raises until it is fixed or unset)"
+    ) in lines
     assert "  max_concurrent  = 8          (environment; set with MPISYNC_MAX_CONCURRENT)" in lines
     keys = [line.split(" ", 1)[0] for line in lines]
-    assert keys.index("defaults:") < keys.index("speedups") < keys.index("host_transport") == len(lines) - 1  # went on to the end
+    assert (
+        keys.index("defaults:")
+        < keys.index("speedups")
+        < keys.index("host_transport")
+        == len(lines) - 1
+    )  # went on to the end
     info = json.loads(installed.run(["info", "--json"], env).stdout)
-    assert info["defaults"]["timeout"] == {"value": None, "source": "environment", "env": "MPISYNC_TIMEOUT",
-                                           "raw": "5m", "error": "MPISYNC_TIMEOUT: timeout must be a number "
-                                                                 "of seconds, got '5m'"}
+    assert info["defaults"]["timeout"] == {
+        "value": None,
+        "source": "environment",
+        "env": "MPISYNC_TIMEOUT",
+        "raw": "5m",
+        "error": "MPISYNC_TIMEOUT: timeout must be a number of seconds, got '5m'",
+    }
 
 
 def test_info_prints_once_under_mpiexec(installed, bounded_env):
     proc = installed.run(["info"], bounded_env, ranks=2)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("defaults:") == 1 and proc.stdout.count("mpi_library") == 1, proc.stdout
+    assert proc.stdout.count("defaults:") == 1 and proc.stdout.count("mpi_library") == 1, (
+        proc.stdout
+    )
     assert "world_size       : 2" in proc.stdout
 
 
@@ -68,17 +103,31 @@ def test_bench_at_one_rank_ends_and_says_what_it_measures(installed, bounded_env
     # Without a launcher, also without tqdm: the progress is plain text, with its total.
     start = time.monotonic()
     bare = launch == "no launcher"
-    proc = installed.run(TINY_BENCH + ([] if bare else ["--no-progress"]), bounded_env, ranks=0 if bare else 1,
-                         without=("tqdm",) if bare else (), timeout=240)
+    proc = installed.run(
+        TINY_BENCH + ([] if bare else ["--no-progress"]),
+        bounded_env,
+        ranks=0 if bare else 1,
+        without=("tqdm",) if bare else (),
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "mpisync bench: 1 rank (no launcher, or mpiexec -n 1): no peer to broadcast to" in proc.stderr
+    assert (
+        "mpisync bench: 1 rank (no launcher, or mpiexec -n 1): no peer to broadcast to"
+        in proc.stderr
+    )
     assert "mpisync bench: 1 rank, root 0" in proc.stdout
     assert "1 rank: no peer to broadcast to, so these times are mpisync's own cost" in proc.stdout
     assert "resnet50: 320 tensors" in proc.stdout and "ParamSync " in proc.stdout
     assert time.monotonic() - start < 200
-    steps = [line for line in proc.stderr.splitlines() if line.startswith("mpisync bench: ") and "steps" in line]
+    steps = [
+        line
+        for line in proc.stderr.splitlines()
+        if line.startswith("mpisync bench: ") and "steps" in line
+    ]
     if bare:
-        assert steps and steps[-1] == "mpisync bench: 3/3 steps (100%) resnet50: memory", proc.stderr
+        assert steps and steps[-1] == "mpisync bench: 3/3 steps (100%) resnet50: memory", (
+            proc.stderr
+        )
         assert all("/3 steps" in line for line in steps)
     else:
         assert not steps
@@ -86,17 +135,33 @@ def test_bench_at_one_rank_ends_and_says_what_it_measures(installed, bounded_env
 
 def test_bench_plot_without_matplotlib_is_refused_before_any_work(installed, bounded_env, tmp_path):
     start = time.monotonic()
-    proc = installed.run(TINY_BENCH + ["--plot", tmp_path / "b.png"], bounded_env, ranks=2, without=("matplotlib",))
+    proc = installed.run(
+        TINY_BENCH + ["--plot", tmp_path / "b.png"], bounded_env, ranks=2, without=("matplotlib",)
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.count("mpisync bench: error: --plot needs matplotlib: pip install 'mpisync[plot]'") == 1
+    assert (
+        proc.stderr.count(
+            "mpisync bench: error: --plot needs matplotlib: pip install 'mpisync[plot]'"
+        )
+        == 1
+    )
     assert proc.stdout == "" and not (tmp_path / "b.png").exists()
     assert time.monotonic() - start < 60
     missing = installed.run(TINY_BENCH + ["--json", tmp_path / "nowhere" / "b.json"], bounded_env)
-    assert missing.returncode == 2 and f"folder {tmp_path / 'nowhere'} does not exist" in missing.stderr
+    assert (
+        missing.returncode == 2
+        and f"folder {tmp_path / 'nowhere'} does not exist" in missing.stderr
+    )
     setting = installed.run(TINY_BENCH, dict(bounded_env, MPISYNC_TIMEOUT="5m"))
-    assert setting.returncode == 2 and "error: MPISYNC_TIMEOUT: timeout must be a number" in setting.stderr
+    assert (
+        setting.returncode == 2
+        and "error: MPISYNC_TIMEOUT: timeout must be a number" in setting.stderr
+    )
     unknown = installed.run(["bench", "--workloads", "resnet5O"], bounded_env)
-    assert unknown.returncode == 2 and "unknown workload(s) resnet5O; choose from resnet50" in unknown.stderr
+    assert (
+        unknown.returncode == 2
+        and "unknown workload(s) resnet5O; choose from resnet50" in unknown.stderr
+    )
 
 
 def test_bench_refused_on_one_rank_is_refused_on_every_rank(installed, bounded_env, tmp_path):
@@ -105,10 +170,26 @@ def test_bench_refused_on_one_rank_is_refused_on_every_rank(installed, bounded_e
     args = [str(installed.script), *map(str, TINY_BENCH), "--plot", str(tmp_path / "b.png")]
     ok, hidden = installed.env(bounded_env), installed.env(bounded_env, without=("matplotlib",))
     env = dict(ok, MPIEXEC_TIMEOUT="100")
-    cmd = ["mpiexec", "-n", "1", "-env", "PYTHONPATH", ok["PYTHONPATH"], *args, ":",
-           "-n", "1", "-env", "PYTHONPATH", hidden["PYTHONPATH"], *args]
+    cmd = [
+        "mpiexec",
+        "-n",
+        "1",
+        "-env",
+        "PYTHONPATH",
+        ok["PYTHONPATH"],
+        *args,
+        ":",
+        "-n",
+        "1",
+        "-env",
+        "PYTHONPATH",
+        hidden["PYTHONPATH"],
+        *args,
+    ]
     start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, cwd=installed.home, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        cmd, env=env, cwd=installed.home, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("error: --plot needs matplotlib") == 1 and "(on rank 1)" in proc.stderr
     assert proc.stdout == "" and time.monotonic() - start < 60
@@ -116,8 +197,24 @@ def test_bench_refused_on_one_rank_is_refused_on_every_rank(installed, bounded_e
 
 def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tmp_path):
     out = tmp_path / "bench"
-    proc = installed.run(["bench", "--quick", "--no-progress", "--osu-max", "4096", "--json", f"{out}.json",
-                          "--csv", f"{out}.csv", "--plot", f"{out}.png"], bounded_env, ranks=2, timeout=240)
+    proc = installed.run(
+        [
+            "bench",
+            "--quick",
+            "--no-progress",
+            "--osu-max",
+            "4096",
+            "--json",
+            f"{out}.json",
+            "--csv",
+            f"{out}.csv",
+            "--plot",
+            f"{out}.png",
+        ],
+        bounded_env,
+        ranks=2,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "mpisync bench: 2 ranks" in proc.stdout and "resnet50: 320 tensors" in proc.stdout
     assert "many-small: 5000 tensors" in proc.stdout
@@ -125,10 +222,15 @@ def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tm
     assert results["meta"]["ranks"] == 2 and [r["bytes"] for r in results["osu"]][-1] == 4096
     for w in results["workloads"]:
         by_name = {r["strategy"]: r for r in w["results"]}
-        assert by_name["flat Bcast (ideal)"]["bandwidth_vs_flat"] == 1.0 and by_name["ParamSync"]["median_s"] > 0
+        assert (
+            by_name["flat Bcast (ideal)"]["bandwidth_vs_flat"] == 1.0
+            and by_name["ParamSync"]["median_s"] > 0
+        )
         assert w["memory"]["extra_bytes_repeated"] <= w["memory"]["bound_bytes"] + (1 << 20)
-    assert {(s["workload"], s["param"]) for s in results["sweeps"]} >= {("resnet50", "fusion_bytes"),
-                                                                         ("many-small", "max_concurrent")}
+    assert {(s["workload"], s["param"]) for s in results["sweeps"]} >= {
+        ("resnet50", "fusion_bytes"),
+        ("many-small", "max_concurrent"),
+    }
     assert (tmp_path / "bench.csv").read_text().startswith("section,workload,name,value,seconds")
     assert (tmp_path / "bench.png").read_bytes()[:8] == PNG
 
@@ -138,21 +240,62 @@ def test_bench_allreduce_rows_beside_gloo_and_flat_allreduce(installed, bounded_
     # rows take that group for gloo and add the mpisync group beside it.
     pytest.importorskip("torch")
     out = tmp_path / "ar"
-    proc = installed.run(["bench", "--no-osu", "--no-sweep", "--no-progress", "--workloads", "many-small",
-                          "--iterations", "1", "--warmup", "0", "--allreduce", "--allreduce-max", "64",
-                          "--allreduce-iterations", "2", "--allreduce-sets", "many-small", "--json", f"{out}.json",
-                          "--csv", f"{out}.csv"], bounded_env, ranks=2, timeout=240)
+    proc = installed.run(
+        [
+            "bench",
+            "--no-osu",
+            "--no-sweep",
+            "--no-progress",
+            "--workloads",
+            "many-small",
+            "--iterations",
+            "1",
+            "--warmup",
+            "0",
+            "--allreduce",
+            "--allreduce-max",
+            "64",
+            "--allreduce-iterations",
+            "2",
+            "--allreduce-sets",
+            "many-small",
+            "--json",
+            f"{out}.json",
+            "--csv",
+            f"{out}.csv",
+        ],
+        bounded_env,
+        ranks=2,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all-reduce bench, 2 ranks" in proc.stdout and "ddp step MLP" in proc.stdout, proc.stdout
     reduced = json.loads((tmp_path / "ar.json").read_text())["allreduce"]
     assert [r["bytes"] for r in reduced["sweep"]] == [4, 16, 64]
-    assert all(r["mpisync_us"] > 0 and r["gloo_us"] > 0 and r["mpi Allreduce_us"] > 0 for r in reduced["sweep"])
+    assert all(
+        r["mpisync_us"] > 0 and r["gloo_us"] > 0 and r["mpi Allreduce_us"] > 0
+        for r in reduced["sweep"]
+    )
     (grads,) = reduced["grads"]
-    assert (grads["workload"], grads["tensors"], grads["bytes"]) == ("many-small", 5000, 2_000_000), grads
+    assert (grads["workload"], grads["tensors"], grads["bytes"]) == (
+        "many-small",
+        5000,
+        2_000_000,
+    ), grads
     assert grads["vs_flat"] > 0 and grads["vs_per_tensor"] > 0 and grads["vs_mpi_only"] > 0
-    assert grads["one_shot_vs_flat"] > 0 and grads["one_shot_vs_per_tensor"] > 0 and grads["allreduce, one-shot_ms"] > 0
-    assert grads["channel"] == "shared memory" or bounded_env.get("MPISYNC_SHARED_MEMORY") == "0", grads
-    assert reduced["ddp"]["gloo_ms"] > 0 and reduced["ddp"]["mpisync_ms"] > 0 and reduced["ddp"]["DDP, no-op hook_ms"] > 0
+    assert (
+        grads["one_shot_vs_flat"] > 0
+        and grads["one_shot_vs_per_tensor"] > 0
+        and grads["allreduce, one-shot_ms"] > 0
+    )
+    assert grads["channel"] == "shared memory" or bounded_env.get("MPISYNC_SHARED_MEMORY") == "0", (
+        grads
+    )
+    assert (
+        reduced["ddp"]["gloo_ms"] > 0
+        and reduced["ddp"]["mpisync_ms"] > 0
+        and reduced["ddp"]["DDP, no-op hook_ms"] > 0
+    )
     assert 0 < reduced["ddp"]["compute_fraction_free_communication"]
     sections = [line.split(",")[0] for line in (tmp_path / "ar.csv").read_text().splitlines()[1:]]
     assert sections.count("allreduce sweep") == 9 and sections.count("allreduce grads") == 3
@@ -161,21 +304,39 @@ def test_bench_allreduce_rows_beside_gloo_and_flat_allreduce(installed, bounded_
 
 def test_timeline_of_a_job_renders_every_span(installed, bounded_env, tmp_path):
     env = dict(bounded_env, MPISYNC_TIMELINE=str(tmp_path / "tl-{rank}.json"))
-    job = subprocess.run(["mpiexec", "-n", "2", sys.executable, REPO / "examples" / "sync_demo.py", "--steps", "8"],
-                         env=installed.env(env), cwd=installed.home, capture_output=True, text=True, timeout=180)
+    job = subprocess.run(
+        ["mpiexec", "-n", "2", sys.executable, REPO / "examples" / "sync_demo.py", "--steps", "8"],
+        env=installed.env(env),
+        cwd=installed.home,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert job.returncode == 0, job.stdout + job.stderr
     files = [tmp_path / "tl-0.json", tmp_path / "tl-1.json"]
     events = [e for f in files for e in json.loads(f.read_text())["traceEvents"] if e["ph"] == "X"]
     names = {e["name"] for e in events}
-    assert {"validate", "broadcast", "verify"} <= names or {"validate", "cross-memory"} <= names, names
+    assert {"validate", "broadcast", "verify"} <= names or {"validate", "cross-memory"} <= names, (
+        names
+    )
     proc = installed.run(["timeline", *files, "--out", tmp_path / "tl.png"], bounded_env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"mpisync timeline: {len(events)} spans from 2 files -> {tmp_path / 'tl.png'}\n"
+    assert (
+        proc.stdout
+        == f"mpisync timeline: {len(events)} spans from 2 files -> {tmp_path / 'tl.png'}\n"
+    )
     assert (tmp_path / "tl.png").read_bytes()[:8] == PNG
-    zoom = installed.run(["timeline", files[0], "--out", tmp_path / "one.png", "--sync", "8"], bounded_env)
+    zoom = installed.run(
+        ["timeline", files[0], "--out", tmp_path / "one.png", "--sync", "8"], bounded_env
+    )
     assert zoom.returncode == 0 and " from 1 file -> " in zoom.stdout, zoom.stderr
-    hidden = installed.run(["timeline", *files, "--out", tmp_path / "x.png"], bounded_env, without=("matplotlib",))
-    assert hidden.returncode == 2 and "drawing needs matplotlib: pip install 'mpisync[plot]'" in hidden.stderr
+    hidden = installed.run(
+        ["timeline", *files, "--out", tmp_path / "x.png"], bounded_env, without=("matplotlib",)
+    )
+    assert (
+        hidden.returncode == 2
+        and "drawing needs matplotlib: pip install 'mpisync[plot]'" in hidden.stderr
+    )
     assert "chrome://tracing" in hidden.stderr and not (tmp_path / "x.png").exists()
 
 
@@ -198,10 +359,18 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_timeline_streams_at_constant_cost_and_survives_a_killed_job(installed, bounded_env, tmp_path):
+def test_timeline_streams_at_constant_cost_and_survives_a_killed_job(
+    installed, bounded_env, tmp_path
+):
     path = tmp_path / "killed.json"
-    proc = subprocess.run([sys.executable, "-c", _WRITER, str(path)], env=installed.env(bounded_env),
-                          cwd=installed.home, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WRITER, str(path)],
+        env=installed.env(bounded_env),
+        cwd=installed.home,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert proc.stdout.startswith("True "), proc.stdout  # each flush appends the same few bytes
     trace = json.loads(path.read_text())  # valid JSON though the process was killed
@@ -218,21 +387,38 @@ def test_timeline_streams_at_constant_cost_and_survives_a_killed_job(installed, 
 def test_timeline_reports_unreadable_files(installed, bounded_env, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("not json at all")
-    proc = installed.run(["timeline", bad, tmp_path / "missing.json", "--out", tmp_path / "x.png"], bounded_env)
+    proc = installed.run(
+        ["timeline", bad, tmp_path / "missing.json", "--out", tmp_path / "x.png"], bounded_env
+    )
     assert proc.returncode == 2 and f"no such file: {tmp_path / 'missing.json'}" in proc.stderr
     proc = installed.run(["timeline", bad, "--out", tmp_path / "x.png"], bounded_env)
-    assert proc.returncode == 1 and "not a Chrome trace" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode == 1
+        and "not a Chrome trace" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
 
 
 def test_messages_count_in_the_singular_and_plural(installed, bounded_env, tmp_path):
     script = tmp_path / "one.py"
-    script.write_text("import numpy as np, mpisync\nmpisync.sync_params({'w': np.zeros(3)})\n"
-                      "mpisync.sync_params({'a': np.zeros(3), 'b': np.zeros(5)})\n")
+    script.write_text(
+        "import numpy as np, mpisync\nmpisync.sync_params({'w': np.zeros(3)})\n"
+        "mpisync.sync_params({'a': np.zeros(3), 'b': np.zeros(5)})\n"
+    )
     env = installed.env(dict(bounded_env, MPISYNC_LOG="info"))
-    proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, script], env=env, cwd=installed.home,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["mpiexec", "-n", "2", sys.executable, script],
+        env=env,
+        cwd=installed.home,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert "rank 1/2: synced 1 tensor (1 replica, " in proc.stderr and ", 1 fused bucket, " in proc.stderr
+    assert (
+        "rank 1/2: synced 1 tensor (1 replica, " in proc.stderr
+        and ", 1 fused bucket, " in proc.stderr
+    )
     assert "rank 1/2: synced 2 tensors (2 replicas, " in proc.stderr, proc.stderr
 
 
@@ -250,9 +436,16 @@ def test_bench_allreduce_options_are_checked_before_any_work():
     from mpisync.tools import cli
 
     assert cli._bench_problem(["--allreduce"])[1] == ""
-    assert cli._bench_problem(["--allreduce", "grads", "--allreduce-sets", "many-small,resnet50"])[1] == ""
+    assert (
+        cli._bench_problem(["--allreduce", "grads", "--allreduce-sets", "many-small,resnet50"])[1]
+        == ""
+    )
     assert cli._bench_problem(["--allreduce", "grads,sweeps"])[1] == (
-        "--allreduce: unknown row(s) sweeps; choose from sweep, grads, ddp")
-    assert cli._bench_problem(["--allreduce=", "--no-osu"])[1].startswith("--allreduce takes comma-separated rows")
+        "--allreduce: unknown row(s) sweeps; choose from sweep, grads, ddp"
+    )
+    assert cli._bench_problem(["--allreduce=", "--no-osu"])[1].startswith(
+        "--allreduce takes comma-separated rows"
+    )
     assert cli._bench_problem(["--allreduce", "grads", "--allreduce-sets", "gpt2"])[1] == (
-        "--allreduce-sets: unknown set(s) gpt2; choose from resnet50, bert-base, many-small")
+        "--allreduce-sets: unknown set(s) gpt2; choose from resnet50, bert-base, many-small"
+    )

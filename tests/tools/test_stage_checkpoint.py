@@ -25,8 +25,11 @@ def _safetensors(path: Path, tensors: dict) -> bytes:
     header, blobs, offset = {"__metadata__": {"format": "np"}}, [], 0
     for name, array in tensors.items():
         raw = array.tobytes()
-        header[name] = {"dtype": {"float32": "F32", "int64": "I64"}[array.dtype.name], "shape": list(array.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
+        header[name] = {
+            "dtype": {"float32": "F32", "int64": "I64"}[array.dtype.name],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
         blobs.append(raw)
         offset += len(raw)
     encoded = json.dumps(header).encode()
@@ -36,16 +39,28 @@ def _safetensors(path: Path, tensors: dict) -> bytes:
 
 
 def _stage(installed, env, n, src, dest, *extra, timeout=120):
-    return installed.run(["stage-checkpoint", src, "--to", dest, "--no-progress", *extra], env, ranks=n,
-                         timeout=timeout)
+    return installed.run(
+        ["stage-checkpoint", src, "--to", dest, "--no-progress", *extra],
+        env,
+        ranks=n,
+        timeout=timeout,
+    )
 
 
 @launcher
 def test_npz_to_every_rank_in_small_chunks(installed, bounded_env, tmp_path):
     src = tmp_path / "ckpt.npz"
     np.savez(src, w=np.arange(300_000, dtype=np.float32), b=np.ones((7, 3)))
-    proc = _stage(installed, bounded_env, 3, src, tmp_path / "local{rank}" / "ckpt.npz", "--per-rank",
-                  "--chunk-mb", "1")
+    proc = _stage(
+        installed,
+        bounded_env,
+        3,
+        src,
+        tmp_path / "local{rank}" / "ckpt.npz",
+        "--per-rank",
+        "--chunk-mb",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"{src.stat().st_size} bytes to 3 writers" in proc.stdout and "verified" in proc.stdout
     for rank in range(3):
@@ -55,10 +70,17 @@ def test_npz_to_every_rank_in_small_chunks(installed, bounded_env, tmp_path):
 
 @launcher
 def test_safetensors_one_writer_per_node_at_node_index(installed, bounded_env, tmp_path):
-    data = _safetensors(tmp_path / "model.safetensors", {"w": np.arange(12, dtype=np.float32).reshape(3, 4),
-                                                          "step": np.array([5], dtype=np.int64)})
-    proc = _stage(installed, bounded_env, 2, tmp_path / "model.safetensors",
-                  tmp_path / "node{node}-{host}" / "model.safetensors")
+    data = _safetensors(
+        tmp_path / "model.safetensors",
+        {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "step": np.array([5], dtype=np.int64)},
+    )
+    proc = _stage(
+        installed,
+        bounded_env,
+        2,
+        tmp_path / "model.safetensors",
+        tmp_path / "node{node}-{host}" / "model.safetensors",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "to 1 writer in" in proc.stdout  # both ranks share this machine's memory: one node
     assert (tmp_path / f"node0-{socket.gethostname()}" / "model.safetensors").read_bytes() == data
@@ -69,14 +91,27 @@ def test_any_file_is_copied_as_bytes_with_its_permission_bits(installed, bounded
     src = tmp_path / "model.pt"  # a pickle: copied, never loaded
     src.write_bytes(pickle.dumps({"w": list(range(1000))}) * 50)
     os.chmod(src, 0o600)
-    proc = installed.run(["stage-checkpoint", src, "--to", tmp_path / "out" / "{rank}" / "model.pt", "--per-rank",
-                          "--chunk-mb", "1"], bounded_env, ranks=2, without=("tqdm",))
+    proc = installed.run(
+        [
+            "stage-checkpoint",
+            src,
+            "--to",
+            tmp_path / "out" / "{rank}" / "model.pt",
+            "--per-rank",
+            "--chunk-mb",
+            "1",
+        ],
+        bounded_env,
+        ranks=2,
+        without=("tqdm",),
+    )
     assert proc.returncode == 0, proc.stderr
     for rank in range(2):
         dest = tmp_path / "out" / str(rank) / "model.pt"
         assert dest.read_bytes() == src.read_bytes() and (dest.stat().st_mode & 0o777) == 0o600
     size = src.stat().st_size
-    assert f"stage-checkpoint: {size / 1e3:.1f} kB/{size / 1e3:.1f} kB (100%)" in proc.stderr  # plain progress, total
+    # plain progress, total
+    assert f"stage-checkpoint: {size / 1e3:.1f} kB/{size / 1e3:.1f} kB (100%)" in proc.stderr
 
 
 @launcher
@@ -88,7 +123,9 @@ def test_a_symlink_planted_at_dest_is_replaced_not_followed(installed, bounded_e
     (tmp_path / "out").mkdir()
     dest = tmp_path / "out" / "ckpt.bin"
     dest.symlink_to(victim)
-    for name in [f"ckpt.bin.mpisync-tmp-{pid}" for pid in range(os.getpid() - 50, os.getpid() + 500)]:
+    for name in [
+        f"ckpt.bin.mpisync-tmp-{pid}" for pid in range(os.getpid() - 50, os.getpid() + 500)
+    ]:
         (tmp_path / "out" / name).symlink_to(victim)  # the old, predictable temporary names
     proc = _stage(installed, bounded_env, 2, src, dest)
     assert proc.returncode == 0, proc.stderr
@@ -98,21 +135,37 @@ def test_a_symlink_planted_at_dest_is_replaced_not_followed(installed, bounded_e
 
 @launcher
 @pytest.mark.parametrize("kind", ["list-header", "deep-header", "long-header", "missing"])
-def test_malformed_or_missing_checkpoint_fails_every_rank_at_once(installed, bounded_env, tmp_path, kind):
+def test_malformed_or_missing_checkpoint_fails_every_rank_at_once(
+    installed, bounded_env, tmp_path, kind
+):
     src = tmp_path / "model.safetensors"
-    header = {"list-header": b"[1, 2, 3]", "deep-header": b"[" * 100_000 + b"]" * 100_000}.get(kind, b"{}")
+    header = {"list-header": b"[1, 2, 3]", "deep-header": b"[" * 100_000 + b"]" * 100_000}.get(
+        kind, b"{}"
+    )
     if kind == "long-header":
         src.write_bytes(struct.pack("<Q", 10**9) + b"{}")
     elif kind != "missing":
         src.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 64)
-    expected = {"list-header": "the header is a JSON list, not an object",
-                "deep-header": "the header's JSON nests too deeply", "long-header": "does not fit the file",
-                "missing": "does not exist"}[kind]
+    expected = {
+        "list-header": "the header is a JSON list, not an object",
+        "deep-header": "the header's JSON nests too deeply",
+        "long-header": "does not fit the file",
+        "missing": "does not exist",
+    }[kind]
     start = time.monotonic()
-    proc = _stage(installed, dict(bounded_env, MPISYNC_TIMEOUT="300"), 3, src, tmp_path / "out" / "{rank}" / src.name,
-                  "--per-rank")
-    assert proc.returncode == 1, proc.stdout + proc.stderr  # every rank exits 1: none aborted, none waited
-    assert expected in proc.stderr and proc.stderr.count("mpisync stage-checkpoint: error:") == 1, proc.stderr
+    proc = _stage(
+        installed,
+        dict(bounded_env, MPISYNC_TIMEOUT="300"),
+        3,
+        src,
+        tmp_path / "out" / "{rank}" / src.name,
+        "--per-rank",
+    )
+    # every rank exits 1: none aborted, none waited
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert expected in proc.stderr and proc.stderr.count("mpisync stage-checkpoint: error:") == 1, (
+        proc.stderr
+    )
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
     assert time.monotonic() - start < 60
 
@@ -123,12 +176,24 @@ def test_failing_writer_leaves_no_partial_dest_anywhere(installed, bounded_env, 
     np.savez(src, w=np.arange(200_000, dtype=np.float64))
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "2").write_text("a file where rank 2 needs a folder")
-    proc = _stage(installed, bounded_env, 3, src, tmp_path / "out" / "{rank}" / "ckpt.npz", "--per-rank",
-                  "--chunk-mb", "1")
+    proc = _stage(
+        installed,
+        bounded_env,
+        3,
+        src,
+        tmp_path / "out" / "{rank}" / "ckpt.npz",
+        "--per-rank",
+        "--chunk-mb",
+        "1",
+    )
     assert proc.returncode == 1
-    assert ("checkpoint staging failed before streaming; no DEST was written: rank 2 (node 0, "
-            f"{socket.gethostname()}): FileExistsError") in proc.stderr, proc.stderr
-    assert not list((tmp_path / "out").rglob("ckpt.npz*")) and not list((tmp_path / "out").rglob(".ckpt*"))
+    assert (
+        "checkpoint staging failed before streaming; no DEST was written: rank 2 (node 0, "
+        f"{socket.gethostname()}): FileExistsError"
+    ) in proc.stderr, proc.stderr
+    assert not list((tmp_path / "out").rglob("ckpt.npz*")) and not list(
+        (tmp_path / "out").rglob(".ckpt*")
+    )
 
 
 # -- in-process, every rank: the same error everywhere ------------------------------------------
@@ -145,15 +210,20 @@ def test_malformed_header_on_root_is_the_same_error_everywhere(comm, kind):
     folder = _shared_folder(comm)
     src = folder / "model.safetensors"
     if comm.rank == 0:
-        header = b"[[1]]" if kind == "list-header" else b"{\"a\":" * 50_000 + b"1" + b"}" * 50_000
+        header = b"[[1]]" if kind == "list-header" else b'{"a":' * 50_000 + b"1" + b"}" * 50_000
         src.write_bytes(struct.pack("<Q", len(header)) + header)
     comm.Barrier()
     from mpisync.tools.stage_checkpoint import stage_checkpoint
 
     expected = "not an object" if kind == "list-header" else "nests too deeply"
-    raises_everywhere(comm, __import__("mpisync").InvalidParamError,
-                      lambda: stage_checkpoint(str(src), str(folder / "out{rank}" / "m.safetensors"), comm,
-                                               per_rank=True), expected)
+    raises_everywhere(
+        comm,
+        __import__("mpisync").InvalidParamError,
+        lambda: stage_checkpoint(
+            str(src), str(folder / "out{rank}" / "m.safetensors"), comm, per_rank=True
+        ),
+        expected,
+    )
     comm.Barrier()
     assert not list(folder.glob("out*"))
 
@@ -180,15 +250,25 @@ def test_a_rename_failing_on_one_writer_rolls_the_others_back(comm, monkeypatch)
             if str(b) == str(mine):
                 raise OSError(28, "No space left on device (simulated)")
             return real_replace(a, b, *args, **kwargs)
+
         monkeypatch.setattr(staging._os, "replace", failing_replace)
     template = str(folder / "out{rank}" / "ckpt.bin")
-    raises_everywhere(comm, __import__("mpisync").SyncError,
-                      lambda: staging.stage_checkpoint(str(src), template, comm, per_rank=True, chunk_bytes=1 << 16),
-                      "checkpoint staging failed while renaming into place", f"rank {bad} (node 0",
-                      "No space left on device (simulated)", "rolled back on every other writer: no DEST was written")
+    raises_everywhere(
+        comm,
+        __import__("mpisync").SyncError,
+        lambda: staging.stage_checkpoint(
+            str(src), template, comm, per_rank=True, chunk_bytes=1 << 16
+        ),
+        "checkpoint staging failed while renaming into place",
+        f"rank {bad} (node 0",
+        "No space left on device (simulated)",
+        "rolled back on every other writer: no DEST was written",
+    )
     monkeypatch.undo()
-    assert mine.read_bytes() == b"the previous checkpoint of rank %d" % comm.rank  # the old one is back
-    assert sorted(p.name for p in mine.parent.iterdir()) == ["ckpt.bin"]  # no temporary or backup left
+    # the old one is back
+    assert mine.read_bytes() == b"the previous checkpoint of rank %d" % comm.rank
+    # no temporary or backup left
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["ckpt.bin"]
 
 
 @pytest.mark.mpi
@@ -214,12 +294,17 @@ def test_a_roll_back_without_hard_links_says_the_previous_dest_is_gone(comm, mon
 
     def no_hard_links(*args, **kwargs):
         raise OSError(95, "Operation not supported (simulated)")
+
     monkeypatch.setattr(staging._os, "replace", failing_replace)
     monkeypatch.setattr(staging._os, "link", no_hard_links)
     template = str(folder / "out{rank}" / "ckpt.bin")
-    message = raises_everywhere(comm, __import__("mpisync").SyncError,
-                                lambda: staging.stage_checkpoint(str(src), template, comm, per_rank=True),
-                                "not everything could be rolled back", "could not be kept (no hard links here)")
+    message = raises_everywhere(
+        comm,
+        __import__("mpisync").SyncError,
+        lambda: staging.stage_checkpoint(str(src), template, comm, per_rank=True),
+        "not everything could be rolled back",
+        "could not be kept (no hard links here)",
+    )
     monkeypatch.undo()
     assert "no DEST was written" not in message
     if comm.rank == bad:  # its rename failed: the previous DEST is untouched

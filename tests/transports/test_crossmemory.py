@@ -1,4 +1,5 @@
-"""Large host tensors by cross-memory copies: the trial, byte-exact results, rebinding, fallback to MPI."""
+"""Large host tensors by cross-memory copies: the trial, byte-exact results, rebinding, fallback to
+MPI."""
 
 import logging
 
@@ -8,6 +9,7 @@ from mpi4py import MPI
 
 import mpisync
 from mpisync.transports import cma as crossmemory
+
 from mpiutil import everyone, last_rank, same_bytes, values
 
 pytestmark = pytest.mark.mpi
@@ -32,7 +34,7 @@ def _make(comm):
     params = {n: [np.zeros(s, d), np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
     flat = np.zeros(sum(np.prod(s) for s, _ in SPAN.values()), np.float32)
     for i, name in enumerate(SPAN):
-        params[name] = flat[i * 40_000:(i + 1) * 40_000]
+        params[name] = flat[i * 40_000 : (i + 1) * 40_000]
     return params
 
 
@@ -67,7 +69,8 @@ def test_large_tensors_on_one_node_take_cross_memory_from_the_first_sync(comm, w
             report = syncer.sync(params, verify=True)
             channels.append(report.channel)
             _check(params, root, step)
-    assert channels == ["cross-memory" if cross else "mpi"] * 4  # no trial: the same from the first sync
+    # no trial: the same from the first sync
+    assert channels == ["cross-memory" if cross else "mpi"] * 4
 
 
 def test_an_array_replaced_on_one_rank_is_reached_by_every_rank(comm):
@@ -99,7 +102,8 @@ def test_one_rank_without_cross_memory_makes_every_rank_use_mpi(comm, monkeypatc
     if comm.size == 1:
         pytest.skip("no peers")
     monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0" if comm.rank == last_rank(comm) else "1")
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # the next choice after cross-memory, where it is on
+    # the next choice after cross-memory, where it is on
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
     params = _make(comm)
     with mpisync.ParamSync(comm, fusion_bytes=64 << 10) as syncer:
         syncer._prefer("cross-memory")
@@ -112,7 +116,8 @@ def test_one_rank_without_cross_memory_makes_every_rank_use_mpi(comm, monkeypatc
 def test_failed_copies_on_one_rank_are_redone_through_mpi_on_every_rank(comm, monkeypatch, caplog):
     if comm.size == 1:
         pytest.skip("no peers")
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # the next choice after cross-memory, where it is on
+    # the next choice after cross-memory, where it is on
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
     cross = everyone(comm, crossmemory.enabled()) and _one_node(comm)
     params = _make(comm)
     with mpisync.ParamSync(comm, fusion_bytes=64 << 10) as syncer:
@@ -120,7 +125,8 @@ def test_failed_copies_on_one_rank_are_redone_through_mpi_on_every_rank(comm, mo
         _fill(params, comm, 0)
         assert syncer.sync(params).channel == ("cross-memory" if cross else "mpi")
         _check(params, 0, 0)
-        if comm.rank == last_rank(comm):  # this rank's copies fail from now on (root has written its share)
+        # this rank's copies fail from now on (root has written its share)
+        if comm.rank == last_rank(comm):
             monkeypatch.setattr(crossmemory.Copies, "run", lambda copies: False)
         _fill(params, comm, 1)
         with caplog.at_level(logging.WARNING, logger="mpisync"):
@@ -148,5 +154,8 @@ def test_thousands_of_small_tensors_in_runs_of_root_memory(comm):
             report = syncer.sync(params)
             for name, (shape, dtype) in shapes.items():
                 for replica in params[name]:
-                    assert same_bytes(replica, values(f"{name}.{step}", 0, shape, dtype)), (step, name)
+                    assert same_bytes(replica, values(f"{name}.{step}", 0, shape, dtype)), (
+                        step,
+                        name,
+                    )
             assert report.channel == comm.bcast(report.channel, 0)

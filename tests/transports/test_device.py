@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import mpisync
-from mpisync.devices.simulated import BACKEND, SimulatedDeviceArray as Dev
+from mpisync.devices.simulated import BACKEND
+from mpisync.devices.simulated import SimulatedDeviceArray as Dev
+
 from mpiutil import last_rank, need_ranks, raises_everywhere, values
 
 pytestmark = pytest.mark.mpi
@@ -17,11 +19,18 @@ pytestmark = pytest.mark.mpi
 
 def _params(rank):
     return {
-        "big": [Dev(values("big", rank, (300, 1001), "float32"), 0), Dev(np.zeros((300, 1001), np.float32), 1),
-                Dev(np.zeros((300, 1001), np.float32), 0)],  # replicas on another device and on the same one
+        "big": [
+            Dev(values("big", rank, (300, 1001), "float32"), 0),
+            Dev(np.zeros((300, 1001), np.float32), 1),
+            # replicas on another device and on the same one
+            Dev(np.zeros((300, 1001), np.float32), 0),
+        ],
         "odd": Dev(values("odd", rank, (12345,), "uint8"), 1),
         "host": [values("host", rank, (17,), "float64"), np.zeros(17)],
-        **{f"tiny{i:02d}": Dev(values(f"tiny{i:02d}", rank, (i + 1,), "int16"), i % 2) for i in range(30)},
+        **{
+            f"tiny{i:02d}": Dev(values(f"tiny{i:02d}", rank, (i + 1,), "int16"), i % 2)
+            for i in range(30)
+        },
         "empty": Dev(np.zeros((0, 3), np.float32), 0),
     }
 
@@ -41,7 +50,9 @@ def _check(params, root):
 def test_device_params_reach_every_replica(comm, transport, chunk):
     root = last_rank(comm)
     params = _params(comm.rank)
-    with mpisync.ParamSync(comm, root=root, gpu_transport=transport, fusion_bytes=64, max_concurrent=3) as syncer:
+    with mpisync.ParamSync(
+        comm, root=root, gpu_transport=transport, fusion_bytes=64, max_concurrent=3
+    ) as syncer:
         syncer._device_chunk_bytes = chunk  # every rank sets it: small chunks exercise the pipeline
         report = syncer.sync(params, verify=True)
     _check(params, root)
@@ -51,8 +62,11 @@ def test_device_params_reach_every_replica(comm, transport, chunk):
 
 def test_pinned_slots_bounded_reused_and_pipelined(comm):
     need_ranks(comm, 2)
-    params = {"w": Dev(values("w", comm.rank, (1 << 18,), "float32"), 0)}  # 1 MiB = 8 chunks of 128 KiB
-    with mpisync.ParamSync(comm, root=0, gpu_transport="staged", max_concurrent=3, fusion_bytes=4096) as syncer:
+    # 1 MiB = 8 chunks of 128 KiB
+    params = {"w": Dev(values("w", comm.rank, (1 << 18,), "float32"), 0)}
+    with mpisync.ParamSync(
+        comm, root=0, gpu_transport="staged", max_concurrent=3, fusion_bytes=4096
+    ) as syncer:
         syncer._device_chunk_bytes = 128 << 10
         syncer.sync(params)
         slots = syncer._device_slots
@@ -80,14 +94,22 @@ def test_device_on_one_rank_host_on_root_is_a_mismatch(comm):
     params = {"w": values("w", comm.rank, (4,), "float32")}
     if comm.rank == bad:
         params["w"] = Dev(params["w"], 0)
-    raises_everywhere(comm, mpisync.ManifestMismatchError, lambda: mpisync.sync_params(params, comm, root=0),
-                      f"rank {bad}: parameter 'w' is in device memory, on root in host memory")
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.sync_params(params, comm, root=0),
+        f"rank {bad}: parameter 'w' is in device memory, on root in host memory",
+    )
 
 
 def test_host_and_device_replicas_of_one_name_are_refused(comm):
     params = {"w": [Dev(values("w", comm.rank, (4,), "float32"), 0), np.zeros(4, np.float32)]}
-    raises_everywhere(comm, mpisync.InvalidParamError, lambda: mpisync.sync_params(params, comm),
-                      "replica 1 is in host memory and the master is not")
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.sync_params(params, comm),
+        "replica 1 is in host memory and the master is not",
+    )
 
 
 def test_sync_state_with_device_leaves(comm):
@@ -104,7 +126,9 @@ def test_fan_out_waits_for_every_chunk_whatever_order_they_complete(comm, transp
     # still be copied only after every chunk of their master has landed.
     need_ranks(comm, 2)
     n = (8 << 20) + 1
-    with mpisync.ParamSync(comm, root=0, gpu_transport=transport, fusion_bytes=0, max_concurrent=4) as syncer:
+    with mpisync.ParamSync(
+        comm, root=0, gpu_transport=transport, fusion_bytes=0, max_concurrent=4
+    ) as syncer:
         syncer._device_chunk_bytes = 8 << 20
         for step in range(30):
             master = Dev(np.full(n, (comm.rank + step) % 251, np.uint8), 0)
@@ -114,7 +138,9 @@ def test_fan_out_waits_for_every_chunk_whatever_order_they_complete(comm, transp
                 assert (replica.get() == step % 251).all(), step
 
 
-# -- kernels that cannot be built: fused buckets are packed with per-tensor copies ---------------------
+# -- kernels that cannot be built: fused buckets are packed with per-tensor copies
+# ---------------------
+
 
 @pytest.mark.parametrize("fault", ["build", "pack"])
 def test_pack_falls_back_to_copies_when_the_kernel_cannot_be_built(comm, fault):
@@ -128,7 +154,9 @@ def test_pack_falls_back_to_copies_when_the_kernel_cannot_be_built(comm, fault):
         packs, copies = BACKEND.copies["pack"], BACKEND.copies["copy"]
         for _ in range(2):
             params = _params(comm.rank)
-            with mpisync.ParamSync(comm, root=root, gpu_transport="staged", fusion_bytes=64, max_concurrent=3) as s:
+            with mpisync.ParamSync(
+                comm, root=root, gpu_transport="staged", fusion_bytes=64, max_concurrent=3
+            ) as s:
                 report = s.sync(params, verify=True)
             _check(params, root)
             assert report.transport == "staged" and report.fused_buckets > 0
@@ -145,7 +173,9 @@ def test_pack_falls_back_to_copies_when_the_kernel_cannot_be_built(comm, fault):
         assert BACKEND.kernel_failure is None and BACKEND.copies["pack"] > packs  # kernels again
 
 
-# -- root posts each broadcast as soon as its chunk is on the host -----------------------------------
+# -- root posts each broadcast as soon as its chunk is on the host
+# -----------------------------------
+
 
 def _flight(states, nbytes=16):
     """Transfers in flight on COMM_SELF, in the given states, over simulated pinned chunks."""
@@ -178,6 +208,7 @@ def test_root_posts_a_chunk_on_the_host_while_an_earlier_broadcast_is_on_the_wir
     # Real MPI requests on COMM_SELF: transfer 0's "broadcast" is a receive nobody has sent yet,
     # so it stays incomplete; transfers 1 and 2 have their chunks on the host (events done).
     from mpi4py import MPI
+
     from mpisync.transports.device_pipeline import _advance
 
     comm = MPI.COMM_SELF.Dup()
@@ -205,17 +236,20 @@ def test_postings_keep_plan_order_and_arrivals_are_acted_on_in_plan_order():
     import time
 
     from mpi4py import MPI
+
     from mpisync.transports.device_pipeline import _advance
 
     comm = MPI.COMM_SELF.Dup()
-    # Root: transfer 1's chunk is late, so transfer 2 (ready) must wait for it: postings stay in order.
+    # Root: transfer 1's chunk is late, so transfer 2 (ready) must wait for it: postings stay in
+    # order.
     slots, flight = _flight(["preparing", "preparing", "preparing"])
     flight[0].event, flight[1].event, flight[2].event = _ready(True), _ready(False), _ready(True)
     _advance(comm, 0, flight, slots, True, True, None)
     assert flight[0].state in ("broadcasting", "done")  # posted
     assert [item.state for item in flight[1:]] == ["preparing", "preparing"]
     flight[0].request.Wait()
-    # Another rank: transfer 1 arrived before transfer 0; it is acted on (copied to the device) only after.
+    # Another rank: transfer 1 arrived before transfer 0; it is acted on (copied to the device) only
+    # after.
     slots, flight = _flight(["broadcasting", "broadcasting"])
     hold = np.zeros(1, np.uint8)
     flight[0].request = comm.Irecv(hold, source=0, tag=8)
@@ -237,7 +271,8 @@ def test_postings_keep_plan_order_and_arrivals_are_acted_on_in_plan_order():
             break
         time.sleep(0.001)
     assert [item.state for item in flight] == ["done", "done"]
-    assert [item.step.views[0][0] for item in flight] == [100, 101]  # the pinned chunks reached the "device"
+    # the pinned chunks reached the "device"
+    assert [item.step.views[0][0] for item in flight] == [100, 101]
     comm.Free()
 
 
@@ -254,9 +289,12 @@ def test_late_device_to_host_copies_still_give_every_byte(comm, monkeypatch):
         if len(calls) % 2:
             stream.enqueue(lambda: time.sleep(0.02))
         fast(dst, src, stream)
+
     monkeypatch.setattr(BACKEND, "to_host", slow_to_host)
     params = {"w": Dev(values("w", comm.rank, (1 << 17,), "float32"), 0)}  # 512 KiB = 8 chunks
-    with mpisync.ParamSync(comm, root=0, gpu_transport="staged", max_concurrent=4, fusion_bytes=4096) as syncer:
+    with mpisync.ParamSync(
+        comm, root=0, gpu_transport="staged", max_concurrent=4, fusion_bytes=4096
+    ) as syncer:
         syncer._device_chunk_bytes = 64 << 10
         for _ in range(3):
             syncer.sync(params)
@@ -265,7 +303,9 @@ def test_late_device_to_host_copies_still_give_every_byte(comm, monkeypatch):
         assert len(calls) == 3 * 8
 
 
-# -- pinned buffers belong to the syncer that uses them ----------------------------------------------
+# -- pinned buffers belong to the syncer that uses them
+# ----------------------------------------------
+
 
 def test_pinned_buffers_are_freed_with_their_syncer(comm):
     import gc
@@ -275,9 +315,12 @@ def test_pinned_buffers_are_freed_with_their_syncer(comm):
     params = {"w": Dev(values("w", comm.rank, (1 << 16,), "float32"), 0)}  # 256 KiB = 4 chunks
 
     def syncer():
-        s = mpisync.ParamSync(comm, root=0, gpu_transport="staged", max_concurrent=2, fusion_bytes=4096)
+        s = mpisync.ParamSync(
+            comm, root=0, gpu_transport="staged", max_concurrent=2, fusion_bytes=4096
+        )
         s._device_chunk_bytes = chunk
         return s
+
     gc.collect()
     before = BACKEND.pinned_live_bytes
     first = syncer()
@@ -317,10 +360,14 @@ def test_torch_backend_finds_a_pinned_views_tensor_through_its_base_and_keeps_no
     tensor.fill_(7)
     assert (host[100:300] == 7).all() and host[99] == 0 and host[300] == 0
     foreign = np.zeros(5, np.uint8)
-    assert backend._pinned_tensor(foreign).data_ptr() == foreign.ctypes.data  # not pinned: from_numpy
+    # not pinned: from_numpy
+    assert backend._pinned_tensor(foreign).data_ptr() == foreign.ctypes.data
     owner = weakref.ref(host.base)
     del host, view, tensor
     gc.collect()
     assert owner() is None  # the backend held no reference: the memory went with its last view
-    assert not [name for name, value in vars(backend).items() if isinstance(value, (list, dict, set))
-                and name != "_kernels_checked"]
+    assert not [
+        name
+        for name, value in vars(backend).items()
+        if isinstance(value, (list, dict, set)) and name != "_kernels_checked"
+    ]

@@ -1,4 +1,5 @@
-"""Host bytes through the node's shared segment: when it is used, that it moves every byte, and fallback."""
+"""Host bytes through the node's shared segment: when it is used, that it moves every byte, and
+fallback."""
 
 import glob
 
@@ -8,8 +9,8 @@ from mpi4py import MPI
 
 import mpisync
 from mpisync.transports import nodesegment as intranode
-from mpiutil import everyone, same_bytes, values
 
+from mpiutil import everyone, same_bytes, values
 
 
 def _one_node(comm) -> bool:
@@ -44,11 +45,14 @@ def _fill(params, comm, step):
 @pytest.mark.mpi
 @pytest.mark.parametrize("asked", ["1", "0"])
 @pytest.mark.parametrize("fusion_bytes", [256 << 10, 3 << 20])
-def test_the_setting_decides_the_segment_from_the_first_sync(comm, fusion_bytes, asked, monkeypatch):
+def test_the_setting_decides_the_segment_from_the_first_sync(
+    comm, fusion_bytes, asked, monkeypatch
+):
     if comm.size == 1:
         pytest.skip("no peers")
     monkeypatch.setenv("MPISYNC_SHARED_MEMORY", asked)  # on every rank
-    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")  # cross-memory copies: tests/transports/test_crossmemory.py
+    # cross-memory copies: tests/transports/test_crossmemory.py
+    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
     shared = everyone(comm, intranode.enabled()) and _one_node(comm)
     before = _segments()
     params = {n: [np.zeros(s, d), np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
@@ -60,9 +64,13 @@ def test_the_setting_decides_the_segment_from_the_first_sync(comm, fusion_bytes,
             channels.append(report.channel)
             for name, (shape, dtype) in SHAPES.items():
                 for replica in params[name]:
-                    assert same_bytes(replica, values(f"{name}.{step}", 0, shape, dtype)), (step, name)
+                    assert same_bytes(replica, values(f"{name}.{step}", 0, shape, dtype)), (
+                        step,
+                        name,
+                    )
         assert syncer.buffer_bytes <= 16 * fusion_bytes + (64 << 10)  # one transport's buffers
-    assert channels == ["shared memory" if shared else "mpi"] * 4  # no trial: the same from the first sync
+    # no trial: the same from the first sync
+    assert channels == ["shared memory" if shared else "mpi"] * 4
     assert _segments() <= before  # the file is unlinked as soon as every rank mapped it
 
 
@@ -76,7 +84,8 @@ def test_by_default_the_segment_carries_sets_of_small_tensors_only(comm, sizes, 
     fusion_bytes = 64 << 10
     shapes = {f"s{i:03d}": ((i % 50 + 1, 7), "float32") for i in range(300)}  # 28 B to 1.4 KiB each
     if sizes == "one large":
-        shapes["large"] = ((fusion_bytes,), "uint8")  # not smaller than fusion_bytes: a direct transfer
+        # not smaller than fusion_bytes: a direct transfer
+        shapes["large"] = ((fusion_bytes,), "uint8")
     shared = everyone(comm, intranode.available()) and _one_node(comm) and sizes == "all small"
     params = {n: np.zeros(s, d) for n, (s, d) in shapes.items()}
     channels = []
@@ -86,7 +95,10 @@ def test_by_default_the_segment_carries_sets_of_small_tensors_only(comm, sizes, 
                 params[name][...] = values(f"{name}.{step}", comm.rank, shape, dtype)
             channels.append(syncer.sync(params).channel)
             for name, (shape, dtype) in shapes.items():
-                assert same_bytes(params[name], values(f"{name}.{step}", 0, shape, dtype)), (step, name)
+                assert same_bytes(params[name], values(f"{name}.{step}", 0, shape, dtype)), (
+                    step,
+                    name,
+                )
         if shared:  # a few slots of one bucket each
             assert syncer.buffer_bytes <= intranode.SMALL_SLOTS * fusion_bytes + (64 << 10)
     assert channels == ["shared memory" if shared else "mpi"] * 4
@@ -111,9 +123,13 @@ def test_one_shot_sync_params_takes_the_segment_too(comm, monkeypatch):
 
 @pytest.mark.mpi
 def test_back_to_back_syncs_reuse_slots_in_order(comm):
-    # 3 MiB + 1 B is 4 pieces of a 1 MiB slot, plus buckets: the chunk count per sync is not a multiple
+    # 3 MiB + 1 B is 4 pieces of a 1 MiB slot, plus buckets: the chunk count per sync is not a
+    # multiple
     # of the slot count, so slot k of one sync follows a different chunk of the last one.
-    shapes = {"w": ((3 * (1 << 20) + 1,), "uint8"), **{f"b{i}": ((1000,), "int32") for i in range(40)}}
+    shapes = {
+        "w": ((3 * (1 << 20) + 1,), "uint8"),
+        **{f"b{i}": ((1000,), "int32") for i in range(40)},
+    }
     params = {n: values(n, comm.rank, s, d) for n, (s, d) in shapes.items()}
     with mpisync.ParamSync(comm, max_concurrent=4, fusion_bytes=64 << 10, timeout=30) as syncer:
         syncer._prefer("shared memory")  # skip the trial: the shared segment from the first sync on
@@ -122,7 +138,10 @@ def test_back_to_back_syncs_reuse_slots_in_order(comm):
                 params[name][...] = values(f"{name}.{step}", comm.rank, shape, dtype)
             syncer.sync(params)
             for name, (shape, dtype) in shapes.items():
-                assert same_bytes(params[name], values(f"{name}.{step}", 0, shape, dtype)), (step, name)
+                assert same_bytes(params[name], values(f"{name}.{step}", 0, shape, dtype)), (
+                    step,
+                    name,
+                )
 
 
 @pytest.mark.mpi
@@ -174,6 +193,7 @@ def test_a_segment_file_removed_during_set_up_fails_no_rank(comm, monkeypatch):
             real(fd, offset, length)
             for path in glob.glob(f"/dev/shm/mpisync-{os.getpid()}-*"):
                 os.unlink(path)
+
         monkeypatch.setattr(intranode._os, "posix_fallocate", fallocate_then_remove)
     params = {n: [np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
     _fill(params, comm, 0)
@@ -189,7 +209,14 @@ def test_a_segment_file_removed_during_set_up_fails_no_rank(comm, monkeypatch):
 def test_shared_memory_setting_is_every_set_never_or_small_sets(monkeypatch):
     from mpisync.transports import nodesegment as intranode
 
-    for raw, expected in (("1", True), ("on", True), ("0", False), ("off", False), ("", None), (" ", None)):
+    for raw, expected in (
+        ("1", True),
+        ("on", True),
+        ("0", False),
+        ("off", False),
+        ("", None),
+        (" ", None),
+    ):
         monkeypatch.setenv("MPISYNC_SHARED_MEMORY", raw)
         assert intranode.setting() is expected, raw
     monkeypatch.delenv("MPISYNC_SHARED_MEMORY")

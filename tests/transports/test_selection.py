@@ -1,4 +1,5 @@
-"""The transport rule (mpisync.transports.selection) and the tuning file (mpisync.transports.tuning), without MPI."""
+"""The transport rule (mpisync.transports.selection) and the tuning file
+(mpisync.transports.tuning), without MPI."""
 
 import json
 import os
@@ -10,7 +11,9 @@ from mpisync.transports.selection import CROSS, MPI, SHARED, Facts, choose
 
 
 def facts(**kw):
-    base = dict(size=2, one_node=True, cross=True, segment=True, shared_setting=None, tuned=(None, None))
+    base = dict(
+        size=2, one_node=True, cross=True, segment=True, shared_setting=None, tuned=(None, None)
+    )
     base.update(kw)
     return Facts(**base)
 
@@ -27,7 +30,8 @@ def test_several_nodes_or_one_rank_take_mpi():
 
 
 def test_settings_and_failed_set_ups_narrow_the_choice():
-    assert choose(facts(shared_setting=False), small=True).channel == MPI  # no cross-memory for small sets
+    # no cross-memory for small sets
+    assert choose(facts(shared_setting=False), small=True).channel == MPI
     assert choose(facts(shared_setting=True), small=False).channel == SHARED
     assert choose(facts(cross=False), small=False).channel == MPI
     assert choose(facts(segment=False), small=True).channel == MPI
@@ -40,7 +44,8 @@ def test_a_tuning_entry_wins_where_usable():
     tuned = facts(tuned=(MPI, SHARED))
     assert choose(tuned, small=True) == (MPI, "tuning file")
     assert choose(tuned, small=False).channel == SHARED
-    assert choose(facts(tuned=(CROSS, CROSS), cross=False), small=True).channel == SHARED  # not usable
+    # not usable
+    assert choose(facts(tuned=(CROSS, CROSS), cross=False), small=True).channel == SHARED
 
 
 def test_tuning_file_for_another_machine_library_or_layout_is_ignored(tmp_path, monkeypatch):
@@ -48,10 +53,17 @@ def test_tuning_file_for_another_machine_library_or_layout_is_ignored(tmp_path, 
     monkeypatch.setenv("MPISYNC_TUNING", str(path))
     assert tuning.tuning_path() == str(path)
     assert tuning.lookup("2x1")[0] == {}  # no file
-    doc = {"format": tuning.FORMAT, "identity": tuning.identity("2x1"), "entries": {"small": MPI, "large": CROSS}}
+    doc = {
+        "format": tuning.FORMAT,
+        "identity": tuning.identity("2x1"),
+        "entries": {"small": MPI, "large": CROSS},
+    }
     path.write_text(json.dumps(doc))
     assert tuning.lookup("2x1")[0] == {"small": MPI, "large": CROSS}
-    assert selection.tuned_words("2x1") == (selection.CHANNELS.index(MPI), selection.CHANNELS.index(CROSS))
+    assert selection.tuned_words("2x1") == (
+        selection.CHANNELS.index(MPI),
+        selection.CHANNELS.index(CROSS),
+    )
     assert tuning.lookup("3x1")[0] == {}  # another layout
     for key in ("machine", "mpi"):
         other = dict(doc, identity=dict(doc["identity"], **{key: "elsewhere"}))
@@ -70,7 +82,8 @@ def test_facts_name_their_layout(layout):
 
 @pytest.mark.parametrize("kind", ["deeply nested", "a FIFO", "a folder", "not UTF-8"])
 def test_an_unreadable_tuning_file_is_no_tuning_file(tmp_path, monkeypatch, kind):
-    # Read before the facts all-reduce: a rank that raised (or blocked) here would leave the others waiting.
+    # Read before the facts all-reduce: a rank that raised (or blocked) here would leave the others
+    # waiting.
     path = tmp_path / "tuning.json"
     if kind == "deeply nested":
         path.write_text("[" * 200_000)

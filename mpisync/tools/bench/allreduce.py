@@ -1,7 +1,9 @@
 """All-reduce benchmark: mpisync's torch backend beside gloo, ``GradSync`` beside plain MPI.
 
-Run under ``mpiexec`` (``mpiexec -n 2 python -m mpisync.tools.bench.allreduce``). Rows, each timed side by
-side with its references in one interleaved loop (:func:`~mpisync.tools.bench.timing.measure_interleaved`:
+Run under ``mpiexec`` (``mpiexec -n 2 python -m mpisync.tools.bench.allreduce``). Rows, each timed
+side by
+side with its references in one interleaved loop
+(:func:`~mpisync.tools.bench.timing.measure_interleaved`:
 medians of the slowest rank's time):
 
 - ``sweep``: OSU-style ``all_reduce`` of float32 tensors, 4 B to ``--max-bytes``: the ``"mpisync"``
@@ -12,7 +14,8 @@ medians of the slowest rank's time):
   flat ``Allreduce`` of the same bytes and (5000 x 400 B) a loop of per-tensor ``Allreduce``;
 - ``ddp``: one DistributedDataParallel training step of an 8-layer 1024 x 1024 MLP (batch 32) on the
   ``"mpisync"`` backend, on gloo, the same step without communication, and through DDP with a
-  communication hook that moves nothing (DDP's own cost: what compute/step is with free communication).
+  communication hook that moves nothing (DDP's own cost: what compute/step is with free
+  communication).
 
 Every rank runs torch with ``--threads`` intra-op threads (default 1: ranks share the cores).
 """
@@ -26,8 +29,8 @@ import sys as _sys
 import numpy as _np
 from mpi4py import MPI
 
-from .timing import measure_interleaved
 from ..workloads import make_params, workload
+from .timing import measure_interleaved
 
 __all__ = ["GRAD_SETS", "main", "parser", "run", "table"]
 
@@ -77,8 +80,11 @@ def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
     for size in _sizes(max_bytes):
         tensors = {name: torch.zeros(size // 4) for name in ("mpisync", "gloo")}
         flat = _np.zeros(size // 4, _np.float32)
-        runs = {name: (lambda t=tensors[name], g=groups[name]: dist.all_reduce(t, group=g)) for name in tensors}
-        runs["mpi Allreduce"] = lambda: comm.Allreduce(MPI.IN_PLACE, flat)
+        runs = {
+            name: (lambda t=tensors[name], g=groups[name]: dist.all_reduce(t, group=g))
+            for name in tensors
+        }
+        runs["mpi Allreduce"] = lambda f=flat: comm.Allreduce(MPI.IN_PLACE, f)
         # Every size gets every iteration: gloo's time at 1 MB and more moves by 2x between runs.
         timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
         row = {"bytes": size, **{f"{k}_us": v.median * 1e6 for k, v in timings.items()}}
@@ -101,27 +107,40 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
         syncer = GradSync(comm, op="sum")
         mpi_only = GradSync(comm, op="sum")
         mpi_only._segment_tried = True  # never opens the node's segment: every bucket through MPI
-        runs = {"GradSync": lambda s=syncer, p=params: s.allreduce(p),
-                "GradSync, MPI only": lambda s=mpi_only, p=params: s.allreduce(p),
-                "allreduce, one-shot": lambda p=params: allreduce(p, comm, op="sum"),
-                "flat Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, flat)}
+        runs = {
+            "GradSync": lambda s=syncer, p=params: s.allreduce(p),
+            "GradSync, MPI only": lambda s=mpi_only, p=params: s.allreduce(p),
+            "allreduce, one-shot": lambda p=params: allreduce(p, comm, op="sum"),
+            "flat Allreduce": lambda f=flat: comm.Allreduce(MPI.IN_PLACE, f),
+        }
         if name == "many-small":
             views = [a.reshape(-1) for a in params.values()]
-            runs["per-tensor Allreduce"] = lambda: [comm.Allreduce(MPI.IN_PLACE, v) for v in views]
+            runs["per-tensor Allreduce"] = lambda vs=views: [
+                comm.Allreduce(MPI.IN_PLACE, v) for v in vs
+            ]
         timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
         channel = syncer.allreduce(params).channel
         syncer.close()
         mpi_only.close()
-        row = {"workload": name, "tensors": len(params), "bytes": nbytes,
-               **{f"{k}_ms": v.median * 1e3 for k, v in timings.items()}}
+        row = {
+            "workload": name,
+            "tensors": len(params),
+            "bytes": nbytes,
+            **{f"{k}_ms": v.median * 1e3 for k, v in timings.items()},
+        }
         row["channel"] = channel
         row["vs_flat"] = timings["flat Allreduce"].median / timings["GradSync"].median
         row["vs_mpi_only"] = timings["GradSync, MPI only"].median / timings["GradSync"].median
-        row["one_shot_vs_flat"] = timings["flat Allreduce"].median / timings["allreduce, one-shot"].median
+        row["one_shot_vs_flat"] = (
+            timings["flat Allreduce"].median / timings["allreduce, one-shot"].median
+        )
         if "per-tensor Allreduce" in timings:
-            row["vs_per_tensor"] = timings["per-tensor Allreduce"].median / timings["GradSync"].median
-            row["one_shot_vs_per_tensor"] = (timings["per-tensor Allreduce"].median
-                                             / timings["allreduce, one-shot"].median)
+            row["vs_per_tensor"] = (
+                timings["per-tensor Allreduce"].median / timings["GradSync"].median
+            )
+            row["one_shot_vs_per_tensor"] = (
+                timings["per-tensor Allreduce"].median / timings["allreduce, one-shot"].median
+            )
         rows.append(row)
     return rows
 
@@ -137,7 +156,8 @@ def _mlp(seed: int):
 
 
 def noop_hook(state, bucket):
-    """A DDP communication hook that returns each bucket as it is: DDP's own work, no bytes moved."""
+    """A DDP communication hook that returns each bucket as it is: DDP's own work, no bytes
+    moved."""
     import torch
 
     future = torch.futures.Future()
@@ -152,9 +172,14 @@ def ddp_runs(comm, groups) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     batch = torch.randn(32, 1024)
-    models = {name: DistributedDataParallel(_mlp(comm.rank), process_group=g) for name, g in groups.items()}
+    models = {
+        name: DistributedDataParallel(_mlp(comm.rank), process_group=g)
+        for name, g in groups.items()
+    }
     models["no communication"] = _mlp(comm.rank)
-    models["DDP, no-op hook"] = DistributedDataParallel(_mlp(comm.rank), process_group=groups["mpisync"])
+    models["DDP, no-op hook"] = DistributedDataParallel(
+        _mlp(comm.rank), process_group=groups["mpisync"]
+    )
     models["DDP, no-op hook"].register_comm_hook(None, noop_hook)
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-6) for name, m in models.items()}
 
@@ -163,6 +188,7 @@ def ddp_runs(comm, groups) -> dict:
         optimizer.zero_grad()
         model(batch).square().mean().backward()
         optimizer.step()
+
     return {name: (lambda n=name: step(n)) for name in models}
 
 
@@ -173,8 +199,9 @@ def ddp_step(comm, groups, iterations: int) -> dict:
     row = {f"{k}_ms": v.median * 1e3 for k, v in timings.items()}
     row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
     row["compute_fraction"] = timings["no communication"].median / timings["mpisync"].median
-    row["compute_fraction_free_communication"] = (timings["no communication"].median
-                                                  / timings["DDP, no-op hook"].median)
+    row["compute_fraction_free_communication"] = (
+        timings["no communication"].median / timings["DDP, no-op hook"].median
+    )
     return row
 
 
@@ -208,31 +235,60 @@ def table(result: dict) -> str:
     """The rows of :func:`run` as plain text."""
     lines = [f"all-reduce bench, {result['ranks']} ranks (medians of the slowest rank)"]
     for row in result.get("sweep", []):
-        lines.append(f"sweep {row['bytes']:>10} B: mpisync {row['mpisync_us']:9.1f} us  gloo {row['gloo_us']:9.1f} us"
-                     f"  mpi Allreduce {row['mpi Allreduce_us']:9.1f} us  x{row['speedup_vs_gloo']:.2f} vs gloo")
+        lines.append(
+            f"sweep {row['bytes']:>10} B: mpisync {row['mpisync_us']:9.1f} us  gloo "
+            f"{row['gloo_us']:9.1f} us"
+            f"  mpi Allreduce {row['mpi Allreduce_us']:9.1f} us  x{row['speedup_vs_gloo']:.2f} vs "
+            "gloo"
+        )
     for row in result.get("grads", []):
-        extra = (f"  per-tensor {row['per-tensor Allreduce_ms']:.2f} ms x{row['vs_per_tensor']:.1f}"
-                 f" (one-shot x{row['one_shot_vs_per_tensor']:.1f})") if "vs_per_tensor" in row else ""
-        lines.append(f"grads {row['workload']:>10} ({row['tensors']} tensors, {row['bytes'] / 1e6:.1f} MB): GradSync "
-                     f"{row['GradSync_ms']:.2f} ms ({row['channel']})  MPI only {row['GradSync, MPI only_ms']:.2f} ms "
-                     f"x{row['vs_mpi_only']:.2f}  one-shot allreduce {row['allreduce, one-shot_ms']:.2f} ms  "
-                     f"flat {row['flat Allreduce_ms']:.2f} ms x{row['vs_flat']:.2f}{extra}")
+        extra = (
+            (
+                f"  per-tensor {row['per-tensor Allreduce_ms']:.2f} ms x{row['vs_per_tensor']:.1f}"
+                f" (one-shot x{row['one_shot_vs_per_tensor']:.1f})"
+            )
+            if "vs_per_tensor" in row
+            else ""
+        )
+        lines.append(
+            f"grads {row['workload']:>10} ({row['tensors']} tensors, {row['bytes'] / 1e6:.1f} MB): "
+            "GradSync "
+            f"{row['GradSync_ms']:.2f} ms ({row['channel']})  MPI only "
+            f"{row['GradSync, MPI only_ms']:.2f} ms "
+            f"x{row['vs_mpi_only']:.2f}  one-shot allreduce {row['allreduce, one-shot_ms']:.2f} ms "
+            " "
+            f"flat {row['flat Allreduce_ms']:.2f} ms x{row['vs_flat']:.2f}{extra}"
+        )
     if "ddp" in result:
         row = result["ddp"]
-        lines.append(f"ddp step MLP 8x1024^2 batch 32: mpisync {row['mpisync_ms']:.2f} ms  gloo {row['gloo_ms']:.2f} ms "
-                     f"(x{row['speedup_vs_gloo']:.2f})  no communication {row['no communication_ms']:.2f} ms "
-                     f"(compute/step {row['compute_fraction']:.2f})  DDP, no-op hook {row['DDP, no-op hook_ms']:.2f} ms "
-                     f"(compute/step {row['compute_fraction_free_communication']:.2f})")
+        lines.append(
+            f"ddp step MLP 8x1024^2 batch 32: mpisync {row['mpisync_ms']:.2f} ms  gloo "
+            f"{row['gloo_ms']:.2f} ms "
+            f"(x{row['speedup_vs_gloo']:.2f})  no communication {row['no communication_ms']:.2f} "
+            "ms "
+            f"(compute/step {row['compute_fraction']:.2f})  DDP, no-op hook "
+            f"{row['DDP, no-op hook_ms']:.2f} ms "
+            f"(compute/step {row['compute_fraction_free_communication']:.2f})"
+        )
     return "\n".join(lines)
 
 
 def parser() -> _argparse.ArgumentParser:
     """The options of this bench (``mpisync bench --allreduce`` passes its own through them)."""
-    parser = _argparse.ArgumentParser(prog="python -m mpisync.tools.bench.allreduce", description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", nargs="+", default=["sweep", "grads", "ddp"], choices=["sweep", "grads", "ddp"])
+    parser = _argparse.ArgumentParser(
+        prog="python -m mpisync.tools.bench.allreduce", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--rows", nargs="+", default=["sweep", "grads", "ddp"], choices=["sweep", "grads", "ddp"]
+    )
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
-    parser.add_argument("--sets", nargs="+", default=list(GRAD_SETS), choices=list(GRAD_SETS),
-                        help="gradient sets of the grads row")
+    parser.add_argument(
+        "--sets",
+        nargs="+",
+        default=list(GRAD_SETS),
+        choices=list(GRAD_SETS),
+        help="gradient sets of the grads row",
+    )
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")

@@ -79,16 +79,24 @@ def _reduce(comm, value: float) -> tuple:
     return -out[1], out[2] / comm.size, out[0]
 
 
-def bcast_sweep(comm, sizes, *, scale: float = 1.0, root: int = 0, overlap: bool = True, progress=None) -> list:
-    """One row per size: latency (us) min/avg/max of blocking Bcast, Ibcast's, and Ibcast overlap (%)."""
+def bcast_sweep(
+    comm, sizes, *, scale: float = 1.0, root: int = 0, overlap: bool = True, progress=None
+) -> list:
+    """One row per size: latency (us) min/avg/max of blocking Bcast, Ibcast's, and Ibcast overlap
+    (%)."""
     rows = []
     for size in sizes:
         buf = _np.zeros(size, dtype=_np.uint8)
         iterations, skip = _counts(size, scale)
         lat = _mean_latency(comm, buf, root, iterations, skip, blocking=True)
         lo, avg, hi = _reduce(comm, lat)
-        row = {"bytes": size, "lat_min_us": lo * 1e6, "lat_avg_us": avg * 1e6, "lat_max_us": hi * 1e6,
-               "gbps": size / avg / 1e9 if avg > 0 else 0.0}
+        row = {
+            "bytes": size,
+            "lat_min_us": lo * 1e6,
+            "lat_avg_us": avg * 1e6,
+            "lat_max_us": hi * 1e6,
+            "gbps": size / avg / 1e9 if avg > 0 else 0.0,
+        }
         if overlap:
             pure = _mean_latency(comm, buf, root, iterations, skip, blocking=False)
             _, pure_avg, _ = _reduce(comm, pure)

@@ -18,39 +18,66 @@ def _size(n: int) -> str:
 def table(results: dict) -> str:
     """A plain-text report of every section present in ``results``."""
     meta = results["meta"]
-    lines = [f"mpisync bench: {meta['ranks']} rank{'' if meta['ranks'] == 1 else 's'}, root {meta['root']}, {meta['mpi_library']}, "
-             f"median of {meta['iterations']} iterations (slowest rank each)"]
+    lines = [
+        f"mpisync bench: {meta['ranks']} rank{'' if meta['ranks'] == 1 else 's'}, root "
+        f"{meta['root']}, {meta['mpi_library']}, "
+        f"median of {meta['iterations']} iterations (slowest rank each)"
+    ]
     if meta["ranks"] == 1:
-        lines.append("1 rank: no peer to broadcast to, so these times are mpisync's own cost on one process "
-                     "(validation, plans, packing, the local fan-out) and MPI's copy to itself; run under "
-                     "`mpiexec -n 2` or more to measure broadcasts")
+        lines.append(
+            "1 rank: no peer to broadcast to, so these times are mpisync's own cost on one process "
+            "(validation, plans, packing, the local fan-out) and MPI's copy to itself; run under "
+            "`mpiexec -n 2` or more to measure broadcasts"
+        )
     if results["osu"]:
-        lines += ["", "OSU-style Bcast sweep (latency us: min / avg / max; Ibcast overlap %)",
-                  f"{'size':>10} {'min':>10} {'avg':>10} {'max':>10} {'GB/s':>7} {'Ibcast':>10} {'overlap':>8}"]
+        lines += [
+            "",
+            "OSU-style Bcast sweep (latency us: min / avg / max; Ibcast overlap %)",
+            f"{'size':>10} {'min':>10} {'avg':>10} {'max':>10} {'GB/s':>7} {'Ibcast':>10} "
+            f"{'overlap':>8}",
+        ]
         for r in results["osu"]:
-            lines.append(f"{_size(r['bytes']):>10} {r['lat_min_us']:10.2f} {r['lat_avg_us']:10.2f} "
-                         f"{r['lat_max_us']:10.2f} {r['gbps']:7.2f} {r.get('ibcast_avg_us', 0):10.2f} "
-                         f"{r.get('overlap_pct', 0):7.1f}%")
+            lines.append(
+                f"{_size(r['bytes']):>10} {r['lat_min_us']:10.2f} {r['lat_avg_us']:10.2f} "
+                f"{r['lat_max_us']:10.2f} {r['gbps']:7.2f} {r.get('ibcast_avg_us', 0):10.2f} "
+                f"{r.get('overlap_pct', 0):7.1f}%"
+            )
     for w in results["workloads"]:
-        lines += ["", f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB",
-                  f"  {'strategy':<26} {'ms':>9} {'GB/s':>7} {'vs flat':>8} {'vs per-tensor':>14}  channel"]
+        lines += [
+            "",
+            f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB",
+            f"  {'strategy':<26} {'ms':>9} {'GB/s':>7} {'vs flat':>8} {'vs per-tensor':>14}  "
+            "channel",
+        ]
         for r in w["results"]:
-            lines.append(f"  {r['strategy']:<26} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
-                         f"{r['bandwidth_vs_flat']:8.3f} {r['speedup_vs_per_tensor']:13.2f}x  {r.get('channel') or ''}"
-                         .rstrip())
+            lines.append(
+                f"  {r['strategy']:<26} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
+                f"{r['bandwidth_vs_flat']:8.3f} {r['speedup_vs_per_tensor']:13.2f}x  "
+                f"{r.get('channel') or ''}".rstrip()
+            )
         m = w["memory"]
         if m is None:  # not measured (torch sets)
             continue
-        lines.append(f"  memory held by mpisync during a sync (traced peak + its buffers, max over ranks): repeated "
-                     f"{m['extra_bytes_repeated'] / 1e6:.2f} MB, cold {m['extra_bytes_cold'] / 1e6:.2f} MB "
-                     f"(bound max_concurrent x fusion_bytes = {m['bound_bytes'] / 1e6:.2f} MB); "
-                     f"peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB")
+        lines.append(
+            "  memory held by mpisync during a sync (traced peak + its buffers, max over ranks): "
+            "repeated "
+            f"{m['extra_bytes_repeated'] / 1e6:.2f} MB, cold {m['extra_bytes_cold'] / 1e6:.2f} MB "
+            f"(bound max_concurrent x fusion_bytes = {m['bound_bytes'] / 1e6:.2f} MB); "
+            f"peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB"
+        )
     if results["sweeps"]:
-        lines += ["", "Sweeps of repeated ParamSync.sync (other settings at their defaults)",
-                  f"  {'workload':<12} {'setting':<15} {'value':>9} {'ms':>9} {'GB/s':>7} {'vs flat':>8}  channel"]
+        lines += [
+            "",
+            "Sweeps of repeated ParamSync.sync (other settings at their defaults)",
+            f"  {'workload':<12} {'setting':<15} {'value':>9} {'ms':>9} {'GB/s':>7} {'vs flat':>8} "
+            " channel",
+        ]
         for r in results["sweeps"]:
-            lines.append(f"  {r['workload']:<12} {r['param']:<15} {r['value']:>9} {r['median_s'] * 1e3:9.3f} "
-                         f"{r['gbps']:7.2f} {r['bandwidth_vs_flat']:8.3f}  {r.get('channel') or ''}".rstrip())
+            lines.append(
+                f"  {r['workload']:<12} {r['param']:<15} {r['value']:>9} "
+                f"{r['median_s'] * 1e3:9.3f} "
+                f"{r['gbps']:7.2f} {r['bandwidth_vs_flat']:8.3f}  {r.get('channel') or ''}".rstrip()
+            )
     if results.get("allreduce"):
         from .allreduce import table as allreduce_table
 
@@ -68,35 +95,93 @@ def csv_rows(results: dict) -> list:
     """One flat row per measurement: section, workload, name, value, seconds, GB/s, ratios."""
     rows = []
     for r in results["osu"]:
-        rows.append({"section": "osu", "workload": "", "name": "Bcast", "value": r["bytes"],
-                     "seconds": r["lat_avg_us"] / 1e6, "gbps": r["gbps"], "vs_flat": "", "vs_per_tensor": ""})
+        rows.append(
+            {
+                "section": "osu",
+                "workload": "",
+                "name": "Bcast",
+                "value": r["bytes"],
+                "seconds": r["lat_avg_us"] / 1e6,
+                "gbps": r["gbps"],
+                "vs_flat": "",
+                "vs_per_tensor": "",
+            }
+        )
     for w in results["workloads"]:
         for r in w["results"]:
-            rows.append({"section": "workload", "workload": w["workload"], "name": r["strategy"], "value": w["bytes"],
-                         "seconds": r["median_s"], "gbps": r["gbps"], "vs_flat": r["bandwidth_vs_flat"],
-                         "vs_per_tensor": r["speedup_vs_per_tensor"]})
+            rows.append(
+                {
+                    "section": "workload",
+                    "workload": w["workload"],
+                    "name": r["strategy"],
+                    "value": w["bytes"],
+                    "seconds": r["median_s"],
+                    "gbps": r["gbps"],
+                    "vs_flat": r["bandwidth_vs_flat"],
+                    "vs_per_tensor": r["speedup_vs_per_tensor"],
+                }
+            )
     for r in results["sweeps"]:
-        rows.append({"section": "sweep", "workload": r["workload"], "name": r["param"], "value": r["value"],
-                     "seconds": r["median_s"], "gbps": r["gbps"], "vs_flat": r["bandwidth_vs_flat"],
-                     "vs_per_tensor": ""})
+        rows.append(
+            {
+                "section": "sweep",
+                "workload": r["workload"],
+                "name": r["param"],
+                "value": r["value"],
+                "seconds": r["median_s"],
+                "gbps": r["gbps"],
+                "vs_flat": r["bandwidth_vs_flat"],
+                "vs_per_tensor": "",
+            }
+        )
     reduced = results.get("allreduce") or {}
     for r in reduced.get("sweep", []):
         for name in ("mpisync", "gloo", "mpi Allreduce"):
-            rows.append({"section": "allreduce sweep", "workload": "", "name": name, "value": r["bytes"],
-                         "seconds": r[f"{name}_us"] / 1e6, "gbps": r["bytes"] / r[f"{name}_us"] / 1e3,
-                         "vs_flat": "", "vs_per_tensor": ""})
+            rows.append(
+                {
+                    "section": "allreduce sweep",
+                    "workload": "",
+                    "name": name,
+                    "value": r["bytes"],
+                    "seconds": r[f"{name}_us"] / 1e6,
+                    "gbps": r["bytes"] / r[f"{name}_us"] / 1e3,
+                    "vs_flat": "",
+                    "vs_per_tensor": "",
+                }
+            )
     for r in reduced.get("grads", []):
         for name in ("GradSync", "GradSync, MPI only", "allreduce, one-shot"):
             seconds = r[f"{name}_ms"] / 1e3
-            rows.append({"section": "allreduce grads", "workload": r["workload"], "name": name, "value": r["bytes"],
-                         "seconds": seconds, "gbps": r["bytes"] / seconds / 1e9,
-                         "vs_flat": r["flat Allreduce_ms"] / r[f"{name}_ms"],
-                         "vs_per_tensor": (r["per-tensor Allreduce_ms"] / r[f"{name}_ms"]
-                                           if "per-tensor Allreduce_ms" in r else "")})
+            rows.append(
+                {
+                    "section": "allreduce grads",
+                    "workload": r["workload"],
+                    "name": name,
+                    "value": r["bytes"],
+                    "seconds": seconds,
+                    "gbps": r["bytes"] / seconds / 1e9,
+                    "vs_flat": r["flat Allreduce_ms"] / r[f"{name}_ms"],
+                    "vs_per_tensor": (
+                        r["per-tensor Allreduce_ms"] / r[f"{name}_ms"]
+                        if "per-tensor Allreduce_ms" in r
+                        else ""
+                    ),
+                }
+            )
     if "ddp" in reduced:
         for name in ("mpisync", "gloo", "no communication", "DDP, no-op hook"):
-            rows.append({"section": "allreduce ddp", "workload": "mlp", "name": name, "value": "",
-                         "seconds": reduced["ddp"][f"{name}_ms"] / 1e3, "gbps": "", "vs_flat": "", "vs_per_tensor": ""})
+            rows.append(
+                {
+                    "section": "allreduce ddp",
+                    "workload": "mlp",
+                    "name": name,
+                    "value": "",
+                    "seconds": reduced["ddp"][f"{name}_ms"] / 1e3,
+                    "gbps": "",
+                    "vs_flat": "",
+                    "vs_per_tensor": "",
+                }
+            )
     return rows
 
 
@@ -117,7 +202,9 @@ def write_plot(results: dict, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("mpisync bench --plot needs matplotlib: pip install 'mpisync[plot]'") from None
+        raise SystemExit(
+            "mpisync bench --plot needs matplotlib: pip install 'mpisync[plot]'"
+        ) from None
     workloads = results["workloads"]
     panels = max(1, (1 if results["osu"] else 0) + len(workloads))
     ncols = min(3, panels)
@@ -138,7 +225,11 @@ def write_plot(results: dict, path: str) -> None:
     for ax, w in zip(axes, workloads):
         names = [r["strategy"] for r in w["results"]]
         values = [r["gbps"] for r in w["results"]]
-        bars = ax.barh(names, values, color=["tab:green" if n.startswith("ParamSync") else "tab:gray" for n in names])
+        bars = ax.barh(
+            names,
+            values,
+            color=["tab:green" if n.startswith("ParamSync") else "tab:gray" for n in names],
+        )
         ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=8, padding=2)
         ax.invert_yaxis()
         ax.set_xlabel("GB/s (higher is better)")

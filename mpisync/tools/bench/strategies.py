@@ -25,6 +25,7 @@ def per_tensor_bcast(comm, params, root):
     def run():
         for a in arrays:
             comm.Bcast(a, root)
+
     return run, _noop
 
 
@@ -34,11 +35,13 @@ def ibcast_unbounded(comm, params, root):
 
     def run():
         MPI.Request.Waitall([comm.Ibcast(a, root) for a in arrays])
+
     return run, _noop
 
 
 def ibcast_ring(capacity):
     """Per-tensor ``Ibcast`` through a :class:`mpisync.RequestRing` of ``capacity``, no fusion."""
+
     def factory(comm, params, root):
         arrays = [params[n] for n in sorted(params)]
 
@@ -47,23 +50,32 @@ def ibcast_ring(capacity):
             for a in arrays:
                 ring.push(comm.Ibcast(a, root))
             ring.drain()
+
         return run, _noop
+
     return factory
 
 
 def sync_params_cold(comm, params, root):
-    """``mpisync.sync_params`` with default settings: validation and plans from scratch each call."""
+    """``mpisync.sync_params`` with default settings: validation and plans from scratch each
+    call."""
+
     def run():
         mpisync.sync_params(params, comm, root=root)
+
     return run, _noop
 
 
 def paramsync_first(comm, params, root):
-    """The first sync of a new ``ParamSync`` with default settings (what a job that syncs a handful of
-    times gets): communicator duplication, validation, transport set-up and plan from scratch each run."""
+    """The first sync of a new ``ParamSync`` with default settings (what a job that syncs a handful
+    of
+    times gets): communicator duplication, validation, transport set-up and plan from scratch each
+    run."""
+
     def run():
         with mpisync.ParamSync(comm, root=root) as syncer:
             run.channel = syncer.sync(params).channel
+
     return run, _noop
 
 
@@ -72,7 +84,8 @@ _eviction = None
 
 
 def evict_caches() -> None:
-    """Write a byte in every cache line of 64 MiB: what other work between two syncs leaves behind."""
+    """Write a byte in every cache line of 64 MiB: what other work between two syncs leaves
+    behind."""
     global _eviction
     if _eviction is None:
         _eviction = _np.zeros(_EVICTION_BYTES, dtype=_np.uint8)
@@ -86,6 +99,7 @@ def paramsync(channel: str | None = None, **settings):
     else host bytes take ``channel`` ("mpi", "cross-memory", "shared memory")
     where every rank can. One untimed sync sets the syncer up.
     """
+
     def factory(comm, params, root):
         syncer = mpisync.ParamSync(comm, root=root, **settings)
         if channel is not None:
@@ -94,12 +108,15 @@ def paramsync(channel: str | None = None, **settings):
 
         def run():
             run.channel = syncer.sync(params).channel  # which channel the syncer settled on
+
         return run, syncer.close
+
     return factory
 
 
 def paramsync_one_buffer(comm, params, root):
-    """Repeated ``ParamSync.sync`` of the same tensors relocated as views into one contiguous buffer.
+    """Repeated ``ParamSync.sync`` of the same tensors relocated as views into one contiguous
+    buffer.
 
     Not a way to sync your model: a measurement of how much the memory layout
     (one allocation versus one per tensor) alone costs the broadcast.
@@ -107,7 +124,7 @@ def paramsync_one_buffer(comm, params, root):
     arena = _np.ones(sum(a.nbytes for a in params.values()), dtype=_np.uint8)
     relocated, offset = {}, 0
     for name, a in params.items():
-        view = arena[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape)
+        view = arena[offset : offset + a.nbytes].view(a.dtype).reshape(a.shape)
         view[...] = a
         relocated[name] = view
         offset += a.nbytes
@@ -120,6 +137,7 @@ def flat_buffer(comm, params, root):
 
     def run():
         comm.Bcast(flat, root)
+
     return run, _noop
 
 
@@ -127,6 +145,7 @@ def torch_gloo_available(comm) -> bool:
     """Whether torch.distributed with gloo can run here (decided the same way on every rank)."""
     try:
         import torch.distributed as dist
+
         ok = dist.is_available() and dist.is_gloo_available()
     except Exception:
         ok = False
@@ -151,17 +170,23 @@ def _init_gloo(comm):
             port = s.getsockname()[1]
         host = MPI.Get_processor_name().encode()[:256] if comm.size > 1 else b"127.0.0.1"
         meta[:2] = _np.frombuffer(port.to_bytes(2, "little"), _np.uint8)
-        meta[2:2 + len(host)] = _np.frombuffer(host, _np.uint8)
+        meta[2 : 2 + len(host)] = _np.frombuffer(host, _np.uint8)
     comm.Bcast(meta, 0)
     port = int.from_bytes(meta[:2].tobytes(), "little")
     host = meta[2:].tobytes().rstrip(b"\0").decode()
-    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=comm.rank,
-                            world_size=comm.size, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{host}:{port}",
+        rank=comm.rank,
+        world_size=comm.size,
+        timeout=datetime.timedelta(seconds=120),
+    )
     return dist
 
 
 def torch_gloo_ddp(comm, params, root):
-    """torch.distributed on gloo, DDP's start-up path: ``_broadcast_coalesced`` with 250 MB buckets."""
+    """torch.distributed on gloo, DDP's start-up path: ``_broadcast_coalesced`` with 250 MB
+    buckets."""
     import torch
 
     dist = _init_gloo(comm)
@@ -170,11 +195,18 @@ def torch_gloo_ddp(comm, params, root):
 
     def run():
         dist._broadcast_coalesced(group, tensors, 250 * 1024 * 1024, root)
+
     return run, _noop
 
 
 #: The strategies that take torch tensors as they are (the torch workloads run only these).
-TORCH_STRATEGIES = ("per-tensor Bcast", "sync_params cold", "ParamSync first sync", "ParamSync", "flat Bcast (ideal)")
+TORCH_STRATEGIES = (
+    "per-tensor Bcast",
+    "sync_params cold",
+    "ParamSync first sync",
+    "ParamSync",
+    "flat Bcast (ideal)",
+)
 
 STRATEGIES = {
     "per-tensor Bcast": per_tensor_bcast,

@@ -11,10 +11,10 @@ import numpy as _np
 from mpi4py import MPI
 
 import mpisync
+
 from ... import config as _config
 from .. import progressbar as _progress
 from ..workloads import WORKLOADS, make_params, workload
-
 from . import memory as _memory
 from . import osu as _osu
 from . import output as _output
@@ -25,26 +25,50 @@ __all__ = ["run", "parser", "main"]
 
 
 def _torch_available() -> bool:
-    # find_spec, not import: importing the suite must not load torch (a CuPy-only GPU bench imports it)
+    # find_spec, not import: importing the suite must not load torch (a CuPy-only GPU bench imports
+    # it)
     return _importlib_util.find_spec("torch") is not None
 
 
 _TORCH = ",resnet50-torch" if _torch_available() else ""
-QUICK = {"workloads": "resnet50,many-small", "iterations": 5, "warmup": 1, "osu_max": 1 << 20,
-         "osu_scale": 0.05, "sweep_concurrency": "1,4,16", "sweep_fusion": "0,65536,1048576",
-         "allreduce_max": 1 << 20, "allreduce_iterations": 5, "allreduce_sets": ""}
-FULL = {"workloads": ",".join(WORKLOADS) + _TORCH, "iterations": 11, "warmup": 2, "osu_max": 1 << 26,
-        "osu_scale": 1.0, "sweep_concurrency": "1,2,4,8,16,32",
-        "sweep_fusion": "0,16384,65536,262144,1048576,4194304", "allreduce_max": 1 << 26,
-        "allreduce_iterations": 40, "allreduce_sets": ""}
-ALLREDUCE_ROWS = ("sweep", "grads", "ddp")  # the sweep and the DDP step need torch (gloo beside mpisync)
+QUICK = {
+    "workloads": "resnet50,many-small",
+    "iterations": 5,
+    "warmup": 1,
+    "osu_max": 1 << 20,
+    "osu_scale": 0.05,
+    "sweep_concurrency": "1,4,16",
+    "sweep_fusion": "0,65536,1048576",
+    "allreduce_max": 1 << 20,
+    "allreduce_iterations": 5,
+    "allreduce_sets": "",
+}
+FULL = {
+    "workloads": ",".join(WORKLOADS) + _TORCH,
+    "iterations": 11,
+    "warmup": 2,
+    "osu_max": 1 << 26,
+    "osu_scale": 1.0,
+    "sweep_concurrency": "1,2,4,8,16,32",
+    "sweep_fusion": "0,16384,65536,262144,1048576,4194304",
+    "allreduce_max": 1 << 26,
+    "allreduce_iterations": 40,
+    "allreduce_sets": "",
+}
+# the sweep and the DDP step need torch (gloo beside mpisync)
+ALLREDUCE_ROWS = ("sweep", "grads", "ddp")
 
 
 def parser() -> _argparse.ArgumentParser:
     """The argument parser of ``mpisync bench``."""
-    p = _argparse.ArgumentParser(prog="mpisync bench", description=(
-        "Broadcast microbenchmarks; run under mpiexec, e.g. `mpiexec -n 2 mpisync bench --quick`. "
-        "Times are the median over iterations of the slowest rank's time."))
+    p = _argparse.ArgumentParser(
+        prog="mpisync bench",
+        description=(
+            "Broadcast microbenchmarks; run under mpiexec, e.g. `mpiexec -n 2 mpisync bench "
+            "--quick`. "
+            "Times are the median over iterations of the slowest rank's time."
+        ),
+    )
     p.add_argument("--quick", action="store_true", help="a short run (under 30 s at 2 ranks)")
     p.add_argument("--workloads", help=f"comma-separated, from {', '.join(WORKLOADS)}")
     p.add_argument("--iterations", type=int, help="timed iterations per measurement")
@@ -53,21 +77,37 @@ def parser() -> _argparse.ArgumentParser:
     p.add_argument("--osu-max", type=int, help="largest size of the OSU sweep, bytes")
     p.add_argument("--osu-scale", type=float, help="fraction of OSU's iteration counts")
     p.add_argument("--no-osu", action="store_true", help="skip the OSU-style sweep")
-    p.add_argument("--no-sweep", action="store_true", help="skip the max_concurrent / fusion_bytes sweeps")
+    p.add_argument(
+        "--no-sweep", action="store_true", help="skip the max_concurrent / fusion_bytes sweeps"
+    )
     p.add_argument("--sweep-workloads", default="resnet50,many-small")
     p.add_argument("--sweep-concurrency", help="max_concurrent values, comma-separated")
     p.add_argument("--sweep-fusion", help="fusion_bytes values, comma-separated")
-    p.add_argument("--allreduce", nargs="?", const=",".join(ALLREDUCE_ROWS), metavar="ROWS",
-                   help="also the all-reduce rows, comma-separated from sweep (OSU-style, the torch backend beside "
-                        "gloo and Allreduce), grads (GradSync on ResNet-50, BERT-base, 5000 x 400 B), ddp (a DDP step "
-                        "beside gloo); alone: all three")
+    p.add_argument(
+        "--allreduce",
+        nargs="?",
+        const=",".join(ALLREDUCE_ROWS),
+        metavar="ROWS",
+        help="also the all-reduce rows, comma-separated from sweep (OSU-style, the torch backend "
+        "beside "
+        "gloo and Allreduce), grads (GradSync on ResNet-50, BERT-base, 5000 x 400 B), ddp (a DDP "
+        "step "
+        "beside gloo); alone: all three",
+    )
     p.add_argument("--allreduce-max", type=int, help="largest size of the all-reduce sweep, bytes")
-    p.add_argument("--allreduce-iterations", type=int, help="timed iterations of each all-reduce row")
-    p.add_argument("--allreduce-sets", help="gradient sets of the grads row, comma-separated from "
-                                            "resnet50, bert-base, many-small (default: all three)")
+    p.add_argument(
+        "--allreduce-iterations", type=int, help="timed iterations of each all-reduce row"
+    )
+    p.add_argument(
+        "--allreduce-sets",
+        help="gradient sets of the grads row, comma-separated from "
+        "resnet50, bert-base, many-small (default: all three)",
+    )
     p.add_argument("--json", metavar="PATH", help="write every result as JSON")
     p.add_argument("--csv", metavar="PATH", help="write every result as CSV")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib: mpisync[plot])")
+    p.add_argument(
+        "--plot", metavar="PATH", help="write a PNG plot (needs matplotlib: mpisync[plot])"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -91,7 +131,10 @@ def _strategy_list(comm, defaults) -> list:
     out = []
     for name, factory in items:
         if name == "Ibcast ring":
-            name, factory = f"Ibcast ring (cap {defaults['max_concurrent']})", _strategies.ibcast_ring(defaults["max_concurrent"])
+            name, factory = (
+                f"Ibcast ring (cap {defaults['max_concurrent']})",
+                _strategies.ibcast_ring(defaults["max_concurrent"]),
+            )
         if name == "torch gloo DDP" and not _strategies.torch_gloo_available(comm):
             continue
         out.append((name, factory))
@@ -116,68 +159,131 @@ def _memory_row(comm, params, root) -> dict:
     s = _config.resolve()
     peaks = _np.array([repeated, cold, _memory.peak_rss_bytes()], dtype=_np.int64)
     comm.Allreduce(MPI.IN_PLACE, peaks, op=MPI.MAX)
-    return {"extra_bytes_repeated": int(peaks[0]), "extra_bytes_cold": int(peaks[1]), "peak_rss_bytes": int(peaks[2]),
-            "bound_bytes": s.max_concurrent.value * s.fusion_bytes.value}
+    return {
+        "extra_bytes_repeated": int(peaks[0]),
+        "extra_bytes_cold": int(peaks[1]),
+        "peak_rss_bytes": int(peaks[2]),
+        "bound_bytes": s.max_concurrent.value * s.fusion_bytes.value,
+    }
 
 
 def _measure(comm, runs, opt, step) -> dict:
-    return measure_interleaved(comm, runs, iterations=opt["iterations"], warmup=opt["warmup"], progress=step)
+    return measure_interleaved(
+        comm, runs, iterations=opt["iterations"], warmup=opt["warmup"], progress=step
+    )
 
 
 def run(comm, args) -> dict:
     """Run the suite with parsed ``args``; every rank returns the same results dict."""
     base = QUICK if args.quick else FULL
-    opt = {k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()}
+    opt = {
+        k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()
+    }
     names = [w for w in opt["workloads"].split(",") if w]
-    sweep_names = [] if args.no_sweep else [w for w in args.sweep_workloads.split(",") if w in names]
+    sweep_names = (
+        [] if args.no_sweep else [w for w in args.sweep_workloads.split(",") if w in names]
+    )
     defaults = _config.resolve().values()
     strategies = _strategy_list(comm, defaults)
     concurrency, fusion = _ints(opt["sweep_concurrency"]), _ints(opt["sweep_fusion"])
     osu_sizes = [] if args.no_osu else _osu.sizes_up_to(opt["osu_max"])
-    sweeps = [(key, value) for key, values in (("max_concurrent", concurrency), ("fusion_bytes", fusion))
-              for value in values]
+    sweeps = [
+        (key, value)
+        for key, values in (("max_concurrent", concurrency), ("fusion_bytes", fusion))
+        for value in values
+    ]
     total = (1 if osu_sizes else 0) + len(names) * (opt["iterations"] + 1)
     progress = _Progress(comm, total, not args.no_progress)
     results = {
-        "meta": {"mpisync": mpisync.__version__, "ranks": comm.size, "root": args.root, "quick": bool(args.quick),
-                 "mpi_library": MPI.Get_library_version().strip().splitlines()[0].strip(),
-                 "date": _datetime.datetime.now(_datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "iterations": opt["iterations"], "warmup": opt["warmup"], "defaults": defaults},
-        "osu": [], "workloads": [], "sweeps": [],
+        "meta": {
+            "mpisync": mpisync.__version__,
+            "ranks": comm.size,
+            "root": args.root,
+            "quick": bool(args.quick),
+            "mpi_library": MPI.Get_library_version().strip().splitlines()[0].strip(),
+            "date": _datetime.datetime.now(_datetime.timezone.utc).isoformat(timespec="seconds"),
+            "iterations": opt["iterations"],
+            "warmup": opt["warmup"],
+            "defaults": defaults,
+        },
+        "osu": [],
+        "workloads": [],
+        "sweeps": [],
     }
     if osu_sizes:
         results["osu"] = _osu.bcast_sweep(comm, osu_sizes, scale=opt["osu_scale"], root=args.root)
         progress.step("osu")
     for name in names:
-        # "<workload>-torch": the same shapes as torch CPU tensors, one allocation per tensor (a state_dict)
+        # "<workload>-torch": the same shapes as torch CPU tensors, one allocation per tensor (a
+        # state_dict)
         torch_set = name.endswith("-torch")
-        params = make_params(workload(name[:-6] if torch_set else name), comm.rank, "torch" if torch_set else "numpy")
+        params = make_params(
+            workload(name[:-6] if torch_set else name), comm.rank, "torch" if torch_set else "numpy"
+        )
         nbytes = sum(int(a.nbytes) for a in params.values())
-        factories = {k: f for k, f in strategies if not torch_set or k in _strategies.TORCH_STRATEGIES}
+        factories = {
+            k: f for k, f in strategies if not torch_set or k in _strategies.TORCH_STRATEGIES
+        }
         if name in sweep_names:
-            factories.update({("sweep", key, value): _strategies.paramsync(**{key: value}) for key, value in sweeps})
+            factories.update(
+                {
+                    ("sweep", key, value): _strategies.paramsync(**{key: value})
+                    for key, value in sweeps
+                }
+            )
         runs, closers = {}, []
         for label, factory in factories.items():
             runs[label], close = factory(comm, params, args.root)
             closers.append(close)
         try:
-            timings = _measure(comm, runs, opt, lambda: progress.step(name))
+            timings = _measure(comm, runs, opt, lambda n=name: progress.step(n))
         finally:
             for close in closers:
                 close()
-        flat = next(t.median for k, t in timings.items() if isinstance(k, str) and k.startswith("flat"))
-        per = next(t.median for k, t in timings.items() if isinstance(k, str) and k.startswith("per-tensor"))
-        channel = {k: getattr(runs[k], "channel", None) for k in timings}  # mpisync's own strategies
-        rows = [{"strategy": k, "median_s": t.median, "gbps": nbytes / t.median / 1e9,
-                 "bandwidth_vs_flat": flat / t.median, "speedup_vs_per_tensor": per / t.median,
-                 "channel": channel[k]}
-                for k, t in timings.items() if isinstance(k, str)]
-        results["sweeps"] += [{"workload": name, "param": k[1], "value": k[2], "median_s": t.median,
-                               "gbps": nbytes / t.median / 1e9, "bandwidth_vs_flat": flat / t.median,
-                               "channel": channel[k]}
-                              for k, t in timings.items() if not isinstance(k, str)]
-        results["workloads"].append({"workload": name, "tensors": len(params), "bytes": nbytes, "results": rows,
-                                     "memory": _memory_row(comm, params, args.root)})
+        flat = next(
+            t.median for k, t in timings.items() if isinstance(k, str) and k.startswith("flat")
+        )
+        per = next(
+            t.median
+            for k, t in timings.items()
+            if isinstance(k, str) and k.startswith("per-tensor")
+        )
+        # mpisync's own strategies
+        channel = {k: getattr(runs[k], "channel", None) for k in timings}
+        rows = [
+            {
+                "strategy": k,
+                "median_s": t.median,
+                "gbps": nbytes / t.median / 1e9,
+                "bandwidth_vs_flat": flat / t.median,
+                "speedup_vs_per_tensor": per / t.median,
+                "channel": channel[k],
+            }
+            for k, t in timings.items()
+            if isinstance(k, str)
+        ]
+        results["sweeps"] += [
+            {
+                "workload": name,
+                "param": k[1],
+                "value": k[2],
+                "median_s": t.median,
+                "gbps": nbytes / t.median / 1e9,
+                "bandwidth_vs_flat": flat / t.median,
+                "channel": channel[k],
+            }
+            for k, t in timings.items()
+            if not isinstance(k, str)
+        ]
+        results["workloads"].append(
+            {
+                "workload": name,
+                "tensors": len(params),
+                "bytes": nbytes,
+                "results": rows,
+                "memory": _memory_row(comm, params, args.root),
+            }
+        )
         progress.step(f"{name}: memory")
         del params, runs
     progress.close()
@@ -190,7 +296,14 @@ def _allreduce_rows(comm, rows: str, opt: dict) -> dict:
     from . import allreduce as _allreduce
 
     rows = [r for r in rows.split(",") if r]
-    argv = ["--rows", *rows, "--max-bytes", str(opt["allreduce_max"]), "--iterations", str(opt["allreduce_iterations"])]
+    argv = [
+        "--rows",
+        *rows,
+        "--max-bytes",
+        str(opt["allreduce_max"]),
+        "--iterations",
+        str(opt["allreduce_iterations"]),
+    ]
     if opt["allreduce_sets"]:
         argv += ["--sets", *opt["allreduce_sets"].split(",")]
     options = _allreduce.parser().parse_args(argv)
@@ -198,7 +311,8 @@ def _allreduce_rows(comm, rows: str, opt: dict) -> dict:
 
 
 def main(args=None, comm=None) -> int:
-    """Entry point of ``mpisync bench``: run, print the table on rank 0, write the requested files."""
+    """Entry point of ``mpisync bench``: run, print the table on rank 0, write the requested
+    files."""
     parsed = parser().parse_args(args)
     comm = MPI.COMM_WORLD if comm is None else comm
     results = run(comm, parsed)

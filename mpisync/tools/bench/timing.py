@@ -43,7 +43,8 @@ def _slowest(comm, samples: list) -> list:
 
 
 def measure(comm, fn, *, iterations: int, warmup: int) -> Timing:
-    """Run ``fn()`` ``warmup`` times, then time ``iterations`` runs (``MPI.Wtime``, barrier before each)."""
+    """Run ``fn()`` ``warmup`` times, then time ``iterations`` runs (``MPI.Wtime``, barrier before
+    each)."""
     return measure_interleaved(comm, {"fn": fn}, iterations=iterations, warmup=warmup)["fn"]
 
 

@@ -1,9 +1,11 @@
-"""Faults for the all-reduce and the torch backend: the last rank never joins (run by tests/launch/test_allreduce_faults.py).
+"""Faults for the all-reduce and the torch backend: the last rank never joins (run by
+tests/launch/test_allreduce_faults.py).
 
 ``python allreduce_faults.py KIND``: KIND is ``gradsync`` (mpisync.allreduce), ``backend``
 (torch all_reduce, which aborts) or ``backend-raise`` (MPISYNC_TIMEOUT_ABORT=0: the wait raises);
 ``thread-level`` is no fault: the backend at whatever thread level MPI gave; nor is
-``torch-rendezvous``: ``torch.distributed.init_process_group("mpisync")`` with torch's TCP rendezvous.
+``torch-rendezvous``: ``torch.distributed.init_process_group("mpisync")`` with torch's TCP
+rendezvous.
 """
 
 import os
@@ -52,8 +54,12 @@ if kind == "thread-level":
     [w.wait() for w in works]
     total = sum(range(1, comm.size + 1))
     ok = all(bool(torch.all(t == total)) for t in tensors)
-    print(f"rank {comm.rank}: thread level {MPI.Query_thread()}, threaded {dist.group.WORLD.threaded}, "
-          f"correct {ok}", flush=True)
+    print(
+        f"rank {comm.rank}: thread level {MPI.Query_thread()}, threaded "
+        f"{dist.group.WORLD.threaded}, "
+        f"correct {ok}",
+        flush=True,
+    )
     dist.destroy_process_group()
     sys.exit(0)
 if kind == "torch-rendezvous":
@@ -70,8 +76,12 @@ if kind == "torch-rendezvous":
             probe.bind(("127.0.0.1", 0))
             port[0] = probe.getsockname()[1]
     comm.Bcast(port, 0)
-    dist.init_process_group("mpisync", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=comm.rank,
-                            world_size=comm.size)
+    dist.init_process_group(
+        "mpisync",
+        init_method=f"tcp://127.0.0.1:{int(port[0])}",
+        rank=comm.rank,
+        world_size=comm.size,
+    )
     tensor = torch.full((4,), float(comm.rank))
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     print(f"rank {comm.rank}: backend {dist.get_backend()}, max {tensor.tolist()}", flush=True)

@@ -1,7 +1,9 @@
 """Jobs that go wrong on purpose: ``python faults.py KIND``, under mpiexec with 3 ranks.
 
-KIND: kill-rank (rank 1 SIGKILLs itself mid-sync, FAULT_AFTER seconds after its first sync), kill-root
-(root does), stall (rank 1 SIGSTOPs itself mid-sync), raise-between (rank 1 raises between two syncs).
+KIND: kill-rank (rank 1 SIGKILLs itself mid-sync, FAULT_AFTER seconds after its first sync),
+kill-root
+(root does), stall (rank 1 SIGSTOPs itself mid-sync), raise-between (rank 1 raises between two
+syncs).
 Ranks print "sync N done" as they go; a rank that finishes prints "finished".
 """
 
@@ -19,7 +21,8 @@ import mpisync
 kind = sys.argv[1]
 comm = MPI.COMM_WORLD
 params = {f"layer{i}.weight": np.full(4 << 20, comm.rank, np.float32) for i in range(8)}  # 128 MiB
-if os.environ.get("FAULT_DEVICE") == "1":  # the same, as (simulated) device buffers: the staged pipeline
+# the same, as (simulated) device buffers: the staged pipeline
+if os.environ.get("FAULT_DEVICE") == "1":
     from mpisync.devices.simulated import SimulatedDeviceArray
 
     params = {name: SimulatedDeviceArray(array) for name, array in params.items()}
@@ -39,7 +42,8 @@ def strike():
 
 
 timed_strike = False  # the victim stops on a timer started after its first sync (below)
-if comm.rank == victim and kind == "stall" and shared:  # stop inside the broadcast: after 10 slots read
+# stop inside the broadcast: after 10 slots read
+if comm.rank == victim and kind == "stall" and shared:
     from mpisync.transports import nodesegment as intranode
 
     read, reads = intranode.Chunk.read, []
@@ -51,7 +55,8 @@ if comm.rank == victim and kind == "stall" and shared:  # stop inside the broadc
             os.kill(os.getpid(), signal.SIGSTOP)
 
     intranode.Chunk.read = read_then_stop
-elif comm.rank == victim and kind == "stall" and cross:  # stop right after this rank's copies of sync 3
+# stop right after this rank's copies of sync 3
+elif comm.rank == victim and kind == "stall" and cross:
     from mpisync.transports import cma as crossmemory
 
     run, runs = crossmemory.Copies.run, []

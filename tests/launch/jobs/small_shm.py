@@ -1,4 +1,5 @@
-"""Three syncs of 8 MiB with the shared segment asked for; prints the channel of each and checks bytes.
+"""Three syncs of 8 MiB with the shared segment asked for; prints the channel of each and checks
+bytes.
 
 Run under a /dev/shm too small for the segment (test_launch.py does), every rank must keep MPI.
 """

@@ -1,4 +1,5 @@
-"""A job where the last rank never calls sync_params: the others must time out, report, and abort."""
+"""A job where the last rank never calls sync_params: the others must time out, report, and
+abort."""
 
 import os
 import sys
