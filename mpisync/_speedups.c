@@ -274,43 +274,17 @@ BufferList_part(BufferList *self, PyObject *args)
     return (PyObject *)part;
 }
 
-/* Whether some non-empty buffer starts exactly where another ends (the two could travel as one
- * span): a hash set of end addresses, probed with every start address. */
+/* Every buffer's start address as native int64. */
 static PyObject *
-BufferList_touching(BufferList *self, PyObject *unused)
+BufferList_addresses(BufferList *self, PyObject *unused)
 {
-    size_t slots = 16;
-    while (slots < 2 * (size_t)self->count)
-        slots <<= 1;
-    uintptr_t *ends = PyMem_Calloc(slots, sizeof(uintptr_t));
-    if (ends == NULL)
-        return PyErr_NoMemory();
-    const struct span *spans = self->spans;
-    for (Py_ssize_t i = 0; i < self->count; i++) {
-        if (spans[i].len == 0)
-            continue;
-        uintptr_t end = (uintptr_t)spans[i].at + (uintptr_t)spans[i].len; /* never 0 */
-        size_t k = (size_t)((end >> 4) * 0x9E3779B97F4A7C15u) & (slots - 1);
-        while (ends[k] != 0 && ends[k] != end)
-            k = (k + 1) & (slots - 1);
-        ends[k] = end;
-    }
-    int found = 0;
-    for (Py_ssize_t i = 0; i < self->count && !found; i++) {
-        if (spans[i].len == 0)
-            continue;
-        uintptr_t start = (uintptr_t)spans[i].at;
-        size_t k = (size_t)((start >> 4) * 0x9E3779B97F4A7C15u) & (slots - 1);
-        while (ends[k] != 0) {
-            if (ends[k] == start) {
-                found = 1;
-                break;
-            }
-            k = (k + 1) & (slots - 1);
-        }
-    }
-    PyMem_Free(ends);
-    return PyBool_FromLong(found);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, self->count * (Py_ssize_t)sizeof(int64_t));
+    if (out == NULL)
+        return NULL;
+    int64_t *addresses = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < self->count; i++)
+        addresses[i] = (int64_t)(intptr_t)self->spans[i].at;
+    return out;
 }
 
 static PyMethodDef BufferList_methods[] = {
@@ -326,8 +300,8 @@ static PyMethodDef BufferList_methods[] = {
      "shapes() -> bytes: per buffer, its ndim then its extents, as native int64 words."},
     {"part", (PyCFunction)BufferList_part, METH_VARARGS,
      "part(first, last) -> BufferList: buffers first..last-1, sharing this list's hold on them."},
-    {"touching", (PyCFunction)BufferList_touching, METH_NOARGS,
-     "touching() -> bool: some non-empty buffer starts where another ends."},
+    {"addresses", (PyCFunction)BufferList_addresses, METH_NOARGS,
+     "addresses() -> bytes: every buffer's start address as native int64."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -295,7 +295,7 @@ class ParamSync(Reusable):
             same_layout, anyone_fresh = agree(
                 self._comm, manifest, deadline.wait, layout.digest, prepared is None
             )
-            runs = layout.runs if same_layout else ()
+            agreed = layout if same_layout else NO_RUNS
             phase = "transport set-up"
             small = (
                 prepared.small
@@ -321,10 +321,12 @@ class ParamSync(Reusable):
                 values["max_concurrent"],
                 self._host.facts.one_node,
             )
-            reused = prepared is not None and prepared.runs == runs and prepared.channel == channel
+            reused = (
+                prepared is not None and prepared.agreed == agreed and prepared.channel == channel
+            )
             if not reused:
                 prepared = self._prepare(
-                    params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx
+                    params, devices_key, manifest, layout, agreed, channel, host_bytes, small, ctx
                 )
             transport = self._host.get(channel) if host_bytes else None
             if transport is not None and (anyone_fresh or not reused):
@@ -362,12 +364,12 @@ class ParamSync(Reusable):
             self._timed_out(phase, _pending(expired, phase, ctx, manifest), values["timeout"])
 
     def _prepare(
-        self, params, devices_key, manifest, layout, runs, channel, host_bytes, small, ctx
+        self, params, devices_key, manifest, layout, agreed, channel, host_bytes, small, ctx
     ) -> Prepared:
         """Plan and compile for these arrays and ``channel``; kept for the next sync when
         eligible."""
         fusion = manifest.settings["fusion_bytes"]
-        plan = host_plan(manifest, fusion, self._chunk_bytes, runs) if host_bytes else []
+        plan = host_plan(manifest, fusion, self._chunk_bytes, agreed) if host_bytes else []
         program = self._host.get(channel).compile(manifest, plan, fusion, ctx) if host_bytes else ()
         device_steps = (
             self._device_transport().compile(manifest.device_params)
@@ -383,8 +385,8 @@ class ParamSync(Reusable):
             devices_key,
             state,
             manifest,
-            runs,
             layout,
+            agreed,
             channel,
             program,
             fused,

@@ -34,11 +34,12 @@ from ..params.fanout import fan_out
 from ..params.manifest import Param, build_manifest
 from ..params.recheck import unchanged
 from ..plan.prepared import keep_values
+from ..plan.spans import host_layout
 from ..report import SyncReport
 from ..transports.selection import SHARED
 from . import ops as _ops
 from .bulk import compile_bulk_steps, scan_for_reduce
-from .plan import compile_steps, local_reduce
+from .plan import compile_steps, local_reduce, ordered
 from .segment import ReduceSegment
 
 __all__ = ["GradSync", "allreduce"]
@@ -264,6 +265,7 @@ class GradSync(Reusable):
                 problem = "a replica is read-only, but the all-reduce writes every replica"
             if problem:
                 manifest.errors.append((p.name, problem))
+        _note_shared_memory(manifest)
         return manifest
 
     def _match(self, params, devices):
@@ -320,9 +322,13 @@ class GradSync(Reusable):
             steps, arena = compile_bulk_steps(manifest, self._op, fusion, size, arena_for)
         else:
             staging = _Staging(manifest.device_params) if manifest.device_params else None
-            reduced = manifest.host_params + (staging.host if staging is not None else [])
+            tied = {alias for alias, _ in manifest.settings.get("tied", ())}
+            reduced = [p for p in manifest.host_params if p.name not in tied]
+            reduced += staging.host if staging is not None else []
             replicated = [p for p in reduced if len(p.replicas) > 1]
             steps, arena = compile_steps(reduced, self._op, fusion, size, arena_for)
+        if size > 1:
+            steps = [ordered(step, self._op) for step in steps]
         spans = None
         if self._segment is not None and arena is self._segment.arena:
             spans = self._segment.spans(steps)
@@ -377,6 +383,42 @@ class GradSync(Reusable):
         if fused:
             report.channel = SHARED
         report.transfers = len(steps)
+
+
+def _note_shared_memory(manifest) -> None:
+    """Names that share memory (tied weights) are reduced once: the later names of each region go
+    into the settings every rank compares (``tied``: ``[alias, representative]`` pairs), so every
+    rank leaves out the same ones, or every rank raises. Memory two names share only in part, or
+    a tie between names of several replicas or of different dtypes, is an error."""
+    host = manifest.host_params
+    layout = host_layout(host)
+    tied = []
+    for index, first in layout.aliases:
+        alias, representative = host[index], host[first]
+        if len(alias.replicas) > 1 or len(representative.replicas) > 1:
+            problem = "has several replicas"
+        elif alias.master.dtype != representative.master.dtype:
+            problem = f"is {alias.master.dtype} there, {representative.master.dtype} here"
+        else:
+            tied.append([alias.name, representative.name])
+            continue
+        manifest.errors.append(
+            (
+                alias.name,
+                f"shares its memory with {representative.name!r} and {problem}: "
+                "tied parameters are reduced once, as one array of one replica",
+            )
+        )
+    for index, other in layout.overlaps:
+        manifest.errors.append(
+            (
+                host[index].name,
+                f"overlaps {host[other].name!r} in memory without being the same "
+                "array: the all-reduce would combine the shared bytes twice",
+            )
+        )
+    if tied:
+        manifest.settings["tied"] = tied
 
 
 def _json_doc(manifest) -> dict:

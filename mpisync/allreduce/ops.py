@@ -10,6 +10,17 @@ replicas over all ranks; for integer dtypes the division floors (as torch's
 buffers, so that the sum cannot overflow the dtype before the division. ``bool`` is refused;
 complex dtypes take ``sum``, ``avg`` and
 ``prod`` only (no ordering for ``min``/``max``).
+
+``min`` and ``max`` of floating-point values follow numpy's and torch's rule,
+NaN wins, and every rank ends with the same bytes whatever path a value takes
+(MPI or the node's segment, first call or reused): MPI's ``MIN``/``MAX`` leave
+NaN to the library (MPICH's ``a < b ? a : b`` keeps a rank-dependent operand),
+so floats are reduced as integers of a total order instead (:func:`to_ordered`):
+the bits of a non-negative float read as a signed integer already sort as the
+float does; a negative float's magnitude bits are flipped; NaNs are made to
+sort above ``+inf`` (``max``) or below ``-inf`` (``min``). Integer ``MIN`` and
+``MAX`` are exact, so the result is one total order's minimum or maximum on
+every rank and channel; :func:`from_ordered` undoes the mapping.
 """
 
 from __future__ import annotations
@@ -28,6 +39,9 @@ __all__ = [
     "widen",
     "narrow_into",
     "divide",
+    "ordered_dtype",
+    "to_ordered",
+    "from_ordered",
 ]
 
 OPS = ("sum", "avg", "min", "max", "prod")
@@ -145,3 +159,46 @@ def divide(values: _np.ndarray, count: int) -> None:
         _np.floor_divide(values, count, out=values)
     else:
         _np.divide(values, values.dtype.type(count), out=values)
+
+
+_ORDERED = {2: _np.int16, 4: _np.int32, 8: _np.int64}
+
+
+def ordered_dtype(dtype: _np.dtype, op: str) -> _np.dtype | None:
+    """The integer dtype a buffer of ``dtype`` is reduced as with ``op`` (see :func:`to_ordered`),
+    or None when it is reduced as it is (not ``min``/``max``, or not floating point)."""
+    if op not in ("min", "max") or dtype.kind != "f":
+        return None
+    return _np.dtype(_ORDERED[dtype.itemsize])
+
+
+def to_ordered(values: _np.ndarray, op: str) -> _np.ndarray:
+    """Map the floats ``values`` in place to integers whose order is the floats' total order with
+    NaN last (``max``) or first (``min``); return the integer view. Undone by
+    :func:`from_ordered`."""
+    bits = values.view(_ORDERED[values.itemsize])
+    top = _np.iinfo(bits.dtype).min  # the sign bit
+    nan = _np.isnan(values)
+    if nan.any():
+        if op == "max":
+            bits[nan] &= ~top  # positive NaN: above +inf
+        else:
+            bits[nan] |= top  # negative NaN: below -inf once flipped
+    _flip_negatives(bits)
+    return bits
+
+
+def from_ordered(bits: _np.ndarray, op: str) -> None:
+    """Undo :func:`to_ordered` in place on the integer view ``bits``; NaN results are positive."""
+    _flip_negatives(bits)
+    if op == "min":
+        values = bits.view(_np.dtype(f"f{bits.itemsize}"))
+        nan = _np.isnan(values)
+        if nan.any():
+            bits[nan] &= ~_np.iinfo(bits.dtype).min
+
+
+def _flip_negatives(bits: _np.ndarray) -> None:
+    # x ^ ((x >> width-1) & max): negative words get their magnitude bits flipped (an involution)
+    info = _np.iinfo(bits.dtype)
+    _np.bitwise_xor(bits, (bits >> (8 * bits.itemsize - 1)) & info.max, out=bits)

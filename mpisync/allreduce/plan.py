@@ -26,6 +26,7 @@ __all__ = [
     "compile_steps",
     "fused_arena",
     "local_reduce",
+    "ordered",
 ]
 
 # : Bytes every fused bucket starts on (a multiple of every itemsize): buckets of one dtype lie end
@@ -206,3 +207,27 @@ def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for
                 )
             )
     return steps, arena
+
+
+def ordered(step: ReduceStep, op: str) -> ReduceStep:
+    """``step`` reducing its floats as integers of their total order (``min``/``max``: see
+    :func:`mpisync.allreduce.ops.to_ordered`), or ``step`` itself for other ops and dtypes. The
+    mapping is applied after the step's load and undone before its store."""
+    as_int = _ops.ordered_dtype(step.buffer.dtype, op)
+    if as_int is None:
+        return step
+    values, load = step.buffer, step.load
+    bits = values.view(as_int)
+
+    def to_ordered():
+        if load is not None:
+            load()
+        _ops.to_ordered(values, op)
+
+    return ReduceStep(
+        bits,
+        step.label,
+        to_ordered,
+        _then(lambda: _ops.from_ordered(bits, op), step.store),
+        step.fused,
+    )

@@ -115,6 +115,18 @@ class BulkManifest:
         return self.full().encode()
 
 
+def _shares_or_touches(held) -> bool:
+    """Whether some non-empty buffer of ``held`` starts where another ends (the two could travel as
+    one span) or shares memory with another (tied weights: one region under two names)."""
+    sizes = _np.frombuffer(held.lengths(), dtype=_np.int64)
+    starts = _np.frombuffer(held.addresses(), dtype=_np.int64)[sizes > 0]
+    if len(starts) < 2:
+        return False
+    order = _np.argsort(starts)
+    starts, ends = starts[order], starts[order] + sizes[sizes > 0][order]
+    return bool((starts[1:] <= _np.maximum.accumulate(ends)[:-1]).any())
+
+
 def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> BulkManifest | None:
     """The bulk manifest of ``params``, or ``None`` when it does not qualify (see the module
     doc)."""
@@ -142,8 +154,8 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
         held, dtype_runs, states = _speedups.array_list(values, _np.ndarray)
     except (ValueError, TypeError, BufferError):
         return None
-    if held.touching() or (held.readonly and rank != root):
-        return None  # spans to find, or an error to word: the general path does both
+    if (held.readonly and rank != root) or _shares_or_touches(held):
+        return None  # an error to word, spans or aliases to find: the general path does all three
     runs: list = []  # [[dtype name, how many in a row]], as manifest.runs gives them
     try:
         for dtype, count in dtype_runs:

@@ -195,6 +195,35 @@ def _replica_list(replicas, devices) -> list:
     )
 
 
+def _device_kind(key) -> tuple | None:
+    """``("host" or "device", index or None)`` for a device key that names one (``"cpu"``,
+    ``"cuda:1"``, a ``torch.device``, ...), else None (an opaque key: nothing to check)."""
+    text = (
+        str(key).strip().lower() if isinstance(key, str) or type(key).__name__ == "device" else ""
+    )
+    kind, _, index = text.partition(":")
+    if kind not in ("cpu", "cuda", "gpu"):
+        return None
+    return ("host" if kind == "cpu" else "device"), (int(index) if index.isdigit() else None)
+
+
+def _check_devices(views: list, devices) -> None:
+    """``ValueError`` when the replicas do not match ``devices``: one replica per device, each on
+    the device its key names (where the key names one)."""
+    if len(views) != len(devices):
+        raise ValueError(
+            f"has {len(views)} replica(s), but devices lists {len(devices)}: {list(devices)!r}"
+        )
+    for i, (view, key) in enumerate(zip(views, devices)):
+        named = _device_kind(key)
+        if named is None:
+            continue
+        kind, index = named
+        where = "host memory" if view.kind == "host" else f"device {view.device}"
+        if view.kind != kind or (index is not None and kind == "device" and view.device != index):
+            raise ValueError(f"replica {i} is in {where}, but devices[{i}] is {key!r}")
+
+
 def _check_param(views: list, receiving: bool) -> str | None:
     master = views[0]
     for i, view in enumerate(views[1:], start=1):
@@ -220,9 +249,28 @@ def build_manifest(params, *, rank: int, size: int, root, devices=None, settings
     """Inspect ``params`` on this rank; collect every local problem instead of raising.
 
     Precondition: none; any object is accepted and problems are reported in
-    ``Manifest.errors`` as ``(parameter name or None, message)``.
+    ``Manifest.errors`` as ``(parameter name or None, message)``: whatever reading the input
+    raises (a tensor type that refuses to be viewed, a mapping whose lookups fail) becomes such an
+    error, so the other ranks learn of it in the validation exchange instead of waiting.
     """
     errors: list = []
+    try:
+        out, leaves_only = _read_params(params, rank, size, root, devices, errors)
+    except Exception as exc:  # a mapping that cannot be walked: the same error on every rank
+        out, leaves_only = [], False
+        errors.append((None, f"reading params raised {_raised(exc)}"))
+    root_ok = isinstance(root, int) and not isinstance(root, bool) and 0 <= root < size
+    values = dict(settings or {})
+    values["root"] = root if root_ok else repr(root)
+    return Manifest(out, errors, values, leaves_only=leaves_only)
+
+
+def _raised(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}".removeprefix("builtins.")
+
+
+def _read_params(params, rank, size, root, devices, errors) -> tuple:
+    """``(Params in sorted order, leaves only)``, appending each problem to ``errors``."""
     out: list = []
     root_ok = isinstance(root, int) and not isinstance(root, bool) and 0 <= root < size
     if not root_ok:
@@ -245,8 +293,8 @@ def build_manifest(params, *, rank: int, size: int, root, devices=None, settings
         errors.append((None, f"parameter names must be str, got {bad_names[:3]!r}"))
     leaves_only = True
     for name in sorted(n for n in params if isinstance(n, str)):
-        value = params[name]
         try:
+            value = params[name]
             if type(value) is _np.ndarray:
                 views = [numpy_view(value)]
             elif is_array_like(value):
@@ -256,8 +304,15 @@ def build_manifest(params, *, rank: int, size: int, root, devices=None, settings
                 views = [as_array_view(o) for o in _replica_list(value, devices)]
                 if not views:
                     raise ValueError("has no replicas")
+            if devices is not None:
+                _check_devices(views, devices)
         except (ValueError, UnsupportedArray) as exc:
             errors.append((name, str(exc)))
+            continue
+        except (
+            Exception
+        ) as exc:  # the array library refused (torch's nested or negative-bit tensors)
+            errors.append((name, f"reading it raised {_raised(exc)}"))
             continue
         if len(views) > 1 or not (views[0].writable or not receiving):
             problem = _check_param(views, receiving)
@@ -265,6 +320,4 @@ def build_manifest(params, *, rank: int, size: int, root, devices=None, settings
                 errors.append((name, problem))
                 continue
         out.append(Param(name, views))
-    values = dict(settings or {})
-    values["root"] = root if root_ok else repr(root)
-    return Manifest(out, errors, values, leaves_only=leaves_only)
+    return out, leaves_only

@@ -24,8 +24,10 @@ class Prepared:
     devices: object
     state: Snapshot | None  # each array's address, shape, strides, dtype, writability (see recheck)
     manifest: object
-    runs: tuple  # the runs the plan sends as spans (every rank's layout agreed), else ()
-    layout: object
+    layout: object  # this rank's (plan.spans.Layout)
+    agreed: (
+        object  # the layout the plan follows: this rank's when every rank's agreed, else NO_RUNS
+    )
     channel: str  # the host transport the program is for
     program: object  # that transport's compiled program
     fused_buckets: int

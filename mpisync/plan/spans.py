@@ -19,35 +19,49 @@ __all__ = ["Layout", "host_layout", "span_buffer", "NO_RUNS"]
 
 
 class Layout(_typing.NamedTuple):
-    """``runs``: tuples of parameter indices whose masters are adjacent, in address order."""
+    """Where ``params``' host masters sit in memory.
+
+    ``runs``: tuples of parameter indices whose masters are end to end, in
+    address order. ``aliases``: ``(index, representative)`` pairs, a master
+    that is exactly the memory of an earlier parameter's (tied weights: one
+    tensor under two names); the representative is the first of them in
+    ``params``' order. ``overlaps``: ``(index, other)`` pairs whose masters
+    share some memory without being the same region.
+    """
 
     runs: tuple
-    digest: bytes  # 8 bytes, equal on ranks with equal runs
+    digest: bytes  # 8 bytes, equal on ranks with equal runs and aliases
+    aliases: tuple = ()
+    overlaps: tuple = ()
 
 
-def _digest(runs: tuple) -> bytes:
-    return _hashlib.blake2b(repr(runs).encode(), digest_size=8).digest()
+def _digest(runs: tuple, aliases: tuple = ()) -> bytes:
+    return _hashlib.blake2b(repr((runs, aliases)).encode(), digest_size=8).digest()
 
 
 NO_RUNS = Layout((), _digest(()))
 
 
-def _may_share_a_buffer(view) -> bool:
-    # A numpy array that owns its memory (base is None) is its own allocation, with the
-    # allocator's bookkeeping around it, so it is never end to end with another parameter;
-    # skipping it saves an address lookup per tensor on cold syncs of ordinary models.
-    return getattr(getattr(view, "obj", None), "base", True) is not None
-
-
 def host_layout(params: list) -> Layout:
-    """The runs (two or more parameters, end to end) among ``params``' host masters."""
+    """The runs (two or more parameters, end to end), aliases and overlaps among ``params``' host
+    masters (one address lookup per parameter)."""
     placed = sorted(
-        (MPI.Get_address(p.master.data), p.nbytes, i)
-        for i, p in enumerate(params)
-        if p.nbytes and _may_share_a_buffer(p.master.data)
+        (MPI.Get_address(p.master.data), p.nbytes, i) for i, p in enumerate(params) if p.nbytes
     )
-    runs, run, end = [], [], None
+    aliases, overlaps, distinct = [], [], []
+    reach, widest = 0, -1  # the furthest end so far, and whose it is
     for address, nbytes, index in placed:
+        if distinct and (address, nbytes) == distinct[-1][:2]:
+            aliases.append((index, distinct[-1][2]))  # sorted by index within equal regions
+            continue
+        if address < reach:
+            overlaps.append((index, widest))  # kept out of runs: a run's members lie end to end
+        else:
+            distinct.append((address, nbytes, index))
+        if address + nbytes > reach:
+            reach, widest = address + nbytes, index
+    runs, run, end = [], [], None
+    for address, nbytes, index in distinct:
         if address != end and len(run) > 1:
             runs.append(tuple(run))
         if address != end:
@@ -57,7 +71,12 @@ def host_layout(params: list) -> Layout:
     if len(run) > 1:
         runs.append(tuple(run))
     runs.sort()  # a canonical order, so equal layouts give equal digests
-    return Layout(tuple(runs), _digest(tuple(runs))) if runs else NO_RUNS
+    aliases.sort()
+    if not (runs or aliases or overlaps):
+        return NO_RUNS
+    return Layout(
+        tuple(runs), _digest(tuple(runs), tuple(aliases)), tuple(aliases), tuple(overlaps)
+    )
 
 
 def span_buffer(first, start: int, nbytes: int):

@@ -204,9 +204,13 @@ def _bench(args, rest) -> int:
 def _tune(args, rest) -> int:
     from mpi4py import MPI
 
-    from .tune import main as tune_main
+    from . import tune
 
-    return tune_main(MPI.COMM_WORLD, rest)
+    opt = tune.parser().parse_args(rest)
+    # every rank checks, and stops with status 2 at once when any rank found a problem
+    if _agreed_usage_error("tune", tune.problem(opt)):
+        return 2
+    return tune.run(MPI.COMM_WORLD, opt)
 
 
 def _stage_problem(args) -> str:

@@ -14,7 +14,10 @@ streams into it, fsyncs it and compares a BLAKE2b digest with root's. Only when
 every writer succeeded does each rename it over DEST and fsync the directory;
 if any rename fails, the writers that renamed roll back (the previous DEST, if
 any, is put back) and every rank raises an error that names any node still
-holding the new DEST. Every local failure (an unreadable or malformed file, a
+holding the new DEST. Root checks that SRC is still the file it opened (inode,
+size, modification and change times) once it has streamed it: a save rewriting
+it meanwhile would leave every DEST a mix of two versions with a matching
+digest, so then no DEST is written. Every local failure (an unreadable or malformed file, a
 directory that cannot be written) becomes the same error on every rank.
 """
 
@@ -240,6 +243,7 @@ class _Job:
         # a previous DEST was replaced with no backup: a roll-back cannot restore it
         self.unkept = False
         self.source = None
+        self.identity: tuple = ()  # root: SRC's (size, times, inode) when it was opened
 
     def run(self, chunk_bytes, capacity, progress) -> tuple:
         world, call, rank, root = self.world, self.call, self.rank, self.root
@@ -267,7 +271,7 @@ class _Job:
         n_writers = _np.array([1 if self.writer else 0], dtype=_np.int64)
         try:
             call(world.Iallreduce(MPI.IN_PLACE, n_writers, op=MPI.SUM))
-            self._agree(self._local(self._prepare, mode), "before streaming")
+            self._agree(self._local(self._prepare, mode, size), "before streaming")
             digest, failure = b"", ""
             if self.writer:
                 # root is rank 0 of the writers' communicator (see _writer_comm)
@@ -285,6 +289,8 @@ class _Job:
                 )
             if self.fd >= 0 and not failure:
                 failure = self._local(_os.fsync, self.fd)
+            if self.source is not None and not failure:
+                failure = self._local(self._check_unchanged)
             # Root's digest of what it read travels; every writer compares the digest of what it
             # wrote.
             reference = _np.frombuffer(digest.ljust(16, b"\0"), _np.uint8).copy()
@@ -308,9 +314,15 @@ class _Job:
                 f"{type(exc).__name__}: {exc}"
             )
 
-    def _prepare(self, mode: int) -> None:
+    def _prepare(self, mode: int, size: int) -> None:
         if self.rank == self.root:
             self.source = open(self.src, "rb")
+            self.identity = _identity(_os.fstat(self.source.fileno()))
+            if self.identity[0] != size:
+                raise ValueError(
+                    f"SRC changed since it was checked ({size} bytes, now "
+                    f"{self.identity[0]}): a save may still be writing it"
+                )
         if not self.writer:
             return
         self.target = _destination(self.dest, self.rank, self.node)
@@ -325,6 +337,21 @@ class _Job:
             prefix=f".{_os.path.basename(self.target)}.", suffix=".mpisync-tmp", dir=folder
         )
         _os.fchmod(self.fd, mode)
+
+    def _check_unchanged(self) -> None:
+        """Root: SRC is the file it was when streaming began (inode, size, modification and change
+        times, through the open file and through the path); else what was sent may mix two
+        versions (a save rewriting it in place), and no DEST may be written."""
+        now = _identity(_os.fstat(self.source.fileno()))
+        try:
+            path = _identity(_os.stat(self.src))
+        except OSError:
+            path = None
+        if now != self.identity or path != self.identity:
+            raise ValueError(
+                f"SRC {self.src!r} changed while it streamed (a save still writing it?): what was "
+                "sent may mix two versions; stage it again once it is complete"
+            )
 
     def _agree(self, failure: str, when: str) -> None:
         if not _all_ok(self.world, not failure, self.call):
@@ -409,6 +436,11 @@ class _Job:
             self.source.close()
         if self.writers is not None and self.writers != MPI.COMM_NULL:
             self.writers.Free()
+
+
+def _identity(info: _os.stat_result) -> tuple:
+    """What changes when a file is rewritten, replaced or resized: size, times, inode."""
+    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
 
 def _gather(world, message: str, call) -> list:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse as _argparse
 import array as _array
+import contextlib as _contextlib
 import json as _json
 import os as _os
 import statistics as _statistics
+import sys as _sys
+import tempfile as _tempfile
 import time as _time
 
 from ..transports.tuning import FORMAT, identity, tuning_path
@@ -39,17 +42,44 @@ def _measure(comm, params, channel: str, rounds: int, first: bool) -> float:
     return _statistics.median(times if first else times[2:])
 
 
+def parser() -> _argparse.ArgumentParser:
+    """The options of ``mpisync tune``."""
+    parser = _argparse.ArgumentParser(prog="mpisync tune")
+    parser.add_argument("--rounds", type=int, default=5, help="syncs timed per transport and set")
+    parser.add_argument("--output", help="where to write (default: the tuning file's location)")
+    return parser
+
+
+def problem(opt) -> str:
+    """What is wrong with the options ``opt`` (checked on every rank before anything is measured),
+    or ""."""
+    if opt.rounds < 1:
+        return f"--rounds must be >= 1, got {opt.rounds}"
+    path = opt.output or tuning_path()
+    if _os.path.isdir(path):
+        return f"--output {path} is a folder; name the file to write"
+    return ""
+
+
 def main(comm, args=None) -> int:
+    """Check the options (``args``: ``--rounds``, ``--output``), then :func:`run`; status 2 on
+    every rank at once when an option is wrong there."""
+    opt = parser().parse_args(args)
+    wrong = problem(opt)
+    if wrong:
+        if comm.rank == 0:
+            print(f"mpisync tune: error: {wrong}", file=_sys.stderr, flush=True)
+        return 2
+    return run(comm, opt)
+
+
+def run(comm, opt) -> int:
     """Measure each host transport on two parameter sets (small tensors, large ones), first sync and
     repeated, and write the tuning file on rank 0 (the path is printed)."""
     from .._runtime.clock import Deadline
     from ..transports.selection import CHANNELS, gather_facts
     from .workloads import make_params, many_small, resnet50
 
-    parser = _argparse.ArgumentParser(prog="mpisync tune")
-    parser.add_argument("--rounds", type=int, default=5, help="syncs timed per transport and set")
-    parser.add_argument("--output", help="where to write (default: the tuning file's location)")
-    opt = parser.parse_args(args)
     dup = comm.Dup()
     try:
         facts = gather_facts(dup, Deadline(None).wait)
@@ -80,11 +110,7 @@ def main(comm, args=None) -> int:
                 "measured": measured,
                 "written": _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime()),
             }
-            _os.makedirs(_os.path.dirname(_os.path.abspath(path)), exist_ok=True)
-            temporary = f"{path}.{_os.getpid()}.tmp"
-            with open(temporary, "w", encoding="utf-8") as f:
-                _json.dump(doc, f, indent=2)
-            _os.replace(temporary, path)
+            write_file(path, _json.dumps(doc, indent=2))
             print(f"mpisync tune: wrote {path}: {_json.dumps(entries)}")
             for key, row in measured.items():
                 print(
@@ -94,3 +120,23 @@ def main(comm, args=None) -> int:
     finally:
         dup.Free()
     return 0
+
+
+def write_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a fresh file of the target's folder
+    (created exclusively: a name planted there, a symlink say, is never followed), then renamed
+    over ``path`` (a symlink at ``path`` itself is replaced, not followed)."""
+    folder = _os.path.dirname(_os.path.abspath(path))
+    _os.makedirs(folder, exist_ok=True)
+    fd, temporary = _tempfile.mkstemp(prefix=f".{_os.path.basename(path)}.", dir=folder)
+    try:
+        with _os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = _os.umask(0)
+        _os.umask(umask)
+        _os.chmod(temporary, 0o666 & ~umask)  # as open() would have made it, not mkstemp's 0600
+        _os.replace(temporary, path)
+    except BaseException:
+        with _contextlib.suppress(OSError):
+            _os.unlink(temporary)
+        raise

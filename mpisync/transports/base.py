@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc as _abc
 
 from ..params.bulk import BulkManifest
+from ..plan.spans import NO_RUNS, Layout
 from ..plan.transfers import build_plan, bulk_plan
 
 __all__ = ["Transport", "Context", "host_plan", "names_of"]
@@ -52,12 +53,19 @@ class Context:
         self.pending = None
 
 
-def host_plan(manifest, fusion: int, chunk: int, runs: tuple = ()) -> list:
+def host_plan(manifest, fusion: int, chunk: int, layout: Layout = NO_RUNS) -> list:
     """The host plan of ``manifest``: ``bulk_plan`` tuples for a bulk manifest, else
-    ``build_plan``'s."""
+    ``build_plan``'s with the runs of the agreed ``layout`` as spans. A one-replica alias of an
+    earlier parameter (the same memory under two names) is left out: its bytes arrive with its
+    representative's."""
     if isinstance(manifest, BulkManifest):
         return bulk_plan(manifest.sizes, fusion, chunk)
-    return build_plan([p.nbytes for p in manifest.host_params], fusion, chunk, runs)
+    params = manifest.host_params
+    sizes = [p.nbytes for p in params]
+    for index, _ in layout.aliases:
+        if len(params[index].replicas) == 1:
+            sizes[index] = 0
+    return build_plan(sizes, fusion, chunk, layout.runs)
 
 
 class Transport(_abc.ABC):

@@ -42,6 +42,7 @@ from ..plan.arena import Arena, vectored_io_available
 from ..plan.program import bucket_pack, bucket_unpack, transfer_buffer
 
 __all__ = [
+    "remove_stale_segments",
     "NodeSegment",
     "Chunk",
     "compile_chunks",
@@ -91,6 +92,54 @@ def available() -> bool:
     )
 
 
+_SHM = "/dev/shm"
+
+
+def _owner_prefix() -> str:
+    """``mpisync-<uid>-<pid namespace>-``: a segment file's name starts so, then its creator's pid.
+    The namespace makes the pid meaningful: ranks in another PID namespace may share /dev/shm."""
+    try:
+        namespace = _os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"mpisync-{_os.getuid()}-{namespace}-"
+
+
+def remove_stale_segments() -> list:
+    """Unlink the segment files of this user and PID namespace whose creator has died (a job killed
+    while its segment was being set up, before every rank had mapped it); return their paths.
+
+    A live creator's file is left alone, and so is anything not named as this module names its
+    files, or owned by another user."""
+    prefix, removed = _owner_prefix(), []
+    try:
+        names = [n for n in _os.listdir(_SHM) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(prefix) :].split("-", 1)[0]
+        path = f"{_SHM}/{name}"
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            if _os.lstat(path).st_uid == _os.getuid():
+                _os.unlink(path)
+                removed.append(path)
+        except OSError:  # removed meanwhile (another rank's clean-up)
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        _os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, but not ours to signal
+        return True
+    return True
+
+
 def _header_bytes(slots: int, size: int) -> int:
     raw = _LINE * (1 + slots + size)  # token line, one line per slot sequence, one per rank's ack
     return -(-raw // _mmap.PAGESIZE) * _mmap.PAGESIZE
@@ -136,8 +185,9 @@ class NodeSegment:
         message = _np.zeros(_NAME_BYTES + 16, dtype=_np.uint8)
         try:
             if rank == root and enabled(requested):
+                remove_stale_segments()
                 token = _secrets.token_bytes(16)
-                path = f"/dev/shm/mpisync-{_os.getpid()}-{token[:6].hex()}"
+                path = f"{_SHM}/{_owner_prefix()}{_os.getpid()}-{token[:6].hex()}"
                 fd = _os.open(
                     path,
                     _os.O_RDWR | _os.O_CREAT | _os.O_EXCL | getattr(_os, "O_CLOEXEC", 0),

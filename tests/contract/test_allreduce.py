@@ -415,3 +415,113 @@ def test_integer_avg_sums_without_overflowing_the_dtype(comm, fusion_bytes):
     for name, value in (("i8", 105), ("u8", 245), ("i32", i32)):
         for replica in params[name]:
             assert replica.tolist() == [value] * replica.size, (name, replica[:3])
+
+
+def _gathered_bytes(comm, array) -> list:
+    # test-side only: every rank's bytes, to compare ranks with each other
+    return comm.allgather(np.ascontiguousarray(array).tobytes())
+
+
+@pytest.mark.parametrize("n", [100, 300_000], ids=["fused", "direct"])
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_tied_weights_are_reduced_once(comm, op, n):
+    # One storage under two names (a language model's head.weight = emb.weight): reduced once,
+    # below fusion_bytes (a bucket) and above it (in place), one-shot and through a GradSync whose
+    # later calls take the node's segment.
+    torch = pytest.importorskip("torch")
+    emb = torch.nn.Embedding(n // 10, 10)
+    head = torch.nn.Linear(10, n // 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.ModuleDict({"emb": emb, "head": head, "norm": torch.nn.LayerNorm(10)})
+    expected = {"sum": sum(range(1, comm.size + 1)), "avg": (comm.size + 1) / 2, "max": comm.size}
+    with mpisync.GradSync(comm, op=op) as syncer:
+        for call in range(4):
+            with torch.no_grad():
+                emb.weight.fill_(comm.rank + 1)
+            state = model.state_dict()
+            report = mpisync.allreduce(state, comm, op=op) if call == 0 else syncer.allreduce(state)
+            assert report.tensors == 4
+            assert emb.weight.unique().tolist() == [expected[op]], (call, report.channel)
+            assert len(set(_gathered_bytes(comm, emb.weight.detach()))) == 1
+
+
+@pytest.mark.parametrize("form", ["the same array", "a view of it"])
+def test_numpy_arrays_under_two_names_are_reduced_once(comm, form):
+    for n in (50, 100_000):
+        w = np.full(n, comm.rank + 1, np.float64)
+        params = {"a": w, "b": w if form == "the same array" else w[:], "c": np.ones(3)}
+        mpisync.allreduce(params, comm, op="sum")
+        assert (w == sum(range(1, comm.size + 1))).all() and (params["c"] == comm.size).all()
+
+
+def test_partly_overlapping_names_raise_everywhere(comm):
+    w = np.ones(1000, np.float32)
+    params = {"a": w[:600], "b": w[400:]}
+    before = w.copy()
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.allreduce(params, comm, op="sum"),
+        "parameter 'b': overlaps 'a' in memory",
+    )
+    assert (w == before).all()
+
+
+def test_a_tie_on_one_rank_only_raises_everywhere(comm):
+    need_ranks(comm, 2)
+    w = np.ones(10, np.float32)
+    tied = comm.rank == last_rank(comm)
+    params = {"a": w, "b": w if tied else np.ones(10, np.float32)}
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.allreduce(params, comm, op="sum"),
+        "tied",
+    )
+
+
+_NAN_CASES = {
+    # rank -> values; at every position some rank holds NaN, or none does (then the plain min/max)
+    "min": ([np.nan, 2.0, -0.0, 1.0, 5.0], [1.0, np.nan, 0.0, -1.0, np.inf]),
+    "max": ([np.nan, 2.0, -0.0, 1.0, -5.0], [1.0, np.nan, 0.0, -1.0, -np.inf]),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["min", "max"])
+def test_nan_wins_min_and_max_with_the_same_bytes_on_every_rank_and_channel(comm, op, dtype):
+    # numpy's and torch's rule (NaN wins), whatever path a value takes: one-shot (MPI), and a
+    # reused GradSync, whose buckets move onto the node's segment from its second call.
+    torch = pytest.importorskip("torch") if dtype == "bfloat16" else None
+    rows = _NAN_CASES[op]
+    mine = rows[comm.rank % 2]
+    expected = [
+        np.nan
+        if any(np.isnan(r[i]) for r in rows[: min(comm.size, 2)])
+        else (min if op == "min" else max)(r[i] for r in rows[: min(comm.size, 2)])
+        for i in range(len(mine))
+    ]
+
+    def fresh():
+        if torch is not None:
+            return {f"p{k}": torch.tensor(mine * 40, dtype=torch.bfloat16) for k in range(12)}
+        return {f"p{k}": np.array(mine * 40, dtype) for k in range(12)}
+
+    seen = []
+    with mpisync.GradSync(comm, op=op) as syncer:
+        for call in range(4):
+            params = fresh()
+            report = (
+                mpisync.allreduce(params, comm, op=op) if call == 0 else syncer.allreduce(params)
+            )
+            got = params["p0"].float().numpy() if torch is not None else params["p0"]
+            assert np.array_equal(got[:5].astype(np.float64), expected, equal_nan=True), (
+                call,
+                report.channel,
+                got[:5],
+            )
+            raw = params["p0"].view(torch.int16).numpy() if torch is not None else params["p0"]
+            seen.append(np.ascontiguousarray(raw).tobytes())
+    assert len(set(seen)) == 1  # every call and channel gave the same bytes
+    assert len(set(comm.allgather(seen[0]))) == 1  # and so did every rank
+    assert not np.signbit(got[np.isnan(got)]).any()  # NaN results are positive NaNs

@@ -289,3 +289,55 @@ def test_intercommunicator_is_refused(comm):
     finally:
         inter.Free()
         local.Free()
+
+
+@pytest.mark.parametrize("kind", ["nested tensor", "negative bit", "failing mapping"])
+def test_input_that_raises_when_read_on_one_rank_raises_everywhere_at_once(comm, kind):
+    # Whatever reading a rank's own input raises becomes the agreed error at once: the others never
+    # wait for the timeout (60 s here).
+    import time
+
+    torch = pytest.importorskip("torch")
+    bad = last_rank(comm)
+    params = {"w": values("w", comm.rank, (4,), "float32"), "x": values("x", 0, (4,), "float32")}
+    if comm.rank == bad:
+        if kind == "nested tensor":
+            params["x"] = torch.nested.nested_tensor([torch.ones(2), torch.ones(2)])
+        elif kind == "negative bit":
+            params["x"] = torch._neg_view(torch.ones(4))
+        else:
+
+            class Failing(dict):
+                def __getitem__(self, key):
+                    raise KeyError(f"{key} went missing")
+
+            params = Failing(params)
+    before = _snapshot({"w": params["w"]} if kind != "failing mapping" else {})
+    start = time.monotonic()
+    message = raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.sync_params(params, comm, root=0, timeout=60),
+        f"rank(s) {bad}",
+    )
+    assert time.monotonic() - start < 20
+    assert ("raised" in message) and ("KeyError" in message or "parameter 'x'" in message)
+    if kind != "failing mapping":
+        _untouched({"w": params["w"]}, before)
+
+
+@pytest.mark.parametrize(
+    "devices, problem",
+    [
+        (["cuda:0"], "replica 0 is in host memory, but devices[0] is 'cuda:0'"),
+        (["cpu:0", "cpu:1"], "has 1 replica(s), but devices lists 2"),
+    ],
+)
+def test_a_single_array_is_checked_against_devices(comm, devices, problem):
+    params = {"w": values("w", comm.rank, (4,), "float32")}
+    raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: mpisync.sync_params(params, comm, root=0, devices=devices),
+        problem,
+    )

@@ -380,3 +380,23 @@ def test_ranks_on_the_bulk_and_the_general_path_match(comm):
         assert same_bytes(got, values(name, 0, shape, dtype)), name
     if comm.size > 1:  # 300 tensors of 4-28 B in 1 KiB buckets, 'big' (40 kB) on its own
         assert report.fused_buckets == 5 and report.transfers == 6 and report.verified
+
+
+@pytest.mark.parametrize("channel_env", ["0", "1"], ids=["default", "shared memory"])
+def test_tied_weights_travel_once(comm, monkeypatch, channel_env):
+    # One array under two names travels once when every rank ties them alike; a rank that holds
+    # them apart gets root's bytes in both.
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", channel_env)
+    big = values("big", comm.rank, (300_000,), "float32")
+    small = values("small", comm.rank, (10,), "float32")
+    params = {"a": big, "b": big, "c": small}
+    report = mpisync.sync_params(params, comm, root=0)
+    assert same_bytes(big, values("big", 0, (300_000,), "float32"))
+    assert same_bytes(small, values("small", 0, (10,), "float32"))
+    if comm.size > 1:
+        assert report.transfers == 2  # 'a' in place and 'c' in a bucket: 'b' is 'a'
+    apart = {"a": values("big", comm.rank, (300_000,), "float32"), "c": small}
+    apart["b"] = apart["a"] if comm.rank == 0 else values("big", comm.rank, (300_000,), "float32")
+    mpisync.sync_params(apart, comm, root=0)
+    for name in ("a", "b"):
+        assert same_bytes(apart[name], values("big", 0, (300_000,), "float32"))

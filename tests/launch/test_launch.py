@@ -1,5 +1,6 @@
 """Jobs started with their own mpiexec: timeouts end in a report and an abort, the CLI works."""
 
+import glob
 import json
 import subprocess
 import sys
@@ -143,3 +144,22 @@ def test_a_full_dev_shm_keeps_mpi_instead_of_crashing(bounded_env):
     assert proc.returncode == 0, out
     for rank in (0, 1):
         assert f"rank {rank}: channels ['mpi', 'mpi', 'mpi']" in out, out
+
+
+def test_a_segment_file_left_by_a_killed_job_is_removed_by_the_next(bounded_env):
+    # A rank SIGKILLed during the segment's set-up: the launcher ends the job before root could
+    # unlink its file; the next job's segment set-up removes it (its creator is dead).
+    from mpisync.transports.nodesegment import _owner_prefix
+
+    pattern = f"/dev/shm/{_owner_prefix()}*"
+    before = set(glob.glob(pattern))
+    env = dict(bounded_env, MPISYNC_SHARED_MEMORY="1", MPISYNC_CROSS_MEMORY="0")
+    killed, _ = _mpiexec(2, [str(JOBS / "segment_kill.py"), "kill"], env)
+    assert killed.returncode != 0, killed.stdout + killed.stderr
+    left = set(glob.glob(pattern)) - before
+    assert len(left) == 1, (left, killed.stdout + killed.stderr)  # the case this test is about
+    proc, _ = _mpiexec(2, [str(JOBS / "segment_kill.py"), "sync"], env)
+    assert proc.returncode == 0 and "rank 0: shared memory" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )
+    assert not (left & set(glob.glob(pattern)))

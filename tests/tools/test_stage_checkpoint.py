@@ -311,3 +311,54 @@ def test_a_roll_back_without_hard_links_says_the_previous_dest_is_gone(comm, mon
         assert mine.read_bytes() == b"previous %d" % comm.rank
     else:  # renamed, then rolled back with no backup: gone, and the message names this rank
         assert not mine.exists() and f"rank {comm.rank} (node 0)" in message
+
+
+@pytest.mark.mpi
+def test_a_source_rewritten_while_it_streams_writes_no_dest(comm, monkeypatch):
+    # A save rewriting SRC in place while root streams it: the bytes sent mix two versions, and the
+    # digests of what was sent still match; root finds SRC changed and no DEST is written.
+    import mpisync.tools.stage_checkpoint as staging
+
+    folder = _shared_folder(comm)
+    src = folder / "ckpt.bin"
+    if comm.rank == 0:
+        src.write_bytes(b"\1" * (16 << 20))
+    comm.Barrier()
+    mine = folder / f"out{comm.rank}" / "ckpt.bin"
+    mine.parent.mkdir()
+    mine.write_bytes(b"previous %d" % comm.rank)
+    if comm.rank == 0:
+        real_stream = staging._stream
+
+        class Rewritten:  # the file object root reads, rewritten on disk after its first chunk
+            def __init__(self, source):
+                self.source, self.reads = source, 0
+
+            def readinto(self, view):
+                got = self.source.readinto(view)
+                self.reads += 1
+                if self.reads == 1:
+                    time.sleep(0.05)  # a later tick of the file system's clock
+                    with open(src, "r+b") as f:
+                        f.write(b"\2" * (16 << 20))
+                return got
+
+        def stream(comm_, call, syncer, source, *args):
+            return real_stream(comm_, call, syncer, Rewritten(source), *args)
+
+        monkeypatch.setattr(staging, "_stream", stream)
+    raises_everywhere(
+        comm,
+        __import__("mpisync").SyncError,
+        lambda: staging.stage_checkpoint(
+            str(src),
+            str(folder / "out{rank}" / "ckpt.bin"),
+            comm,
+            per_rank=True,
+            chunk_bytes=1 << 20,
+        ),
+        "checkpoint staging failed while streaming; no DEST was written",
+        "changed while it streamed",
+    )
+    assert mine.read_bytes() == b"previous %d" % comm.rank
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["ckpt.bin"]

@@ -191,7 +191,7 @@ def test_a_segment_file_removed_during_set_up_fails_no_rank(comm, monkeypatch):
 
         def fallocate_then_remove(fd, offset, length):
             real(fd, offset, length)
-            for path in glob.glob(f"/dev/shm/mpisync-{os.getpid()}-*"):
+            for path in glob.glob(f"/dev/shm/{intranode._owner_prefix()}{os.getpid()}-*"):
                 os.unlink(path)
 
         monkeypatch.setattr(intranode._os, "posix_fallocate", fallocate_then_remove)
@@ -221,3 +221,26 @@ def test_shared_memory_setting_is_every_set_never_or_small_sets(monkeypatch):
         assert intranode.setting() is expected, raw
     monkeypatch.delenv("MPISYNC_SHARED_MEMORY")
     assert intranode.setting() is None and not intranode.enabled()
+
+
+def test_stale_segment_files_of_dead_creators_are_removed(tmp_path):
+    import os
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    prefix = intranode._owner_prefix()
+    stale = f"/dev/shm/{prefix}{dead.pid}-feedbeef"
+    live = f"/dev/shm/{prefix}{os.getpid()}-feedbeef"
+    other = "/dev/shm/mpisync-not-ours"
+    for path in (stale, live, other):
+        open(path, "wb").close()
+    try:
+        removed = intranode.remove_stale_segments()
+        # (in an MPI pass every rank runs this: another rank's clean-up may take the file first)
+        assert live not in removed and other not in removed
+        assert not os.path.exists(stale) and os.path.exists(live) and os.path.exists(other)
+    finally:
+        for path in (stale, live, other):
+            if os.path.exists(path):
+                os.unlink(path)
