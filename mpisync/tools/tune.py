@@ -35,6 +35,7 @@ def _measure(comm, params, channel: str, rounds: int, first: bool) -> float:
         # a buffer call: nothing from peers is unpickled
         comm.Allreduce(MPI.IN_PLACE, elapsed, op=MPI.MAX)
         times.append(elapsed[0])
+    assert syncer is not None  # rounds >= 1: main checks it
     syncer.close()
     return _statistics.median(times if first else times[2:])
 
@@ -50,6 +51,8 @@ def main(comm, args=None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="syncs timed per transport and set")
     parser.add_argument("--output", help="where to write (default: the tuning file's location)")
     opt = parser.parse_args(args)
+    if opt.rounds < 1:  # every rank parses the same arguments: every rank stops here
+        parser.error(f"--rounds must be at least 1, got {opt.rounds}")
     dup = comm.Dup()
     try:
         facts = gather_facts(dup, Deadline(None).wait)
