@@ -152,8 +152,8 @@ def diagnose(docs: list) -> Exception:
         return ManifestMismatchError(
             "mpisync: manifest digests differ between ranks, but no difference was found"
         )
-    ranks = ", ".join(str(r) for r in sorted({r for r, _ in problems}))
+    differing_ranks = ", ".join(str(r) for r in sorted({r for r, _ in problems}))
     return ManifestMismatchError(
-        f"mpisync: parameters differ from root rank {root}'s on rank(s) {ranks}: "
+        f"mpisync: parameters differ from root rank {root}'s on rank(s) {differing_ranks}: "
         + _limited([f"rank {r}: {text}" for r, text in problems])
     )

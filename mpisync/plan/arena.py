@@ -64,6 +64,8 @@ class Arena:
     path gives the same bytes).
     """
 
+    _fd: int | None  # the memory file, when the arena is one
+
     def __init__(self, nbytes: int, *, vectored: bool | None = None, compiled: bool | None = None):
         self.nbytes = nbytes
         self._fd, self._base = None, 0
@@ -85,9 +87,9 @@ class Arena:
                     _os.close(fd)
                 else:
                     self._adopt(fd)
-        self.view = memoryview(
-            mapping if mapping is not None else _np.empty(nbytes, dtype=_np.uint8)
-        ).cast("B")
+        memory = mapping if mapping is not None else _np.empty(nbytes, dtype=_np.uint8)
+        # ignore[arg-type]: numpy's stubs declare ndarray's buffer protocol for Python >= 3.12 only
+        self.view = memoryview(memory).cast("B")  # type: ignore[arg-type]
 
     @classmethod
     def over(cls, fd: int, mapping, offset: int, nbytes: int) -> Arena:

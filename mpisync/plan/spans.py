@@ -46,6 +46,8 @@ def host_layout(params: list) -> Layout:
         for i, p in enumerate(params)
         if p.nbytes and _may_share_a_buffer(p.master.data)
     )
+    runs: list[tuple[int, ...]]
+    run: list[int]
     runs, run, end = [], [], None
     for address, nbytes, index in placed:
         if address != end and len(run) > 1:

@@ -17,6 +17,7 @@ The device transport (staged or CUDA-aware) is :mod:`mpisync.transports.device`.
 from __future__ import annotations
 
 import abc as _abc
+import typing as _typing
 
 from ..params.bulk import BulkManifest
 from ..plan.transfers import build_plan, bulk_plan
@@ -49,7 +50,7 @@ class Context:
             one_node,
         )
         # names in flight when a wait expires: a callable, set by the running transport
-        self.pending = None
+        self.pending: _typing.Callable[[], list] | None = None
 
 
 def host_plan(manifest, fusion: int, chunk: int, runs: tuple = ()) -> list:

@@ -164,8 +164,8 @@ class NodeSegment:
             length, slots, slot_bytes = (int(x) for x in packed[:24].view(_np.int64))
             if rank != root and length and enabled(requested):
                 try:
-                    name = packed[24 : 24 + length].tobytes().decode()
-                    fd = _os.open(name, _os.O_RDWR | getattr(_os, "O_CLOEXEC", 0))
+                    root_path = packed[24 : 24 + length].tobytes().decode()
+                    fd = _os.open(root_path, _os.O_RDWR | getattr(_os, "O_CLOEXEC", 0))
                     nbytes = _header_bytes(slots, size) + slots * slot_bytes
                     if _os.fstat(fd).st_size != nbytes:
                         raise OSError("size differs")
@@ -186,6 +186,7 @@ class NodeSegment:
         if not everyone[0]:
             _close(fd, mapping)
             return None
+        assert fd is not None  # every rank mapped the file
         return cls(fd, mapping, slots, slot_bytes, size, rank, root)
 
     def run(self, chunks: list, deadline_after, timeline=None, log=None) -> None:
@@ -310,7 +311,7 @@ def compile_chunks(
     plan: list, params: list, *, receiving: bool, slots: int, slot_bytes: int = SLOT_BYTES
 ) -> list:
     """The chunks that carry out host ``plan`` (made for ``params``) through ``slots`` slots."""
-    chunks = []
+    chunks: list[Chunk] = []
     for transfer in plan:
         if transfer.fused:
             offset = (len(chunks) % slots) * slot_bytes
@@ -352,6 +353,7 @@ def compile_bulk_chunks(
     ``manifest``'s arrays through
     a shared segment of ``slots`` slots: buckets copied by ``BufferList`` parts, large tensors in
     pieces."""
+    chunks: list[Chunk]
     names, values, chunks = manifest.names, manifest.values, []
     for fused, first, last, nbytes in plan:
         offset = (len(chunks) % slots) * slot_bytes

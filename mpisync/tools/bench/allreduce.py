@@ -80,7 +80,7 @@ def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
     for size in _sizes(max_bytes):
         tensors = {name: torch.zeros(size // 4) for name in ("mpisync", "gloo")}
         flat = _np.zeros(size // 4, _np.float32)
-        runs = {
+        runs: dict = {
             name: (lambda t=tensors[name], g=groups[name]: dist.all_reduce(t, group=g))
             for name in tensors
         }
@@ -160,7 +160,7 @@ def noop_hook(state, bucket):
     moved."""
     import torch
 
-    future = torch.futures.Future()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(bucket.buffer())
     return future
 
