@@ -206,7 +206,8 @@ class ParamSync(Reusable):
         if self._where is None:  # until the caller's communicator passes the check
             comm = self._user_comm
             _check_comm(comm)
-            # MPISYNC_TIMELINE is read once per syncer: the lookup costs 10 us of a repeated sync.
+            # MPISYNC_TIMELINE is read once per syncer, not per sync: every lookup would add to a
+            # repeated sync's fixed cost (docs/performance.md; `mpisync bench` times it).
             self._where = (comm.rank, comm.size, Trace(timeline_for(comm.rank)))
         rank, size, trace = self._where
         if size > 1:

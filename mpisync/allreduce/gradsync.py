@@ -47,8 +47,8 @@ __all__ = ["GradSync", "allreduce"]
 # The most fused bytes the node's segment takes, in buckets: each rank's region holds them all, so
 # the segment (ranks x regions) stays within what 16 buckets in flight per rank would hold.
 _SEGMENT_BUCKETS = 16
-# The fewest fused bytes the segment takes: below, its two barriers cost more than one all-reduce of
-# the bytes through MPI (the crossover measured at 2 ranks: docs/allreduce.md).
+# The fewest fused bytes the segment takes: below, one all-reduce of the bytes through MPI costs
+# less than the segment's two barriers (the crossover: docs/allreduce.md, stop 23).
 _SEGMENT_MIN_BYTES = 24 << 10
 
 

@@ -28,7 +28,8 @@ def max_and_min(comm, words, call) -> tuple:
     all-reduce: the words with their bitwise complements, reduced with MAX (``max(~x) == ~min(x)``).
 
     ``call(request)`` waits for the request (with the caller's deadline). Plain Python: a repeated
-    sync runs this with its caches cold, where each numpy call costs microseconds.
+    sync runs this with its caches cold, where a numpy call's fixed overhead outweighs the work on
+    a few integers (docs/performance.md, History).
     """
     words = [int(w) for w in words]
     n = len(words)

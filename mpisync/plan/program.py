@@ -85,7 +85,7 @@ class Step:
 
 #: Fusion buffers a plan takes turns in, however many collectives are in flight, where every rank
 #: is on one node. There the copies, not the wire, set the pace, and with two slots they stay in
-#: the caches from one bucket to the next (measured against one slot and one per collective in
+#: the caches from one bucket to the next (against one slot, and one per collective in flight:
 #: docs/performance.md); two let a bucket be packed while the last one moves. Across nodes each
 #: collective in flight keeps a slot of its own: a broadcast tree's stages and the network's
 #: latency want many buckets in flight.

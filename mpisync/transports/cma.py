@@ -2,8 +2,8 @@
 
 MPI's single-copy path between processes (CMA, ``process_vm_readv``) is run by
 the receiver alone; on memory in 4 KiB pages (tensors allocated one by one) it
-pins and copies page by page at about half the speed it reaches on the huge
-pages of one large allocation. Here root writes the first share of every
+pins and copies page by page, slower than on the huge pages of one large
+allocation (figures: docs/performance.md, History). Here root writes the first share of every
 receiver's large tensors (``process_vm_writev``) while each receiver reads the
 rest (``process_vm_readv``), straight from tensor to tensor: two cores share
 the work. Small tensors (the plan's fused ones) are read by the receivers
@@ -220,9 +220,9 @@ class CrossMemory:
         d = len(direct)
         total = int(mine[:d, 1].sum())
         if self.fraction is None and total:
-            # An even split leaves root last to finish; a fixed share of 0.8 of it is used (figures
-            # in
-            # docs/performance.md). Nothing measured rides in the validation exchange to move it.
+            # An even split leaves root last to finish: root takes a fixed 0.8 of an even share
+            # (figures: docs/performance.md). Fixed, so every rank computes the same split with no
+            # timing exchanged.
             self.fraction = min(1.0, 0.8 * int(mine[:, 1].sum()) / (size * total))
         regions = (
             []

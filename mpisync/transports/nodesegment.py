@@ -1,12 +1,13 @@
 """Host bytes between ranks of one node through a shared file, with no MPI data movement.
 
 MPI's large-message path between processes (MPICH and Open MPI use CMA,
-``process_vm_readv``) pins and copies page by page; on tensors allocated one by
-one, mostly on 4 KiB pages, it ran at half the speed of one flat ``Bcast``
-here. Instead root copies the plan's transfers, in order, into a ring of
-``slots`` slots of a file in ``/dev/shm`` that every rank has mapped, and the
-other ranks copy them out, each slot released when every receiver has acked
-it: one memory copy on each side, pipelined. Buckets of small tensors are
+``process_vm_readv``) pins and copies page by page, so tensors allocated one by
+one, mostly on 4 KiB pages, move slower than the same bytes in one flat
+``Bcast`` (figures: docs/performance.md, History). Instead root copies the
+plan's transfers, in order, into a ring of ``slots`` slots of a file in
+``/dev/shm`` that every rank has mapped, and the other ranks copy them out,
+each slot released when every receiver has acked it: one memory copy on each
+side, pipelined. Buckets of small tensors are
 packed and unpacked with one ``pwritev``/``preadv`` each.
 
 By default (:mod:`mpisync.transports.selection`) it carries parameter sets whose
@@ -283,8 +284,9 @@ class Chunk:
 
         Packed the usual way, a bucket sits in root's cache and every receiver then fetches each
         line from there; streamed, it goes to memory, which every receiver reads at the same cost.
-        Large transfers are copied the usual way, where streaming measured slower (the figures:
-        docs/performance.md, History).
+        Large transfers are copied the usual way: streaming them did not pay (the figures:
+        docs/performance.md, History; ``MPISYNC_SHARED_MEMORY=1 mpisync bench`` puts them
+        through the segment).
         """
         if self.pack:
             arena.gather(self.pack, streaming=True)

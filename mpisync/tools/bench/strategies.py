@@ -80,7 +80,8 @@ def paramsync_first(comm, params, root):
     return run, _noop
 
 
-_EVICTION_BYTES = 64 << 20  # twice the 32 MiB last-level cache of the development machine
+# larger than the last-level cache (twice a 32 MiB one), so a sync's cache lines are evicted
+_EVICTION_BYTES = 64 << 20
 _eviction = None
 
 
