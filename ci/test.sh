@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: set-up, then every test at 1, 2, 3 and 4 ranks on the embedded MPICH.
+# The test command: set-up, lint and types, then every test at 1, 2, 3 and 4 ranks on the embedded
+# MPICH.
 # Every mpiexec is bounded twice: MPIEXEC_TIMEOUT (the launcher kills the job) and timeout(1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,6 +8,11 @@ bash ci/setup.sh .venv mpich
 . .venv/bin/activate
 export HYDRA_LAUNCHER=fork MPISYNC_TEST_LOGS=.test-logs
 started=$SECONDS
+
+echo "== lint and types: ruff, mypy"
+timeout 300 ruff check .
+timeout 300 ruff format --check .
+timeout 600 mypy
 
 echo "== GPU check, dry run: ci/gpu-check.sh's wheel install and preflight, without a GPU"
 timeout 300 bash ci/gpu-wheels.sh

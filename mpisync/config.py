@@ -7,15 +7,24 @@ from __future__ import annotations
 
 import dataclasses as _dc
 import os as _os
+from typing import Any, Generic, TypedDict, TypeVar
 
 from .errors import InvalidParamError
 
-__all__ = ["Setting", "Settings", "resolve", "env_switch", "BUILTIN_DEFAULTS", "ENV_NAMES"]
+__all__ = [
+    "Setting",
+    "Settings",
+    "SettingValues",
+    "resolve",
+    "env_switch",
+    "BUILTIN_DEFAULTS",
+    "ENV_NAMES",
+]
 
 GPU_TRANSPORTS = ("auto", "cuda-aware", "staged")
 
 #: Built-in defaults; the README's Performance section says how they were chosen.
-BUILTIN_DEFAULTS = {
+BUILTIN_DEFAULTS: dict[str, Any] = {
     "max_concurrent": 16,
     "fusion_bytes": 256 << 10,
     "gpu_transport": "auto",
@@ -30,31 +39,48 @@ ENV_NAMES = {
 }
 
 
+_T = TypeVar("_T")
+
+
 @_dc.dataclass(frozen=True)
-class Setting:
+class Setting(Generic[_T]):
     """One effective value and its source: ``"argument"``, ``"environment"`` or ``"built-in"``."""
 
-    value: object
+    value: _T
     source: str
+
+
+class SettingValues(TypedDict):
+    """The effective values alone, by name (``Settings.values()``)."""
+
+    max_concurrent: int
+    fusion_bytes: int
+    gpu_transport: str
+    timeout: float | None
 
 
 @_dc.dataclass(frozen=True)
 class Settings:
     """The effective values of every tunable of a sync."""
 
-    max_concurrent: Setting
-    fusion_bytes: Setting
-    gpu_transport: Setting
-    timeout: Setting
+    max_concurrent: Setting[int]
+    fusion_bytes: Setting[int]
+    gpu_transport: Setting[str]
+    timeout: Setting[float | None]
 
-    def values(self) -> dict:
+    def values(self) -> SettingValues:
         """The values alone, by name."""
-        return {f.name: getattr(self, f.name).value for f in _dc.fields(self)}
+        return SettingValues(
+            max_concurrent=self.max_concurrent.value,
+            fusion_bytes=self.fusion_bytes.value,
+            gpu_transport=self.gpu_transport.value,
+            timeout=self.timeout.value,
+        )
 
 
 def _parse_int(name: str, raw: object, minimum: int) -> int:
     try:
-        value = int(raw)  # type: ignore[arg-type]
+        value = int(raw)  # type: ignore[call-overload]  # any object: TypeError is caught
         if isinstance(raw, float) and raw != value:
             raise ValueError
     except (TypeError, ValueError):
@@ -68,7 +94,7 @@ def _parse_timeout(raw: object) -> float | None:
     if isinstance(raw, str) and raw.strip().lower() in ("", "none", "inf", "0"):
         return None
     try:
-        value = float(raw)  # type: ignore[arg-type]
+        value = float(raw)  # type: ignore[arg-type]  # any object: TypeError is caught
     except (TypeError, ValueError):
         raise InvalidParamError(f"timeout must be a number of seconds, got {raw!r}") from None
     if value != value or value < 0:
@@ -76,7 +102,7 @@ def _parse_timeout(raw: object) -> float | None:
     return None if value in (0.0, float("inf")) else value
 
 
-def _parse(name: str, raw: object):
+def _parse(name: str, raw: object) -> Any:
     if name == "max_concurrent":
         return _parse_int(name, raw, 1)
     if name == "fusion_bytes":
@@ -89,7 +115,7 @@ def _parse(name: str, raw: object):
     return value
 
 
-def _resolve_one(name: str, argument: object) -> Setting:
+def _resolve_one(name: str, argument: object) -> Setting[Any]:
     if argument is not None:
         return Setting(_parse(name, argument), "argument")
     raw = _os.environ.get(ENV_NAMES[name])

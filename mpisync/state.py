@@ -87,7 +87,9 @@ def _decode_scalar(doc):
         return _np.frombuffer(bytes.fromhex(value[1]), dtype)[0]
     if tag == "c":
         return complex(_decode_scalar(value[0]), _decode_scalar(value[1]))
-    return {"b": bool, "i": int, "s": str, "n": lambda v: None}[tag](value)
+    decoders: dict[str, _abc.Callable[[Any], object]]
+    decoders = {"b": bool, "i": int, "s": str, "n": lambda v: None}
+    return decoders[tag](value)
 
 
 class _Flat:
@@ -174,7 +176,8 @@ def _rebuild(node, scalars):
         replaced = {key: _rebuild(node[key], scalars) for key in sorted(node, key=_key_sort)}
         items = [(key, replaced[key]) for key in node]  # this rank's own key order
         try:
-            return type(node)(items)
+            # a Mapping subclass's own constructor, or TypeError (then a dict)
+            return type(node)(items)  # type: ignore[call-arg]
         except TypeError:
             return dict(items)
     values = [_rebuild(v, scalars) for v in node]

@@ -40,7 +40,7 @@ from .transports.base import Context, host_plan
 from .transports.device import DeviceTransport
 from .transports.device_pipeline import DEFAULT_DEVICE_CHUNK_BYTES
 from .transports.host import HostTransports
-from .transports.selection import CROSS
+from .transports.selection import CROSS, FactsExchange
 from .transports.selection import MPI as MPI_CHANNEL
 
 __all__ = ["ParamSync", "sync_params"]
@@ -115,20 +115,21 @@ class ParamSync(Reusable):
         self._resolve_settings(max_concurrent, fusion_bytes, gpu_transport, timeout)
         self._chunk_bytes = DEFAULT_CHUNK_BYTES
         self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
-        self._comm = None
-        self._dup = None  # (communicator, request) of an Idup posted and not yet waited for
-        # the facts all-reduce in flight (selection.FactsExchange), until waited for
-        self._facts = None
+        self._comm: MPI.Intracomm | None = None
+        # (communicator, request) of an Idup posted and not yet waited for
+        self._dup: tuple[MPI.Intracomm, MPI.Request] | None = None
+        # the facts all-reduce in flight, until waited for
+        self._facts: FactsExchange | None = None
         self._host = HostTransports(
             root, self._values["max_concurrent"], self._values["fusion_bytes"]
         )
-        self._device = None
-        self._prepared = None
+        self._device: DeviceTransport | None = None
+        self._prepared: Prepared | None = None
         self._closed = False
-        self._broken = None
+        self._broken: str | None = None
         self._one_shot = False  # sync_params: one sync, then close
         # (rank, size, trace) of the caller's communicator, once it passed the check
-        self._where = None
+        self._where: tuple[int, int, Trace] | None = None
 
     def _prefer(self, channel: str) -> None:
         # For the bench and tests: host bytes take ``channel`` wherever every rank can use it.
@@ -205,7 +206,8 @@ class ParamSync(Reusable):
         if self._where is None:  # until the caller's communicator passes the check
             comm = self._user_comm
             _check_comm(comm)
-            # MPISYNC_TIMELINE is read once per syncer: the lookup costs 10 us of a repeated sync.
+            # MPISYNC_TIMELINE is read once per syncer, not per sync: every lookup would add to a
+            # repeated sync's fixed cost (docs/performance.md; `mpisync bench` times it).
             self._where = (comm.rank, comm.size, Trace(timeline_for(comm.rank)))
         rank, size, trace = self._where
         if size > 1:
@@ -312,6 +314,7 @@ class ParamSync(Reusable):
             channel = (
                 self._host.choose(self._comm, small, deadline.wait) if host_bytes else MPI_CHANNEL
             )
+            assert self._host.facts is not None  # exchanged by _ensure_comm
             ctx = Context(
                 self._comm,
                 self._root,
@@ -412,6 +415,7 @@ class ParamSync(Reusable):
     def _ensure_comm(self, call) -> None:
         if self._comm is None:
             self._start_dup()
+            assert self._dup is not None  # posted by _start_dup
             dup, request = self._dup
             call(request)
             self._comm, self._dup = dup, None
@@ -433,7 +437,8 @@ class ParamSync(Reusable):
         except Expired:
             self._timed_out(phase, pending, deadline.timeout)
 
-    def _timed_out(self, phase: str, pending: list, timeout: float) -> None:
+    def _timed_out(self, phase: str, pending: list, timeout: float | None) -> None:
+        assert timeout is not None  # only a deadline expires
         self._broken = f"a sync timed out during the {phase}; its collectives may still be pending"
         timed_out(
             self._user_comm,

@@ -7,6 +7,7 @@ of common worlds: operation k waits for operation k - capacity.
 from __future__ import annotations
 
 import collections as _collections
+import collections.abc as _abc
 import os as _os
 import time as _time
 
@@ -23,6 +24,9 @@ _SLEEP_SECONDS = 0.001
 
 class Expired(Exception):
     """A request's deadline passed before it completed."""
+
+    #: The names the timed-out wait was for, where the waiter knows them (else ``None``).
+    pending: list[str] | None = None
 
 
 def wait_request(request, deadline: float | None) -> None:
@@ -110,7 +114,7 @@ class TrackedRing(RequestRing):
         super().__init__(capacity)
         self._timeout = timeout
 
-    def push(self, request, on_complete=None, label: str = "") -> None:  # type: ignore[override]
+    def push(self, request, on_complete=None, label: _abc.Sequence[str] = "") -> None:
         """Add ``request``; ``on_complete()`` runs when it is retired."""
         self.make_room()
         deadline = None if self._timeout is None else _time.monotonic() + self._timeout

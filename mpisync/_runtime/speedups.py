@@ -18,7 +18,8 @@ def _load(requested: bool | None = None):
     if not requested:
         return None
     try:
-        from .. import _speedups
+        # a C extension, built or not: mypy reads no compiled module (the attr-defined ignore)
+        from .. import _speedups  # type: ignore[attr-defined]
     except ImportError:
         return None
     return _speedups

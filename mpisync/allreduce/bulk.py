@@ -80,8 +80,10 @@ def _fused(held, names, first: int, last: int, buffer, arena, offset: int, divid
 def _group_plans(manifest: BulkManifest, op: str, fusion_bytes: int) -> list:
     """``(dtype, buffer list, names, arrays, plan)`` per dtype group, in the general plan's
     order."""
+    groups = dtype_groups(manifest, op)
+    assert groups is not None, "scan_for_reduce admits only sets whose dtypes MPI reduces"
     out = []
-    for dtype, members in dtype_groups(manifest, op):
+    for dtype, members in groups:
         if members is None:
             held, names, values, sizes = (
                 manifest.held,
@@ -119,9 +121,9 @@ def compile_bulk_steps(
     if not arena.compiled:  # its copy groups are BufferList parts alone: only the C loops copy them
         raise ValueError("compile_bulk_steps needs an arena that copies with mpisync._speedups")
     count = size if op == "avg" else 1  # one replica of each array on every rank
-    steps, offsets = [], iter(offsets)
+    steps, next_offsets = [], iter(offsets)
     for dtype, held, names, values, plan in groups:
-        for (fused, first, last, nbytes), offset in zip(plan, offsets):
+        for (fused, first, last, nbytes), offset in zip(plan, next_offsets):
             if fused:
                 buffer = _np.frombuffer(arena.view, dtype, nbytes // dtype.itemsize, base + offset)
             else:  # bytes last:last + nbytes of array ``first``, reduced in place

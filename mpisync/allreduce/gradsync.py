@@ -31,8 +31,9 @@ from ..params.adapters import ArrayView
 from ..params.agreement import agree, diagnose
 from ..params.bulk import BulkManifest
 from ..params.fanout import fan_out
-from ..params.manifest import Param, build_manifest
-from ..params.recheck import unchanged
+from ..params.manifest import Manifest, Param, build_manifest
+from ..params.recheck import Snapshot, unchanged
+from ..plan.arena import Arena
 from ..plan.prepared import keep_values
 from ..plan.spans import host_layout
 from ..report import SyncReport
@@ -47,8 +48,8 @@ __all__ = ["GradSync", "allreduce"]
 # The most fused bytes the node's segment takes, in buckets: each rank's region holds them all, so
 # the segment (ranks x regions) stays within what 16 buckets in flight per rank would hold.
 _SEGMENT_BUCKETS = 16
-# The fewest fused bytes the segment takes: below, its two barriers cost more than one all-reduce of
-# the bytes through MPI (the crossover measured at 2 ranks: docs/allreduce.md).
+# The fewest fused bytes the segment takes: below, one all-reduce of the bytes through MPI costs
+# less than the segment's two barriers (the crossover: docs/allreduce.md, stop 23).
 _SEGMENT_MIN_BYTES = 24 << 10
 
 
@@ -62,9 +63,9 @@ def _check_comm(comm) -> None:
 class _Plan(_typing.NamedTuple):
     """What one parameter set compiled to: its steps and the buffers they use."""
 
-    staging: object  # _Staging of the device replicas, or None
+    staging: _Staging | None  # the device replicas' host buffers
     steps: list
-    arena: object  # the fusion arena (private, or the node's segment)
+    arena: Arena  # the fusion arena (private, or the node's segment)
     replicated: list  # parameters with several local replicas (reduced locally, then fanned out)
     spans: list | None  # the segment's spans of the fused buckets, None when they go through MPI
 
@@ -75,9 +76,9 @@ class _Prepared(_typing.NamedTuple):
     values: tuple
     keys: tuple
     devices: object
-    manifest: object
+    manifest: BulkManifest | Manifest
     plan: _Plan
-    state: object  # recheck.Snapshot of the values, None when not kept (replica lists)
+    state: Snapshot | None  # of the values; None when not kept (replica lists)
 
 
 class _Staging:
@@ -144,17 +145,17 @@ class GradSync(Reusable):
         self._resolve_settings(max_concurrent, fusion_bytes, gpu_transport, timeout)
         if op not in _ops.OPS:
             self._settings_error = f"op must be one of {', '.join(map(repr, _ops.OPS))}, got {op!r}"
-        self._comm = None
-        self._dup = None
-        self._prepared = None
-        # the node's shared regions for fused buckets (ReduceSegment), once open
-        self._segment = None
+        self._comm: MPI.Intracomm | None = None
+        self._dup: tuple[MPI.Intracomm, MPI.Request] | None = None
+        self._prepared: _Prepared | None = None
+        # the node's shared regions for fused buckets, once open
+        self._segment: ReduceSegment | None = None
         self._segment_tried = False
         # Calls whose validation all-reduce agreed: the same count on every rank, whatever fails
         # after.
         self._agreed = 0
         self._closed = False
-        self._broken = None
+        self._broken: str | None = None
 
     @property
     def buffer_bytes(self) -> int:
@@ -208,6 +209,7 @@ class GradSync(Reusable):
             if size > 1:
                 call = Deadline(timeout).wait  # each collective its own timeout, as in the ring
                 if self._comm is None:
+                    assert self._dup is not None  # started above, on the first call with size > 1
                     call(self._dup[1])
                     self._comm, self._dup = self._dup[0], None
                 agree(self._comm, manifest, call)
@@ -238,6 +240,7 @@ class GradSync(Reusable):
             )
             # MPI may still write into the fusion and staging buffers: they outlive this object.
             keep_alive(ring, prepared, self._comm)
+            assert timeout is not None  # only a deadline expires
             timed_out(comm, f"all-reduce {phase}", pending, timeout)
         report.seconds = _time.perf_counter() - start
         return report
@@ -247,6 +250,7 @@ class GradSync(Reusable):
             "op": self._op if isinstance(self._op, str) else repr(self._op),
             "fusion_bytes": self._values["fusion_bytes"],
         }
+        manifest: BulkManifest | Manifest | None
         if not self._settings_error:
             manifest = scan_for_reduce(
                 params, self._op, rank=rank, size=size, devices=devices, settings=settings
@@ -347,6 +351,8 @@ class GradSync(Reusable):
             report.transport = "staged"
         local_reduce(replicated, self._op)
         op = _ops.mpi_op(self._op)
+        # duplicated at the validation whenever size > 1, the only case that uses it
+        comm = _typing.cast(MPI.Intracomm, self._comm)
         fused = [step for step in steps if step.fused] if spans is not None else ()
         for step in steps:
             if fused and step.fused:
@@ -355,9 +361,7 @@ class GradSync(Reusable):
             if step.load is not None:
                 step.load()
             if size > 1:
-                ring.push(
-                    self._comm.Iallreduce(MPI.IN_PLACE, step.buffer, op), step.store, step.label
-                )
+                ring.push(comm.Iallreduce(MPI.IN_PLACE, step.buffer, op), step.store, step.label)
             elif step.store is not None:
                 step.store()
         if fused:
@@ -365,8 +369,9 @@ class GradSync(Reusable):
             # on every rank (one order of collectives on the communicator).
             for step in fused:
                 step.load()
+            assert self._segment is not None  # spans are only made for its arena
             try:
-                self._segment.reduce(self._comm, spans, self._op, call)
+                self._segment.reduce(comm, spans, self._op, call)
             except Expired as expired:
                 expired.pending = [n for label in ring.pending_labels() for n in label] + [
                     n for step in fused for n in step.label

@@ -99,7 +99,12 @@ def _divider(op: str, size: int, params: list, pieces: tuple, buffer, itemsize: 
         (buffer[b // itemsize : (b + n) // itemsize], size * len(params[i].replicas))
         for i, _, b, n in pieces
     ]
-    return lambda: [_ops.divide(part, count) for part, count in parts]
+
+    def divide_parts() -> None:
+        for part, count in parts:
+            _ops.divide(part, count)
+
+    return divide_parts
 
 
 def _then(first, second):

@@ -14,6 +14,7 @@ _BACKENDS: dict = {}
 def _get(name: str) -> Backend:
     backend = _BACKENDS.get(name)
     if backend is None:
+        cls: type[Backend]
         if name == "cupy":
             from .cupy_backend import CupyBackend as cls
         elif name == "torch":

@@ -21,7 +21,8 @@ class Backend(_abc.ABC):
     asynchronous on ``stream``."""
 
     name = "abstract"
-    kernel_failure = None  # see __init__ (class-level too, for subclasses that do not call it)
+    # see __init__ (class-level too, for subclasses that do not call it)
+    kernel_failure: str | None = None
 
     @_abc.abstractmethod
     def flat_bytes(self, array):
@@ -77,7 +78,7 @@ class Backend(_abc.ABC):
     def __init__(self):
         # : Why fused buckets are packed with one copy per tensor instead of one kernel (None:
         # kernels work).
-        self.kernel_failure: str | None = None
+        self.kernel_failure = None
         self._kernels_checked: set = set()
 
     def check_kernels(self, device: int) -> bool:

@@ -31,7 +31,8 @@ def mpi_library_path() -> str | None:
     preferred = sorted(
         p for p in paths if _os.path.basename(p).startswith(("libmpi.so", "libmpich.so"))
     )
-    return (preferred or sorted(paths) or [None])[0]
+    candidates = preferred or sorted(paths)
+    return candidates[0] if candidates else None
 
 
 @_functools.lru_cache(maxsize=1)

@@ -14,6 +14,7 @@ import typing as _typing
 
 import numpy as _np
 
+from ..devices.base import Backend
 from ..devices.simulated import SimulatedDeviceArray
 
 __all__ = [
@@ -37,12 +38,12 @@ class ArrayView(_typing.NamedTuple):
     """
 
     # host: 1-D "B" memoryview; device: the backend's flat uint8 view; both alias the replica
-    data: object
+    data: _typing.Any
     shape: tuple
     dtype: str
     writable: bool
     kind: str = "host"  # or "device"
-    backend: object = None  # device arrays: their mpisync.devices.Backend
+    backend: Backend | None = None  # device arrays: their backend
     device: int = -1
 
     @property
@@ -67,18 +68,20 @@ def _dtype_name(dtype: _np.dtype) -> str:
     return name
 
 
+# The memoryview(ndarray) calls below carry type: ignore[arg-type]: numpy's stubs declare the
+# buffer protocol of ndarray for Python >= 3.12 only.
 def _byte_view(array: _np.ndarray) -> memoryview:
     try:
-        return memoryview(array).cast("B")
+        return memoryview(array).cast("B")  # type: ignore[arg-type]
     except (TypeError, ValueError):  # zero-size, or a dtype the buffer protocol cannot describe
-        return memoryview(array.reshape(-1).view(_np.uint8))
+        return memoryview(array.reshape(-1).view(_np.uint8))  # type: ignore[arg-type]
 
 
 def _from_numpy(array: _np.ndarray) -> ArrayView:
     # Called once per tensor on every cold sync: the cast itself proves C-contiguity
     # (it refuses strided views), so the slower flags lookup runs only when it fails.
     try:
-        data = memoryview(array).cast("B")
+        data = memoryview(array).cast("B")  # type: ignore[arg-type]
     except (TypeError, ValueError):
         if not array.flags.c_contiguous:
             raise UnsupportedArray(
@@ -155,6 +158,7 @@ def _device_view(array, shape: tuple, dtype: str) -> ArrayView:
     from ..devices import backend_for
 
     backend = backend_for(array)
+    assert backend is not None  # the callers pass device arrays backend_for knows
     return ArrayView(
         backend.flat_bytes(array), shape, dtype, True, "device", backend, backend.device_of(array)
     )

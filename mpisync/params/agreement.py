@@ -28,7 +28,8 @@ def max_and_min(comm, words, call) -> tuple:
     all-reduce: the words with their bitwise complements, reduced with MAX (``max(~x) == ~min(x)``).
 
     ``call(request)`` waits for the request (with the caller's deadline). Plain Python: a repeated
-    sync runs this with its caches cold, where each numpy call costs microseconds.
+    sync runs this with its caches cold, where a numpy call's fixed overhead outweighs the work on
+    a few integers (docs/performance.md, History).
     """
     words = [int(w) for w in words]
     n = len(words)
@@ -152,8 +153,8 @@ def diagnose(docs: list) -> Exception:
         return ManifestMismatchError(
             "mpisync: manifest digests differ between ranks, but no difference was found"
         )
-    ranks = ", ".join(str(r) for r in sorted({r for r, _ in problems}))
+    differing_ranks = ", ".join(str(r) for r in sorted({r for r, _ in problems}))
     return ManifestMismatchError(
-        f"mpisync: parameters differ from root rank {root}'s on rank(s) {ranks}: "
+        f"mpisync: parameters differ from root rank {root}'s on rank(s) {differing_ranks}: "
         + _limited([f"rank {r}: {text}" for r, text in problems])
     )

@@ -28,7 +28,7 @@ import numpy as _np
 
 from .._runtime.speedups import speedups as _speedups
 from .adapters import UnsupportedArray, _dtype_name, torch_cpu_views
-from .manifest import build_manifest, params_digest, settings_digest
+from .manifest import Manifest, build_manifest, params_digest, settings_digest
 
 __all__ = ["BulkManifest", "scan"]
 
@@ -70,10 +70,11 @@ class BulkManifest:
         self.sizes = _np.frombuffer(held.lengths(), dtype=_np.int64)
         self.nbytes = held.nbytes  # bytes of one copy of every parameter
         self._params_digest = digest
-        self._digest = (None, b"")  # (the settings dict it was computed with, the digest)
+        # (the settings dict it was computed with, the digest)
+        self._digest: tuple[dict | None, bytes] = (None, b"")
         self.settings = settings
         self._where = (rank, size, root)
-        self._full = None
+        self._full: Manifest | None = None
 
     @property
     def tensors(self) -> int:
@@ -143,6 +144,7 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
     if sorted_names is None:
         return None  # a name that is not a str: the general path words the error
     names, in_dict_order = sorted_names
+    values: list | None
     values = list(params.values()) if in_dict_order else list(map(params.__getitem__, names))
     through_torch = type(values[0]) is not _np.ndarray
     if through_torch and (values := torch_cpu_views(values)) is None:

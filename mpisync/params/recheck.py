@@ -103,12 +103,14 @@ def snapshot(
     return Snapshot(None, tuple((i, _state(v)) for i, v in enumerate(values)))
 
 
-def unchanged(values: tuple, prepared: Snapshot) -> bool:
+def unchanged(values: tuple, prepared: Snapshot | None) -> bool:
     """Whether every array of ``values`` still has the state recorded in ``prepared``.
 
     Never raises: anything unexpected counts as changed (the rank then prepares again, and the
-    validation exchange, not this check, reports what is wrong).
+    validation exchange, not this check, reports what is wrong), and so does no snapshot (None).
     """
+    if prepared is None:
+        return False
     try:
         if prepared.through_torch:
             views = torch_cpu_views(values)

@@ -63,7 +63,8 @@ def verify(comm, manifest, root: int, call, to_host=None) -> int:
         call(comm.Iallgather(rows, table))
         collectives = 2
     reference = table[root, :, :2]
-    bad, names = [], manifest.names
+    bad: list[str] = []
+    names = manifest.names
     for rank in range(table.shape[0]):
         wrong = (table[rank, :, :2] != reference).any(axis=1) | (table[rank, :, 2] == 0)
         bad.extend(f"rank {rank}: {names[i]!r}" for i in _np.nonzero(wrong)[0])

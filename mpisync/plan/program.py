@@ -52,11 +52,13 @@ class Step:
     # the step that used this bucket's arena slot before it (retired first); -1: none
     after: int = -1
 
+    # Only fused steps pack or unpack, and they have an arena: the union-attr ignores below.
+
     def start(self, timeline=None) -> None:
         """Run before the collective is posted: pack root's masters (span on ``timeline``)."""
         if self.pack:
             begin = timeline.now() if timeline is not None else 0
-            self.arena.gather(self.pack)
+            self.arena.gather(self.pack)  # type: ignore[union-attr]
             if timeline is not None:
                 timeline.span("pack", begin, tensors=len(self.label))
 
@@ -65,7 +67,7 @@ class Step:
         ``timeline``)."""
         if self.unpack:
             begin = timeline.now() if timeline is not None else 0
-            self.arena.scatter(self.unpack)
+            self.arena.scatter(self.unpack)  # type: ignore[union-attr]
             if timeline is not None:
                 timeline.span(
                     "unpack",
@@ -83,7 +85,7 @@ class Step:
 
 #: Fusion buffers a plan takes turns in, however many collectives are in flight, where every rank
 #: is on one node. There the copies, not the wire, set the pace, and with two slots they stay in
-#: the caches from one bucket to the next (measured against one slot and one per collective in
+#: the caches from one bucket to the next (against one slot, and one per collective in flight:
 #: docs/performance.md); two let a bucket be packed while the last one moves. Across nodes each
 #: collective in flight keeps a slot of its own: a broadcast tree's stages and the network's
 #: latency want many buckets in flight.
@@ -113,7 +115,8 @@ def bucket_unpack(params: list, pieces: tuple, base: int, receiving: bool) -> tu
     groups: list = []
     depth = max(len(params[i].replicas) for i, _, _, _ in pieces)
     for r in range(0 if receiving else 1, depth):
-        run_offset, run = None, []
+        run_offset = 0  # set by the run's first piece
+        run: list = []
         for index, _, offset, _ in pieces:
             replicas = params[index].replicas
             if r < len(replicas):
@@ -136,6 +139,8 @@ def compile_program(
     ``arena`` holds at least ``slots * fusion_bytes`` bytes.
     """
     slots = len(arena) // fusion_bytes if fusion_bytes else 0
+    steps: list[Step]
+    fused_steps: list[int]  # the index in ``steps`` of each fused bucket's step
     steps, bucket, fused_steps = [], 0, []
     for transfer in plan:
         label = tuple(params[p[0]].name for p in transfer.pieces)
@@ -187,6 +192,8 @@ def compile_bulk(
         raise ValueError("compile_bulk needs an arena that copies with mpisync._speedups")
     slots = len(arena) // fusion_bytes if fusion_bytes else 0
     names, values = manifest.names, manifest.values
+    steps: list[Step]
+    fused_steps: list[int]  # the index in ``steps`` of each fused bucket's step
     steps, bucket, fused_steps = [], 0, []
     for fused, first, last, nbytes in plan:
         if fused:

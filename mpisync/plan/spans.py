@@ -48,7 +48,9 @@ def host_layout(params: list) -> Layout:
     placed = sorted(
         (MPI.Get_address(p.master.data), p.nbytes, i) for i, p in enumerate(params) if p.nbytes
     )
-    aliases, overlaps, distinct = [], [], []
+    aliases: list[tuple[int, int]] = []
+    overlaps: list[tuple[int, int]] = []
+    distinct: list[tuple[int, int, int]] = []
     reach, widest = 0, -1  # the furthest end so far, and whose it is
     for address, nbytes, index in placed:
         if distinct and (address, nbytes) == distinct[-1][:2]:
@@ -60,7 +62,9 @@ def host_layout(params: list) -> Layout:
             distinct.append((address, nbytes, index))
         if address + nbytes > reach:
             reach, widest = address + nbytes, index
-    runs, run, end = [], [], None
+    runs: list[tuple[int, ...]] = []
+    run: list[int] = []
+    end = None
     for address, nbytes, index in distinct:
         if address != end and len(run) > 1:
             runs.append(tuple(run))

@@ -237,7 +237,9 @@ class _Job:
         self.src, self.dest, self.root, self.per_rank = src, dest, root, per_rank
         self.rank = world.rank
         self.writer, self.writers, self.node = False, None, 0
-        self.target = self.tmp = self.backup = None
+        self.target: str | None = None
+        self.tmp: str | None = None
+        self.backup: str | None = None
         self.fd = -1
         self.renamed = False  # the new DEST is in place on this rank (a roll-back removes it)
         # a previous DEST was replaced with no backup: a roll-back cannot restore it
@@ -342,6 +344,7 @@ class _Job:
         """Root: SRC is the file it was when streaming began (inode, size, modification and change
         times, through the open file and through the path); else what was sent may mix two
         versions (a save rewriting it in place), and no DEST may be written."""
+        assert self.source is not None  # root, which opened it in _prepare
         now = _identity(_os.fstat(self.source.fileno()))
         try:
             path = _identity(_os.stat(self.src))
@@ -397,6 +400,7 @@ class _Job:
         )
 
     def _rename(self) -> None:
+        assert self.target is not None and self.tmp is not None  # made by _prepare
         folder = _os.path.dirname(_os.path.abspath(self.target))
         # lexists/islink: a DEST that is a symlink (to a directory too) is itself what gets
         # replaced.
@@ -416,6 +420,7 @@ class _Job:
         _fsync_directory(folder)
 
     def _roll_back(self) -> None:
+        assert self.target is not None  # renamed into place
         self.renamed = False
         if self.backup is not None:
             _os.replace(self.backup, self.target)
@@ -469,7 +474,8 @@ def _stream(comm, call, syncer, source, size, chunk_bytes, capacity, fd, progres
         view = slots[k % len(slots)][:n]
         if source is not None:
             try:
-                got = source.readinto(memoryview(view))
+                # numpy's stubs declare ndarray's buffer protocol for Python >= 3.12 only
+                got = source.readinto(memoryview(view))  # type: ignore[arg-type]
             except OSError as exc:
                 got, failure = 0, failure or f"root could not read {size} bytes: {exc}"
             if got != n:

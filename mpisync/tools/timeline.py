@@ -115,6 +115,7 @@ def render(paths: Sequence[str], out: str, sync: int = 0) -> int:
     names = {e["name"] for _, events in ranks for e in events}
     rows = [n for n in ORDER if n in names] + sorted(names - set(ORDER))
     fig, ax = plt.subplots(figsize=(11, 1.0 + 0.35 * len(rows) * len(ranks)))
+    labels: list[str]
     labels, y, drawn = [], 0, 0
     for rank, events in ranks:
         for row in rows:

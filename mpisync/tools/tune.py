@@ -38,6 +38,7 @@ def _measure(comm, params, channel: str, rounds: int, first: bool) -> float:
         # a buffer call: nothing from peers is unpickled
         comm.Allreduce(MPI.IN_PLACE, elapsed, op=MPI.MAX)
         times.append(elapsed[0])
+    assert syncer is not None  # rounds >= 1: main checks it
     syncer.close()
     return _statistics.median(times if first else times[2:])
 

@@ -12,7 +12,7 @@ __all__ = ["WORKLOADS", "workload", "make_params"]
 
 
 def _bn(prefix: str, n: int) -> dict:
-    out = {
+    out: dict[str, tuple[tuple[int, ...], str]] = {
         f"{prefix}.{k}": ((n,), "float32")
         for k in ("weight", "bias", "running_mean", "running_var")
     }
@@ -75,7 +75,10 @@ def bert_base() -> dict:
 def gpt2_small() -> dict:
     """GPT-2 small (Radford et al. 2019, Hugging Face layout, Conv1D weights): 124 M parameters."""
     h = 768
-    shapes = {"wte.weight": ((50257, h), "float32"), "wpe.weight": ((1024, h), "float32")}
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {
+        "wte.weight": ((50257, h), "float32"),
+        "wpe.weight": ((1024, h), "float32"),
+    }
     for i in range(12):
         p = f"h.{i}"
         shapes.update(_ln(f"{p}.ln_1", h))
@@ -116,12 +119,13 @@ def workload(name: str) -> dict:
 def make_params(shapes: dict, rank: int, library: str = "numpy") -> dict:
     """Arrays of the given shapes whose values depend on ``rank`` (so a sync visibly changes
     them)."""
-    out = {}
+    out: dict = {}
     for i, (name, (shape, dtype)) in enumerate(shapes.items()):
         array = _np.full(shape, (rank * 1000 + i) % 251, dtype=dtype)
         if library == "torch":
             import torch
 
-            array = torch.from_numpy(array)
-        out[name] = array
+            out[name] = torch.from_numpy(array)
+        else:
+            out[name] = array
     return out

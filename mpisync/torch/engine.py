@@ -47,6 +47,7 @@ from __future__ import annotations
 import collections as _collections
 import threading as _threading
 import time as _time
+import typing as _typing
 
 import torch
 from mpi4py import MPI
@@ -84,6 +85,8 @@ class Operation:
         "state",
         "buffers",
     )
+
+    requests: _typing.Sequence  # empty until posted
 
     def __init__(self, finish, result, label):
         self.requests, self.finish, self.result, self.label = (), finish, result, label
@@ -133,6 +136,16 @@ def _settle(operation, future) -> None:
 class _Failures:
     """How the engine breaks: the sweep's thread (stale operations handed over, the timeout
     enforced), a timeout's report, an MPI error; failed operations are kept alive."""
+
+    # Engine's: set by its __init__ (and its _hurry method)
+    comm: MPI.Intracomm
+    _timeout: float | None
+    _on_timeout: _typing.Callable[[list], str]
+    _pending: _collections.deque
+    _cond: _threading.Condition
+    _broken: str | None
+    _closing: bool
+    _hurry: _typing.Callable[[], None]
 
     def _watch(self) -> None:
         period = _SWEEP_SECONDS if self._timeout is None else min(_SWEEP_SECONDS, self._timeout / 4)
@@ -209,7 +222,8 @@ class Engine(_Failures):
         self.comm = comm
         self._capacity = capacity
         self._timeout = timeout
-        self._on_timeout = on_timeout  # (label list) -> None: reports, then aborts or returns
+        # (label list) -> message: reports, then aborts or returns the message
+        self._on_timeout = on_timeout
         self._pending: _collections.deque = _collections.deque()
         self._cond = _threading.Condition()
         # one poster at a time: the posting order is the issue order

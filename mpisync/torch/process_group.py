@@ -13,7 +13,7 @@ import numpy as _np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from .. import config as _config
 from .._runtime.keepalive import keep_alive
@@ -45,12 +45,14 @@ class _Work(dist._Work):
         return self._engine.future(self._operation)
 
 
+# _create_work_from_future (imported with an attr-defined ignore: private, and missing from
+# torch's stubs) is torch's documented way for a Python process group to make a Work of a future.
 def _work(future) -> object:
     return _create_work_from_future(future)
 
 
 def _done(result) -> object:
-    future = torch.futures.Future()
+    future: torch.futures.Future[object] = torch.futures.Future()
     future.set_result(result)
     return _work(future)
 
@@ -73,7 +75,8 @@ class ProcessGroupMPISync(dist.ProcessGroup):
     caller's)."""
 
     def __init__(self, comm, *, timeout: float | None = None, max_concurrent: int | None = None):
-        super().__init__(comm.rank, comm.size)
+        # torch binds ProcessGroup(rank, size) too; its stubs list only (store, rank, size)
+        super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
         settings = _config.resolve(max_concurrent, None, None, timeout)
         self._timeout = settings.timeout.value
         self._comm = comm.Dup()
@@ -123,6 +126,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         abort_job(MPI.COMM_WORLD)
 
     def _timed_out(self, labels: list) -> str:
+        assert self._timeout is not None  # the engine reports timeouts only when there is one
         try:
             timed_out(self._comm, "torch.distributed operation", labels, self._timeout)
         except SyncTimeoutError as exc:
@@ -133,7 +137,9 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         return _Work(self._engine, self._engine.submit(post, finish, result, label))
 
     # -- collectives ----------------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
+    # torch calls a Python process group's collectives as (tensors, opts); its stubs list the C++
+    # overloads as well: the override ignores.
+    def allreduce(self, tensors, opts=None):  # type: ignore[override]
         """All-reduce each tensor of ``tensors`` in place (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR,
         BXOR)."""
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
@@ -163,7 +169,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         """As :meth:`allreduce`, one collective per tensor."""
         return self.allreduce(tensors, opts)
 
-    def broadcast(self, tensor_list, opts=None):
+    def broadcast(self, tensor_list, opts=None):  # type: ignore[override]
         """Broadcast from ``opts.rootRank`` through mpisync's fused parameter sync (after a
         drain)."""
         root = 0 if opts is None else opts.rootRank
@@ -239,7 +245,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):  # type: ignore[override]
         """``reduce_scatter``: ``input_tensors[i][r]`` reduced over ranks lands in rank ``r``'s
         ``output_tensors[i]``."""
         works = [

@@ -17,6 +17,7 @@ The device transport (staged or CUDA-aware) is :mod:`mpisync.transports.device`.
 from __future__ import annotations
 
 import abc as _abc
+import typing as _typing
 
 from ..params.bulk import BulkManifest
 from ..plan.spans import NO_RUNS, Layout
@@ -50,7 +51,7 @@ class Context:
             one_node,
         )
         # names in flight when a wait expires: a callable, set by the running transport
-        self.pending = None
+        self.pending: _typing.Callable[[], list] | None = None
 
 
 def host_plan(manifest, fusion: int, chunk: int, layout: Layout = NO_RUNS) -> list:

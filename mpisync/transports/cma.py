@@ -2,8 +2,8 @@
 
 MPI's single-copy path between processes (CMA, ``process_vm_readv``) is run by
 the receiver alone; on memory in 4 KiB pages (tensors allocated one by one) it
-pins and copies page by page at about half the speed it reaches on the huge
-pages of one large allocation. Here root writes the first share of every
+pins and copies page by page, slower than on the huge pages of one large
+allocation (figures: docs/performance.md, History). Here root writes the first share of every
 receiver's large tensors (``process_vm_writev``) while each receiver reads the
 rest (``process_vm_readv``), straight from tensor to tensor: two cores share
 the work. Small tensors (the plan's fused ones) are read by the receivers
@@ -91,20 +91,21 @@ def _batches(call, pid: int, pairs: list) -> list:
     out = []
     for start in range(0, len(pairs), _BATCH):
         group = pairs[start : start + _BATCH]
-        remote = []
+        remote: list[list[int]] = []
         for _, there, n in group:
             if remote and remote[-1][0] + remote[-1][1] == there:
                 remote[-1][1] += n
             else:
                 remote.append([there, n])
-        local = (_Iovec * len(group))(*[(here, n) for here, _, n in group])
+        # ctypes makes each (base, len) tuple an _Iovec: the misc ignores
+        local = (_Iovec * len(group))(*[(here, n) for here, _, n in group])  # type: ignore[misc]
         out.append(
             (
                 call,
                 pid,
                 local,
                 len(group),
-                (_Iovec * len(remote))(*map(tuple, remote)),
+                (_Iovec * len(remote))(*map(tuple, remote)),  # type: ignore[misc]
                 len(remote),
                 sum(n for _, _, n in group),
             )
@@ -154,7 +155,7 @@ class CrossMemory:
         # where the gaps between root's small tensors land
         self._scratch = _np.empty(_PAGE, dtype=_np.uint8)
         # the part of each receiver's large-tensor bytes root writes; None: not chosen yet
-        self.fraction = None
+        self.fraction: float | None = None
         # (direct bytes, all bytes) of the last sync's copies: the same on every rank
         self.last = (0, 0)
 
@@ -219,9 +220,9 @@ class CrossMemory:
         d = len(direct)
         total = int(mine[:d, 1].sum())
         if self.fraction is None and total:
-            # An even split leaves root last to finish; a fixed share of 0.8 of it is used (figures
-            # in
-            # docs/performance.md). Nothing measured rides in the validation exchange to move it.
+            # An even split leaves root last to finish: root takes a fixed 0.8 of an even share
+            # (figures: docs/performance.md). Fixed, so every rank computes the same split with no
+            # timing exchanged.
             self.fraction = min(1.0, 0.8 * int(mine[:, 1].sum()) / (size * total))
         regions = (
             []
@@ -241,14 +242,15 @@ class Copies:
         self._cross, self._mine, self._table, self._regions = cross, mine, table, regions
         self.direct_bytes = int(mine[:, 1].sum()) if mine is not None and len(mine) else 0
         self.total_bytes = self.direct_bytes + small_bytes
-        self.batches = None  # None: the ranks' sizes differed, so every run fails
+        self.batches: list | None = None  # None: the ranks' sizes differed, so every run fails
         if regions is not None:
             self.split()
 
     def split(self) -> None:
         """(Re)build the system calls for the current split of the large-tensor bytes."""
         cross, mine, table, total = self._cross, self._mine, self._table, self.direct_bytes
-        share = int(round(cross.fraction * total)) if total else 0
+        # bind set the fraction when there were direct bytes (total): the operator ignore
+        share = int(round(cross.fraction * total)) if total else 0  # type: ignore[operator]
         read, write = _CALLS
         if cross.rank == cross.root:
             self.batches = (

@@ -100,7 +100,8 @@ class CrossTransport(Transport):
         self.fallback.run(steps, ctx)
 
     def close(self, broken: bool = False) -> None:
-        self.cross = None
+        # a closed transport is not used again: the assignment ignore
+        self.cross = None  # type: ignore[assignment]
 
 
 class _CrossProgram:

@@ -30,7 +30,7 @@ class DeviceTransport:
     def __init__(self, capacity: int, fusion: int, chunk_bytes: int = DEFAULT_DEVICE_CHUNK_BYTES):
         self.capacity, self.fusion = capacity, fusion
         self.chunk_bytes = max(chunk_bytes, fusion)
-        self._slots = None
+        self._slots: DeviceSlots | None = None
 
     @property
     def slots(self) -> DeviceSlots:

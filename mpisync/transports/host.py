@@ -14,9 +14,10 @@ from ..plan.arena import Arena
 from . import spares
 from .crossmemory import CrossTransport
 from .mpi import MpiTransport
+from .nodesegment import NodeSegment
 from .nodesegment import setting as segment_setting
 from .segment import SegmentTransport, segment_geometry, spare_words
-from .selection import CROSS, MPI, SHARED, FactsExchange, choose
+from .selection import CROSS, MPI, SHARED, Choice, Facts, FactsExchange, choose
 
 __all__ = ["HostTransports"]
 
@@ -26,13 +27,14 @@ class HostTransports:
 
     def __init__(self, root: int, capacity: int, fusion: int, one_shot: bool = False):
         self.root, self.capacity, self.fusion, self.one_shot = root, capacity, fusion, one_shot
-        self.preferred = None  # a channel asked for (tests, the bench)
-        self.facts = None  # selection.Facts, once the exchange completed
-        self.last_choice = None  # the selection.Choice of the last sync
+        self.preferred: str | None = None  # a channel asked for (tests, the bench)
+        self.facts: Facts | None = None  # once the exchange completed
+        self.last_choice: Choice | None = None  # of the last sync
         self._open: dict = {}
-        self._spare = None  # a spare shared segment offered in the facts exchange
+        # a spare shared segment offered in the facts exchange
+        self._spare: NodeSegment | None = None
 
-    def geometry(self, every_set: bool) -> tuple:
+    def geometry(self, every_set: bool) -> tuple[int, int]:
         """The shared segment's geometry under this syncer's settings."""
         return segment_geometry(self.capacity, self.fusion, every_set or self.preferred == SHARED)
 
@@ -66,6 +68,7 @@ class HostTransports:
         """The channel for a set (``small``: every host tensor under ``fusion_bytes``), set up on
         every
         rank on first use (collective: every rank makes the same choice from the same facts)."""
+        assert self.facts is not None  # exchanged with the communicator's duplication
         while True:
             unavailable = tuple(c for c, t in self._open.items() if t is None)
             self.last_choice = choose(self.facts, small, self.preferred, unavailable)
@@ -79,6 +82,7 @@ class HostTransports:
             self._open[channel] = None
 
     def _set_up(self, comm, channel: str, call):
+        assert self.facts is not None  # see choose
         if channel == MPI:
             return MpiTransport(
                 comm, self.root, spares.take(spares.ARENA) if self.one_shot else None
@@ -86,6 +90,7 @@ class HostTransports:
         if channel == SHARED and self.facts.spare:
             # the same segment on every rank (the facts agreed)
             spare, self._spare = self._spare, None
+            assert spare is not None  # this rank offered it (the facts say every rank did)
             return SegmentTransport(comm, self.root, spare)
         if channel == SHARED:
             return SegmentTransport.open(

@@ -1,12 +1,13 @@
 """Host bytes between ranks of one node through a shared file, with no MPI data movement.
 
 MPI's large-message path between processes (MPICH and Open MPI use CMA,
-``process_vm_readv``) pins and copies page by page; on tensors allocated one by
-one, mostly on 4 KiB pages, it ran at half the speed of one flat ``Bcast``
-here. Instead root copies the plan's transfers, in order, into a ring of
-``slots`` slots of a file in ``/dev/shm`` that every rank has mapped, and the
-other ranks copy them out, each slot released when every receiver has acked
-it: one memory copy on each side, pipelined. Buckets of small tensors are
+``process_vm_readv``) pins and copies page by page, so tensors allocated one by
+one, mostly on 4 KiB pages, move slower than the same bytes in one flat
+``Bcast`` (figures: docs/performance.md, History). Instead root copies the
+plan's transfers, in order, into a ring of ``slots`` slots of a file in
+``/dev/shm`` that every rank has mapped, and the other ranks copy them out,
+each slot released when every receiver has acked it: one memory copy on each
+side, pipelined. Buckets of small tensors are
 packed and unpacked with one ``pwritev``/``preadv`` each.
 
 By default (:mod:`mpisync.transports.selection`) it carries parameter sets whose
@@ -111,7 +112,8 @@ def remove_stale_segments() -> list:
 
     A live creator's file is left alone, and so is anything not named as this module names its
     files, or owned by another user."""
-    prefix, removed = _owner_prefix(), []
+    prefix = _owner_prefix()
+    removed: list[str] = []
     try:
         names = [n for n in _os.listdir(_SHM) if n.startswith(prefix)]
     except OSError:
@@ -214,8 +216,8 @@ class NodeSegment:
             length, slots, slot_bytes = (int(x) for x in packed[:24].view(_np.int64))
             if rank != root and length and enabled(requested):
                 try:
-                    name = packed[24 : 24 + length].tobytes().decode()
-                    fd = _os.open(name, _os.O_RDWR | getattr(_os, "O_CLOEXEC", 0))
+                    root_path = packed[24 : 24 + length].tobytes().decode()
+                    fd = _os.open(root_path, _os.O_RDWR | getattr(_os, "O_CLOEXEC", 0))
                     nbytes = _header_bytes(slots, size) + slots * slot_bytes
                     if _os.fstat(fd).st_size != nbytes:
                         raise OSError("size differs")
@@ -236,6 +238,7 @@ class NodeSegment:
         if not everyone[0]:
             _close(fd, mapping)
             return None
+        assert fd is not None  # every rank mapped the file
         return cls(fd, mapping, slots, slot_bytes, size, rank, root)
 
     def run(self, chunks: list, deadline_after, timeline=None, log=None) -> None:
@@ -332,8 +335,9 @@ class Chunk:
 
         Packed the usual way, a bucket sits in root's cache and every receiver then fetches each
         line from there; streamed, it goes to memory, which every receiver reads at the same cost.
-        Large transfers are copied the usual way, where streaming measured slower (the figures:
-        docs/performance.md, History).
+        Large transfers are copied the usual way: streaming them did not pay (the figures:
+        docs/performance.md, History; ``MPISYNC_SHARED_MEMORY=1 mpisync bench`` puts them
+        through the segment).
         """
         if self.pack:
             arena.gather(self.pack, streaming=True)
@@ -360,7 +364,7 @@ def compile_chunks(
     plan: list, params: list, *, receiving: bool, slots: int, slot_bytes: int = SLOT_BYTES
 ) -> list:
     """The chunks that carry out host ``plan`` (made for ``params``) through ``slots`` slots."""
-    chunks = []
+    chunks: list[Chunk] = []
     for transfer in plan:
         if transfer.fused:
             offset = (len(chunks) % slots) * slot_bytes
@@ -402,6 +406,7 @@ def compile_bulk_chunks(
     ``manifest``'s arrays through
     a shared segment of ``slots`` slots: buckets copied by ``BufferList`` parts, large tensors in
     pieces."""
+    chunks: list[Chunk]
     names, values, chunks = manifest.names, manifest.values, []
     for fused, first, last, nbytes in plan:
         offset = (len(chunks) % slots) * slot_bytes

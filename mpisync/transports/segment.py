@@ -15,7 +15,7 @@ from .nodesegment import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_bulk_chun
 from .selection import SHARED
 
 
-def segment_geometry(capacity: int, fusion: int, every_set: bool) -> tuple:
+def segment_geometry(capacity: int, fusion: int, every_set: bool) -> tuple[int, int]:
     """``(slots, slot bytes)`` of a shared segment. For sets of small tensors only:
     :data:`~mpisync.transports.nodesegment.SMALL_SLOTS` slots of one bucket; for any set
     (``every_set``)
@@ -57,7 +57,7 @@ class SegmentTransport(Transport):
         self.clean = True
 
     @classmethod
-    def open(cls, comm, root: int, call, geometry: tuple) -> SegmentTransport | None:
+    def open(cls, comm, root: int, call, geometry: tuple[int, int]) -> SegmentTransport | None:
         """Set the segment up on every rank (root's ``geometry``: see :func:`segment_geometry`), or
         None on every rank."""
         segment = NodeSegment.open(comm, root, *geometry, call, True)
@@ -115,4 +115,5 @@ class SegmentTransport(Transport):
             keep_alive(self.segment)
         elif keep and self.clean:
             spares.offer(spares.SEGMENT, self.segment)
-        self.segment = None
+        # a closed transport is not used again: the assignment ignore
+        self.segment = None  # type: ignore[assignment]

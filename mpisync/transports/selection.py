@@ -96,7 +96,7 @@ class FactsExchange:
     """The facts all-reduce, posted early (with the communicator's duplication, so its round trip
     overlaps the manifest's construction) and completed by :meth:`result`."""
 
-    def __init__(self, comm, words: tuple | None = None, spare: tuple = (0, 0)):
+    def __init__(self, comm, words: _typing.Sequence[int] | None = None, spare: tuple = (0, 0)):
         words = [int(w) for w in (local_facts(comm.size, spare) if words is None else words)]
         self.size, self.count = comm.size, len(words)
         # MAX of the words and of their complements: max and min in one all-reduce (see agreement).

@@ -80,12 +80,13 @@ def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
     for size in _sizes(max_bytes):
         tensors = {name: torch.zeros(size // 4) for name in ("mpisync", "gloo")}
         flat = _np.zeros(size // 4, _np.float32)
-        runs = {
+        runs: dict = {
             name: (lambda t=tensors[name], g=groups[name]: dist.all_reduce(t, group=g))
             for name in tensors
         }
         runs["mpi Allreduce"] = lambda f=flat: comm.Allreduce(MPI.IN_PLACE, f)
-        # Every size gets every iteration: gloo's time at 1 MB and more moves by 2x between runs.
+        # Every size gets every iteration: with fewer samples at the large sizes, gloo's median
+        # there moved between runs (docs/allreduce.md, stop 24).
         timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
         row = {"bytes": size, **{f"{k}_us": v.median * 1e6 for k, v in timings.items()}}
         row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
@@ -160,7 +161,7 @@ def noop_hook(state, bucket):
     moved."""
     import torch
 
-    future = torch.futures.Future()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(bucket.buffer())
     return future
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse as _argparse
 import datetime as _datetime
 import importlib.util as _importlib_util
+from typing import Any
 
 import numpy as _np
 from mpi4py import MPI
@@ -31,7 +32,7 @@ def _torch_available() -> bool:
 
 
 _TORCH = ",resnet50-torch" if _torch_available() else ""
-QUICK = {
+QUICK: dict[str, Any] = {
     "workloads": "resnet50,many-small",
     "iterations": 5,
     "warmup": 1,
@@ -43,7 +44,7 @@ QUICK = {
     "allreduce_iterations": 5,
     "allreduce_sets": "",
 }
-FULL = {
+FULL: dict[str, Any] = {
     "workloads": ",".join(WORKLOADS) + _TORCH,
     "iterations": 11,
     "warmup": 2,
@@ -194,7 +195,7 @@ def run(comm, args) -> dict:
     ]
     total = (1 if osu_sizes else 0) + len(names) * (opt["iterations"] + 1)
     progress = _Progress(comm, total, not args.no_progress)
-    results = {
+    results: dict[str, Any] = {
         "meta": {
             "mpisync": mpisync.__version__,
             "ranks": comm.size,
@@ -295,10 +296,10 @@ def run(comm, args) -> dict:
 def _allreduce_rows(comm, rows: str, opt: dict) -> dict:
     from . import allreduce as _allreduce
 
-    rows = [r for r in rows.split(",") if r]
+    row_names = [r for r in rows.split(",") if r]
     argv = [
         "--rows",
-        *rows,
+        *row_names,
         "--max-bytes",
         str(opt["allreduce_max"]),
         "--iterations",

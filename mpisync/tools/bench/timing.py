@@ -61,7 +61,7 @@ def measure_interleaved(comm, runs: dict, *, iterations: int, warmup: int, progr
     for _ in range(warmup):
         for name in names:
             _time_once(comm, runs[name])
-    samples = {name: [] for name in names}
+    samples: dict[object, list[float]] = {name: [] for name in names}
     for i in range(iterations):
         order = list(names)
         _random.Random(i).shuffle(order)
