@@ -64,13 +64,17 @@ def _run(checkout: str, ranks: int, bench_args: list, out: Path) -> dict:
 
 def main(argv=None) -> int:
     """Run the rounds and print the side-by-side table; the exit status is 0."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="Arguments after -- go to mpisync bench."
+    )
     parser.add_argument("old")
     parser.add_argument("new")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("bench_args", nargs="*", help="after --: arguments of mpisync bench")
-    opt = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    opt = parser.parse_args(argv[:split])
+    opt.bench_args = argv[split + 1 :]  # after --: the arguments of mpisync bench
     times: dict = {"old": {}, "new": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(opt.rounds):

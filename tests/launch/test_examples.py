@@ -159,3 +159,31 @@ def test_allreduce_sizes_prints_both_ways_at_each_size(bounded_env):
     assert [row[0] for row in rows] == ["0.5", "3"], out
     assert all(float(value) > 0 for row in rows for value in row[1:]), out
     assert "pieces of 1 MiB" in out, out
+
+
+def test_side_by_side_gives_every_row_of_both_checkouts(bounded_env):
+    # The same checkout twice: every row is timed for both, and the ratio is printed.
+    out = _run(
+        [
+            sys.executable,
+            "benchmarks/side_by_side.py",
+            str(ROOT),
+            str(ROOT),
+            "--rounds",
+            "1",
+            "--",
+            "--quick",
+            "--no-osu",
+            "--no-sweep",
+            "--workloads",
+            "many-small",
+            "--iterations",
+            "1",
+            "--warmup",
+            "0",
+        ],
+        bounded_env,
+    )
+    rows = [line.split() for line in out.splitlines() if line.startswith("many-small: ")]
+    assert len(rows) >= 5 and all(float(row[-1]) > 0 for row in rows), out
+    assert any("ParamSync" in " ".join(row) for row in rows), out
