@@ -89,6 +89,8 @@ def _info(args) -> int:
         return 0
     width = max(len(k) for k in info)
     for key, value in info.items():
+        if isinstance(value, list):  # setting_errors, unknown_settings, gpus
+            value = "; ".join(map(str, value)) or "none"
         if key != "defaults":
             print(f"{key:<{width}} : {value}")
             continue

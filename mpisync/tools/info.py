@@ -50,6 +50,14 @@ def collect_info() -> dict:
         "device_transport": f"{transport} ({transport_why})",
         "gpus": gpus_seen(),
         "defaults": defaults,
+        "setting_errors": [
+            f"{problem}; every sync raises until it is fixed or unset"
+            for problem in _config.environment_problems()
+        ],
+        "unknown_settings": [
+            f"{name} (ignored{f'; did you mean {near}?' if near else ''})"
+            for name, near in _config.unknown_settings()
+        ],
         "timeout_aborts": _config.abort_on_timeout(),
         "shared_memory": _shared_memory_line(),
         "cross_memory": _cross_memory_line(),
