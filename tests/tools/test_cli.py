@@ -89,6 +89,37 @@ def test_info_shows_a_bad_setting_on_its_line_and_goes_on(installed, bounded_env
     }
 
 
+def test_info_reports_bad_switches_unknown_names_and_the_launch(installed, bounded_env):
+    env = dict(
+        bounded_env,
+        MPISYNC_SHARED_MEMORY="ture",
+        MPISYNC_LOG="dbug",
+        MPISYNC_TIMOUT="5",
+        SLURM_STEP_ID="0",
+        SLURM_STEP_NUM_TASKS="2",
+    )
+    proc = installed.run(["info"], env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert (
+        "setting_errors   : MPISYNC_SHARED_MEMORY: an on/off switch takes 1, 0, true, false, yes, "
+        "no, on or off (any case), got 'ture'; every sync raises until it is fixed or unset; "
+        "MPISYNC_LOG: a log level takes debug, info, warning, error, critical (any case), got "
+        "'dbug'; every sync raises until it is fixed or unset"
+    ) in lines
+    assert "unknown_settings : MPISYNC_TIMOUT (ignored; did you mean MPISYNC_TIMEOUT?)" in lines
+    launch = next(line for line in lines if line.startswith("launch "))
+    assert (
+        launch.startswith(
+            "launch           : MISMATCH, every sync raises: this process is alone in its MPI world"
+        )
+        and "srun without an MPI plugin started it as one of 2 processes" in launch
+    )
+    info = json.loads(installed.run(["info", "--json"], bounded_env).stdout)
+    assert info["setting_errors"] == [] and info["unknown_settings"] == []
+    assert info["launch"] == "ok: one process, no launcher that started more"
+
+
 def test_info_prints_once_under_mpiexec(installed, bounded_env):
     proc = installed.run(["info"], bounded_env, ranks=2)
     assert proc.returncode == 0, proc.stderr
