@@ -300,3 +300,34 @@ def test_broadcast_optimizer_state_local_failure_is_agreed(comm):
         f"rank {last_rank(comm)}",
         "state_dict failed on this rank",
     )
+
+
+def test_optimizer_state_only_on_root_points_to_broadcast_optimizer_state(comm):
+    # The usual resume: root loaded the optimizer's state, the others have none yet. sync_state
+    # needs one structure everywhere: its error says which call fills the others in.
+    torch = pytest.importorskip("torch")
+    need_ranks(comm, 2)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    if comm.rank == 0:
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    others = (
+        "rank 1"
+        if comm.size == 2
+        else f"ranks 1-{comm.size - 1}"
+        if comm.size > 3
+        else "ranks 1, 2"
+    )
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.sync_state(opt.state_dict(), comm, root=0),
+        f"state tree structure differs from root rank 0's: {others}: state: keys differ "
+        "(missing here: [0, 1]; not on root: []); only root has entries here: if this is a torch "
+        "optimizer's state that only root loaded (or only root stepped), use "
+        "mpisync.broadcast_optimizer_state(optimizer, root_rank=...), which first gives every "
+        "rank root's structure",
+    )
+    mpisync.broadcast_optimizer_state(opt, comm, root=0)  # the call it names: works
+    assert list(opt.state_dict()["state"]) == [0, 1]
