@@ -98,6 +98,7 @@ def test_info_line(monkeypatch):
 
 ENTRY_POINTS = """
 import numpy as np, torch, mpisync
+from mpisync.horovod import broadcast_optimizer_state
 model = torch.nn.Linear(2, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 calls = {
@@ -107,7 +108,8 @@ calls = {
     "GradSync": lambda: mpisync.GradSync().allreduce({"w": np.zeros(3)}),
     "sync_state": lambda: mpisync.sync_state({"w": np.zeros(3), "step": 1}),
     "broadcast_parameters": lambda: mpisync.broadcast_parameters(model.state_dict(), root_rank=0),
-    "broadcast_optimizer_state": lambda: mpisync.broadcast_optimizer_state(opt),
+    "broadcast_optimizer_state": lambda: broadcast_optimizer_state(opt, root_rank=0),
+    "hvd.init": lambda: __import__("mpisync.horovod", fromlist=["init"]).init(),
 }
 for name, call in calls.items():
     try:
@@ -126,6 +128,7 @@ ENTRY_NAMES = (
     "sync_state",
     "broadcast_parameters",
     "broadcast_optimizer_state",
+    "hvd.init",
 )
 
 

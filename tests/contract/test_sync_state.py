@@ -254,7 +254,7 @@ def test_broadcast_optimizer_state_fills_ranks_without_state(comm, root_steps):
         torch, comm.rank, root_steps if comm.rank == root else int(comm.rank == 0)
     )
     mpisync.broadcast_parameters(model.state_dict(), root_rank=root, comm=comm)
-    mpisync.broadcast_optimizer_state(opt, comm, root=root)
+    mpisync.broadcast_optimizer_state(opt, root_rank=root, comm=comm)
     ref_model, ref_opt = _model_and_optimizer(torch, root, root_steps)
     mine, ref = opt.state_dict(), ref_opt.state_dict()
     assert mine["param_groups"] == ref["param_groups"]
@@ -296,7 +296,7 @@ def test_broadcast_optimizer_state_local_failure_is_agreed(comm):
     raises_everywhere(
         comm,
         mpisync.InvalidParamError,
-        lambda: mpisync.broadcast_optimizer_state(opt, comm, root=root),
+        lambda: mpisync.broadcast_optimizer_state(opt, root_rank=root, comm=comm),
         f"rank {last_rank(comm)}",
         "state_dict failed on this rank",
     )
@@ -329,5 +329,34 @@ def test_optimizer_state_only_on_root_points_to_broadcast_optimizer_state(comm):
         "mpisync.broadcast_optimizer_state(optimizer, root_rank=...), which first gives every "
         "rank root's structure",
     )
-    mpisync.broadcast_optimizer_state(opt, comm, root=0)  # the call it names: works
+    mpisync.broadcast_optimizer_state(opt, root_rank=0, comm=comm)  # the call it names: works
     assert list(opt.state_dict()["state"]) == [0, 1]
+
+
+def test_broadcast_optimizer_state_takes_horovods_forms(comm):
+    torch = pytest.importorskip("torch")
+    root = last_rank(comm)
+
+    def make():
+        torch.manual_seed(comm.rank)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 * (comm.rank + 1), momentum=0.9)
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+        return opt
+
+    expected = 0.1 * (root + 1)
+    for call in (
+        lambda opt: mpisync.broadcast_optimizer_state(opt, root),  # Horovod: positional
+        lambda opt: mpisync.broadcast_optimizer_state(opt, root_rank=root, comm=comm),
+        lambda opt: mpisync.broadcast_optimizer_state(opt, root=root),  # the older keyword
+    ):
+        opt = make()
+        call(opt)
+        assert opt.param_groups[0]["lr"] == expected
+    opt = make()
+    with pytest.warns(DeprecationWarning, match="older form"):
+        mpisync.broadcast_optimizer_state(opt, comm, root=root)  # the older positional comm
+    assert opt.param_groups[0]["lr"] == expected
+    with pytest.raises(mpisync.InvalidParamError, match="root_rank=1 and root=2 differ"):
+        mpisync.broadcast_optimizer_state(opt, 1, root=2)
