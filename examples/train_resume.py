@@ -110,7 +110,8 @@ def main() -> None:
     comm.Allgather(np.frombuffer(bytes.fromhex(end), np.uint8), ends)
     same = bool((ends == ends[0]).all())
     print(
-        f"rank {comm.rank}: {'resumed from ' + args.resume if args.resume else 'fresh start'}; "
+        f"rank {comm.rank}/{comm.size}: "
+        f"{'resumed from ' + args.resume if args.resume else 'fresh start'}; "
         f"synced state {start}; after {args.steps} steps loss {loss:.4f}, state {end}; "
         f"identical on every rank: {same}",
         flush=True,
