@@ -16,20 +16,21 @@ import sys
 
 # examples/train_resume.py and examples/ddp_train.py, one line per rank
 TRAIN = re.compile(
-    r"^rank (?P<rank>\d+)/(?P<size>\d+): (?P<how>fresh start|resumed from \S+); synced state "
+    r"rank (?P<rank>\d+)/(?P<size>\d+): (?P<how>fresh start|resumed from \S+); synced state "
     r"(?P<start>\w+); after \d+ steps loss \S+, state (?P<end>\w+); identical on every rank: "
-    r"(?P<same>True|False)$"
+    r"(?P<same>True|False)"
 )
 DDP = re.compile(
-    r"^rank (?P<rank>\d+)/(?P<size>\d+): \d+ weights identical on every rank: (?P<same>True|False);"
-    r" digest (?P<end>\w+)$"
+    r"rank (?P<rank>\d+)/(?P<size>\d+): \d+ weights identical on every rank: (?P<same>True|False);"
+    r" digest (?P<end>[0-9a-f]+)"
 )
 
 
 def read_ranks(path: str, pattern: re.Pattern) -> list[dict]:
-    """The matching lines of a job's output, as dicts."""
+    """Every rank's result line in a job's output, as dicts (wherever it is: two tasks' output
+    may share a line)."""
     with open(path, encoding="utf-8", errors="replace") as f:
-        return [m.groupdict() for m in map(pattern.match, f.read().splitlines()) if m]
+        return [m.groupdict() for m in pattern.finditer(f.read())]
 
 
 def problems(rows: list[dict], ranks: int) -> list[str]:

@@ -33,11 +33,11 @@ def test_a_job_on_every_rank_passes(tmp_path, capsys):
     resumed = _write(
         tmp_path, "r", [_train(r, 4, "resumed from /l/x.npz", "bb", "cc") for r in range(4)]
     )
-    ddp = _write(
-        tmp_path,
-        "d",
-        [f"rank {r}/4: 70401 weights identical on every rank: True; digest dd" for r in range(4)],
-    )
+    lines = [
+        f"rank {r}/4: 70401 weights identical on every rank: True; digest dd" for r in range(4)
+    ]
+    # two tasks' output in one line of the job's file: still read
+    ddp = _write(tmp_path, "d", ["step 10: loss 1.0 (mean over 4 ranks)" + lines[0], *lines[1:]])
     assert slurm_check.main(["train", "--ranks", "4", fresh, resumed]) == 0
     assert slurm_check.main(["ddp", "--ranks", "4", ddp]) == 0
     out = capsys.readouterr().out

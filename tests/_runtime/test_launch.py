@@ -185,4 +185,6 @@ def test_a_real_mpi_world_is_never_refused(bounded_env):
             timeout=120,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert proc.stdout.split() == (["host"] * 2 if n == 2 else ["local"]), proc.stdout
+        # (two ranks' lines may share a line of the launcher's output)
+        assert proc.stdout.count("host") == (2 if n == 2 else 0), proc.stdout
+        assert proc.stdout.count("local") == (0 if n == 2 else 1), proc.stdout
