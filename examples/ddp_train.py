@@ -6,10 +6,11 @@ No MASTER_ADDR, RANK or WORLD_SIZE: rank and size come from MPI. Every rank
 starts from different random weights; DDP's start-up broadcast (mpisync's
 fused parameter sync) gives every rank rank 0's, and the gradient all-reduce
 keeps them equal. At the end every rank checks, with mpisync.allreduce, that
-all ranks hold the same weights.
+all ranks hold the same weights, and prints a digest of its own.
 """
 
 import argparse
+import hashlib
 
 import numpy as np
 import torch
@@ -62,9 +63,10 @@ def main() -> None:
     mpisync.allreduce(weights, op="max")
     mpisync.allreduce(spread, op="min")
     same = all(np.array_equal(weights[n], spread[n]) for n in weights)
+    digest = hashlib.blake2b(b"".join(weights[n].tobytes() for n in sorted(weights)), digest_size=8)
     print(
         f"rank {rank}/{size}: {sum(w.size for w in weights.values())} weights identical on every "
-        f"rank: {same}",
+        f"rank: {same}; digest {digest.hexdigest()}",
         flush=True,
     )
     torch.distributed.destroy_process_group()

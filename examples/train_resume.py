@@ -102,7 +102,7 @@ def main() -> None:
         load(args.resume, model, opt)
     mpisync.broadcast_parameters(model.state_dict(), root_rank=0, comm=comm)
     # the other ranks have no state yet: root's structure
-    mpisync.broadcast_optimizer_state(opt, comm, root=0)
+    mpisync.broadcast_optimizer_state(opt, root_rank=0, comm=comm)
     start = digest(model, opt)
     loss = train(comm, model, opt, args.steps, seed=1 if not args.resume else 2)
     end = digest(model, opt)
@@ -110,7 +110,8 @@ def main() -> None:
     comm.Allgather(np.frombuffer(bytes.fromhex(end), np.uint8), ends)
     same = bool((ends == ends[0]).all())
     print(
-        f"rank {comm.rank}: {'resumed from ' + args.resume if args.resume else 'fresh start'}; "
+        f"rank {comm.rank}/{comm.size}: "
+        f"{'resumed from ' + args.resume if args.resume else 'fresh start'}; "
         f"synced state {start}; after {args.steps} steps loss {loss:.4f}, state {end}; "
         f"identical on every rank: {same}",
         flush=True,

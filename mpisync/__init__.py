@@ -5,6 +5,8 @@
 >>> report = mpisync.sync_params(model.state_dict(), MPI.COMM_WORLD, root=0)  # doctest: +SKIP
 """
 
+# First: without an MPI library, an ImportError that says how to install one.
+from ._runtime.mpilib import MPI as _MPI  # noqa: F401
 from ._runtime.ring import RequestRing
 from .allreduce import GradSync, allreduce
 from .errors import (

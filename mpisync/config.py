@@ -1,12 +1,21 @@
 """Effective settings: an explicit argument, else the environment, else a built-in default.
 
-Each resolved value remembers where it came from, so ``mpisync info`` can say so.
+Each resolved value remembers where it came from, so ``mpisync info`` can say so. Every
+``MPISYNC_*`` variable the package reads is named here, once: the four tunables
+(:data:`ENV_NAMES`), the on/off switches (:data:`SWITCHES`), the log level and the two paths.
+A value that cannot be parsed is refused, naming the variable; an ``MPISYNC_*`` name that is
+none of these (a misspelt name, say) is warned about once and shown by
+``mpisync info``.
 """
 
 from __future__ import annotations
 
 import dataclasses as _dc
+import difflib as _difflib
 import os as _os
+import sys as _sys
+import warnings as _warnings
+from collections.abc import Mapping
 from typing import Any, Generic, TypedDict, TypeVar
 
 from .errors import InvalidParamError
@@ -17,8 +26,15 @@ __all__ = [
     "SettingValues",
     "resolve",
     "env_switch",
+    "switch",
+    "check_environment",
+    "environment_problems",
+    "unknown_settings",
     "BUILTIN_DEFAULTS",
     "ENV_NAMES",
+    "SWITCHES",
+    "LOG_LEVELS",
+    "KNOWN_ENV",
 ]
 
 GPU_TRANSPORTS = ("auto", "cuda-aware", "staged")
@@ -37,6 +53,36 @@ ENV_NAMES = {
     "gpu_transport": "MPISYNC_GPU_TRANSPORT",
     "timeout": "MPISYNC_TIMEOUT",
 }
+
+#: The on/off switches and their defaults (``None``: unset leaves the choice to the rule).
+SWITCHES: dict[str, bool | None] = {
+    "MPISYNC_SHARED_MEMORY": None,
+    "MPISYNC_CROSS_MEMORY": True,
+    "MPISYNC_SPEEDUPS": True,
+    "MPISYNC_TIMEOUT_ABORT": True,
+    "MPISYNC_ALLOW_SINGLETON": False,
+}
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+#: ``MPISYNC_LOG``'s levels (any case); unset or empty: no log handler.
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_PATHS = ("MPISYNC_TIMELINE", "MPISYNC_TUNING")
+#: Read by the project's own CI scripts and tests, never by the package: known, not warned about.
+_TOOLING = (
+    "MPISYNC_TEST_LOGS",
+    "MPISYNC_SKIP_OPENMPI",
+    "MPISYNC_SKIP_MULTIHOST",
+    "MPISYNC_SKIP_SLURM",
+    "MPISYNC_TORCH_VERSION",
+    "MPISYNC_GPU_CHECK_SECONDS",
+    "MPISYNC_GPU_PYTHON",
+    "MPISYNC_REQUIRE_GPU",
+    "MPISYNC_CHECK_LIBDIR",
+    "MPISYNC_EXPECT_NODES",
+)
+#: Every ``MPISYNC_*`` name that means something; any other is reported as unknown.
+KNOWN_ENV = frozenset([*ENV_NAMES.values(), *SWITCHES, "MPISYNC_LOG", *_PATHS, *_TOOLING])
 
 
 _T = TypeVar("_T")
@@ -127,11 +173,17 @@ def _resolve_one(name: str, argument: object) -> Setting[Any]:
     return Setting(BUILTIN_DEFAULTS[name], "built-in")
 
 
-def resolve(max_concurrent=None, fusion_bytes=None, gpu_transport=None, timeout=None) -> Settings:
+def resolve(
+    max_concurrent=None, fusion_bytes=None, gpu_transport=None, timeout=None, *, environment=True
+) -> Settings:
     """Resolve every setting: argument if not ``None``, else environment, else built-in.
 
-    ``timeout`` of ``0``, ``inf`` or ``"none"`` (from the environment) means wait forever.
+    ``timeout`` of ``0``, ``inf`` or ``"none"`` (from the environment) means wait forever. With
+    ``environment`` (the default) the switches and ``MPISYNC_LOG`` are checked too
+    (:func:`check_environment`): a value none of them takes raises here.
     """
+    if environment:
+        check_environment()
     return Settings(
         max_concurrent=_resolve_one("max_concurrent", max_concurrent),
         fusion_bytes=_resolve_one("fusion_bytes", fusion_bytes),
@@ -140,16 +192,118 @@ def resolve(max_concurrent=None, fusion_bytes=None, gpu_transport=None, timeout=
     )
 
 
-def env_switch(name: str, default: bool) -> bool:
-    """An on/off environment variable: ``default`` unless it spells the other choice
-    (``0``/``false``/``no``/``off`` against a default of on, ``1``/``true``/``yes``/``on`` against
-    off)."""
-    value = _os.environ.get(name, "").strip().lower()
-    return (
-        value not in ("0", "false", "no", "off") if default else value in ("1", "true", "yes", "on")
+def _parse_switch(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise InvalidParamError(
+        f"{name}: an on/off switch takes 1, 0, true, false, yes, no, on or off (any case), "
+        f"got {raw!r}"
     )
+
+
+def switch(name: str) -> bool | None:
+    """The on/off switch ``name`` (one of :data:`SWITCHES`): its default when unset, empty or not
+    a valid switch. Never raises: :func:`resolve` refuses the invalid value, so every sync
+    raises before anything reads it."""
+    raw = _os.environ.get(name, "")
+    if not raw.strip():
+        return SWITCHES[name]
+    try:
+        return _parse_switch(name, raw)
+    except InvalidParamError:
+        return SWITCHES[name]
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment variable: ``default`` when unset, empty or invalid (see
+    :func:`switch`), else its value."""
+    value = switch(name) if name in SWITCHES else None
+    return default if value is None else value
 
 
 def abort_on_timeout() -> bool:
     """Whether a timeout aborts the job (default) or only raises (``MPISYNC_TIMEOUT_ABORT=0``)."""
     return env_switch("MPISYNC_TIMEOUT_ABORT", True)
+
+
+def environment_problems(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Why each set switch or ``MPISYNC_LOG`` cannot be parsed, each naming its variable."""
+    environ = _os.environ if environ is None else environ
+    problems = []
+    for name in SWITCHES:
+        raw = environ.get(name, "")
+        if raw.strip():
+            try:
+                _parse_switch(name, raw)
+            except InvalidParamError as exc:
+                problems.append(str(exc))
+    level = environ.get("MPISYNC_LOG", "")
+    if level.strip() and level.strip().lower() not in LOG_LEVELS:
+        problems.append(
+            f"MPISYNC_LOG: a log level takes {', '.join(LOG_LEVELS)} (any case), got {level!r}"
+        )
+    return problems
+
+
+def unknown_settings(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """``(name, closest known name or None)`` for each ``MPISYNC_*`` variable mpisync does not
+    know."""
+    environ = _os.environ if environ is None else environ
+    known = sorted(k.removeprefix("MPISYNC_") for k in KNOWN_ENV)  # the shared prefix matches all
+
+    def closest(name: str) -> str | None:
+        found = _difflib.get_close_matches(name.removeprefix("MPISYNC_"), known, n=1)
+        return f"MPISYNC_{found[0]}" if found else None
+
+    return [
+        (name, closest(name))
+        for name in sorted(environ)
+        if name.startswith("MPISYNC_") and name not in KNOWN_ENV
+    ]
+
+
+def _world_rank() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else 0
+
+
+_warned: set[str] = set()
+_scanned = False
+
+
+def _warn_unknown() -> None:
+    """Warn once per process (on rank 0 of the job only) about each unknown ``MPISYNC_*`` name."""
+    global _scanned
+    _scanned = True
+    unknown = [(n, near) for n, near in unknown_settings() if n not in _warned]
+    if not unknown:
+        return
+    _warned.update(name for name, _ in unknown)
+    if _world_rank() != 0:  # one warning per job, not one per rank
+        return
+    # the warning points at the caller's line: the first frame outside this package
+    package, frame, level = _os.path.dirname(__file__), _sys._getframe(0), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    for name, near in unknown:
+        hint = f"; did you mean {near}?" if near else ""
+        _warnings.warn(
+            f"mpisync: {name} is not an mpisync setting and is ignored{hint} "
+            "(`mpisync info` lists every setting)",
+            UserWarning,
+            stacklevel=level,
+        )
+
+
+def check_environment() -> None:
+    """Raise :class:`InvalidParamError` for the first switch or log level that cannot be parsed;
+    warn once about unknown ``MPISYNC_*`` names."""
+    if not _scanned:
+        _warn_unknown()
+    problems = environment_problems()
+    if problems:
+        raise InvalidParamError("; ".join(problems))

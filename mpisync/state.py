@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from .errors import InvalidParamError, ManifestMismatchError
 from .params.adapters import is_array_like
-from .params.agreement import all_equal, allgather_bytes
+from .params.agreement import all_equal, allgather_bytes, merge_ranks
 from .sync import ParamSync
 
 __all__ = ["sync_state", "MAX_DEPTH"]
@@ -202,6 +202,15 @@ def _kind(shape) -> tuple:
     return next(iter(shape.items())) if isinstance(shape, dict) else (shape, None)
 
 
+# When only root has entries where this rank has none: the usual resume, where root alone loaded
+# an optimizer's state. sync_state needs the same structure everywhere; this does not.
+_ROOT_ALONE = (
+    "; only root has entries here: if this is a torch optimizer's state that only root loaded "
+    "(or only root stepped), use mpisync.broadcast_optimizer_state(optimizer, root_rank=...), "
+    "which first gives every rank root's structure"
+)
+
+
 def _first_difference(a, b, path: str = "") -> str:
     """The dotted path where two tree shapes first differ, and how."""
     where = path or "<root>"
@@ -215,7 +224,8 @@ def _first_difference(a, b, path: str = "") -> str:
         if keys_a != keys_b:
             missing = [k for _, k in keys_b if (type(k).__name__, k) not in keys_a]
             extra = [k for _, k in keys_a if (type(k).__name__, k) not in keys_b]
-            return f"{where}: keys differ (missing here: {missing!r}; not on root: {extra!r})"
+            hint = _ROOT_ALONE if not keys_a else ""
+            return f"{where}: keys differ (missing here: {missing!r}; not on root: {extra!r}){hint}"
         for (_, key, sa), (_, _, sb) in zip(items_a, items_b):
             found = _first_difference(sa, sb, f"{path}.{key}" if path else str(key))
             if found:
@@ -239,14 +249,16 @@ def _agree_on_shape(comm, flat: _Flat, shape, root, call) -> None:
     if high[0] == 0 and equal:
         return
     docs = [_json.loads(raw) for raw in allgather_bytes(comm, payload, call)]
-    invalid = [f"rank {r}: {path}: {msg}" for r, d in enumerate(docs) for path, msg in d["errors"]]
+    invalid = merge_ranks(
+        (r, f"{path}: {msg}") for r, d in enumerate(docs) for path, msg in d["errors"]
+    )
     if invalid:
         raise InvalidParamError("mpisync: invalid state tree: " + "; ".join(invalid[:20]))
-    diffs = [
-        f"rank {r}: {_first_difference(d['shape'], docs[root]['shape'])}"
+    diffs = merge_ranks(
+        (r, _first_difference(d["shape"], docs[root]["shape"]))
         for r, d in enumerate(docs)
         if r != root and d["shape"] != docs[root]["shape"]
-    ]
+    )
     raise ManifestMismatchError(
         f"mpisync: state tree structure differs from root rank {root}'s: " + "; ".join(diffs[:20])
     )

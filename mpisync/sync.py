@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 from ._runtime.clock import Deadline, Trace
 from ._runtime.keepalive import keep_alive
+from ._runtime.launch import check_launch
 from ._runtime.lifecycle import Reusable
 from ._runtime.observe import configure_logging, logger, timeline_for
 from ._runtime.ring import Expired
@@ -51,6 +52,7 @@ def _check_comm(comm):
         raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
     if comm.Is_inter():
         raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
+    check_launch(comm)  # a world of one where the launcher started more
 
 
 def _sync_alone(manifest, report, verify, trace, t_validate, device) -> None:

@@ -25,7 +25,9 @@ class Reusable:
             self._settings = _config.resolve(max_concurrent, fusion_bytes, gpu_transport, timeout)
         except InvalidParamError as exc:
             self._settings_error = str(exc)
-            self._settings = _config.resolve(1, 0, "auto", _config.BUILTIN_DEFAULTS["timeout"])
+            self._settings = _config.resolve(
+                1, 0, "auto", _config.BUILTIN_DEFAULTS["timeout"], environment=False
+            )
         self._values = self._settings.values()  # read-only: the settings are fixed
 
     @property

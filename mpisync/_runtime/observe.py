@@ -20,6 +20,8 @@ import os as _os
 import threading as _threading
 import time as _time
 
+from ..config import LOG_LEVELS
+
 __all__ = ["logger", "configure_logging", "Timeline", "timeline_for", "timeline_path"]
 
 logger = _logging.getLogger("mpisync")
@@ -35,13 +37,14 @@ def configure_logging(rank: int) -> None:
     if _configured:
         return
     _configured = True
-    level = _os.environ.get("MPISYNC_LOG", "").strip().upper()
-    if not level or logger.handlers:
+    level = _os.environ.get("MPISYNC_LOG", "").strip().lower()
+    # an unknown level is refused by config.resolve: every sync raises it, none logs
+    if level not in LOG_LEVELS or logger.handlers:
         return
     handler = _logging.StreamHandler()
     handler.setFormatter(_logging.Formatter(f"mpisync[rank {rank}] %(levelname)s %(message)s"))
     logger.addHandler(handler)
-    logger.setLevel(getattr(_logging, level, _logging.INFO))
+    logger.setLevel(getattr(_logging, level.upper()))
     logger.propagate = False
 
 

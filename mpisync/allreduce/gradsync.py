@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 from .._runtime.clock import Deadline
 from .._runtime.keepalive import keep_alive
+from .._runtime.launch import check_launch
 from .._runtime.lifecycle import Reusable
 from .._runtime.ring import Expired, TrackedRing
 from .._runtime.speedups import speedups as _speedups
@@ -58,6 +59,7 @@ def _check_comm(comm) -> None:
         raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
     if comm.Is_inter():
         raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
+    check_launch(comm)  # a world of one where the launcher started more
 
 
 class _Plan(_typing.NamedTuple):

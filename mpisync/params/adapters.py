@@ -85,7 +85,9 @@ def _from_numpy(array: _np.ndarray) -> ArrayView:
     except (TypeError, ValueError):
         if not array.flags.c_contiguous:
             raise UnsupportedArray(
-                f"numpy array with strides {array.strides} is not C-contiguous"
+                f"numpy array with strides {array.strides} is not C-contiguous (a transposed or "
+                "sliced view?); sync a C-contiguous array instead: a = np.ascontiguousarray(a) "
+                "before the sync, then use that copy"
             ) from None
         data = _byte_view(array)
     dtype = _DTYPE_NAMES.get(array.dtype) or _dtype_name(array.dtype)
@@ -111,7 +113,11 @@ def _from_torch(tensor) -> ArrayView:
             f"torch tensor on device {tensor.device}: only CPU and CUDA tensors are supported"
         )
     if not tensor.is_contiguous():
-        raise UnsupportedArray(f"torch tensor with stride {tensor.stride()} is not contiguous")
+        raise UnsupportedArray(
+            f"torch tensor with stride {tensor.stride()} is not contiguous (a transposed or "
+            "sliced view?); make it contiguous in place before the sync: "
+            "param.data = param.data.contiguous()"
+        )
     if tensor.is_quantized or tensor.is_complex() and tensor.is_conj():
         raise UnsupportedArray("quantized or lazily conjugated torch tensors are not supported")
     dtype = str(tensor.dtype).removeprefix("torch.")
@@ -177,7 +183,10 @@ def _from_device(obj) -> ArrayView:
         obj.is_contiguous() if hasattr(obj, "is_contiguous") else bool(obj.flags.c_contiguous)
     )
     if not contiguous:
-        raise UnsupportedArray(f"{type(obj).__qualname__} on the device is not C-contiguous")
+        raise UnsupportedArray(
+            f"{type(obj).__qualname__} on the device is not C-contiguous; sync a contiguous copy "
+            "(cupy.ascontiguousarray(a), or param.data = param.data.contiguous() for a tensor)"
+        )
     dtype = _np.dtype(obj.dtype)
     return _device_view(obj, tuple(obj.shape), _DTYPE_NAMES.get(dtype) or _dtype_name(dtype))
 
@@ -222,7 +231,10 @@ def as_array_view(obj) -> ArrayView:
             "protocol or DLPack"
         ) from None
     if not buffer.c_contiguous:
-        raise UnsupportedArray(f"{type(obj).__qualname__} buffer is not C-contiguous")
+        raise UnsupportedArray(
+            f"{type(obj).__qualname__} buffer is not C-contiguous; sync a C-contiguous copy "
+            "(np.ascontiguousarray)"
+        )
     try:
         array = _np.asarray(buffer)
     except (TypeError, ValueError) as exc:

@@ -18,7 +18,15 @@ from mpi4py import MPI
 
 from ..errors import InvalidParamError, ManifestMismatchError
 
-__all__ = ["all_equal", "allgather_bytes", "agree", "diagnose", "max_and_min"]
+__all__ = [
+    "all_equal",
+    "allgather_bytes",
+    "agree",
+    "diagnose",
+    "max_and_min",
+    "merge_ranks",
+    "rank_list",
+]
 
 _MAX_ITEMS = 20
 
@@ -79,6 +87,30 @@ def agree(comm, manifest, call, layout: bytes = bytes(8), fresh: bool = False) -
     raise diagnose(docs)
 
 
+def rank_list(ranks) -> str:
+    """Ranks in order, runs of three or more as ranges: ``0, 2, 4-63``."""
+    ranks = sorted(set(ranks))
+    parts, start = [], 0
+    for i in range(1, len(ranks) + 1):
+        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
+            run = ranks[start:i]
+            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(r) for r in run]
+            start = i
+    return ", ".join(parts)
+
+
+def merge_ranks(pairs) -> list:
+    """``(rank, text)`` pairs as lines, each text once with every rank that has it:
+    ``rank 3: text``, ``ranks 0-63: text`` (in the order texts first appear)."""
+    by_text: dict = {}
+    for rank, text in pairs:
+        by_text.setdefault(text, []).append(rank)
+    return [
+        f"{'rank' if len(set(ranks)) == 1 else 'ranks'} {rank_list(ranks)}: {text}"
+        for text, ranks in by_text.items()
+    ]
+
+
 def _limited(items: list) -> str:
     shown = "; ".join(items[:_MAX_ITEMS])
     if len(items) > _MAX_ITEMS:
@@ -90,33 +122,44 @@ def _shape(shape: list) -> str:
     return str(tuple(shape))
 
 
-def diagnose(docs: list) -> Exception:
-    """The error every rank raises, computed identically on every rank from all manifests."""
-    invalid = [
-        f"rank {rank}: " + (f"parameter {name!r}: {msg}" if name is not None else msg)
-        for rank, doc in enumerate(docs)
-        for name, msg in doc["errors"]
-    ]
-    if invalid:
-        ranks = sorted({rank for rank, doc in enumerate(docs) if doc["errors"]})
-        return InvalidParamError(
-            f"mpisync: invalid input on rank(s) {', '.join(map(str, ranks))}: {_limited(invalid)}"
-        )
-    reference = docs[0]["settings"]
+def _settings_differences(docs: list) -> list:
+    """One line per sync setting the ranks disagree on: ``key: rank 0=1, ranks 1-3=2``."""
     differing = []
     for key in sorted(set().union(*(d["settings"] for d in docs))):
-        values = [d["settings"].get(key) for d in docs]
-        if any(v != values[0] for v in values):
+        by_value: dict = {}
+        for rank, doc in enumerate(docs):
+            by_value.setdefault(repr(doc["settings"].get(key)), []).append(rank)
+        if len(by_value) > 1:
             differing.append(
-                f"{key}: " + ", ".join(f"rank {r}={v!r}" for r, v in enumerate(values))
+                f"{key}: "
+                + ", ".join(
+                    f"{'rank' if len(r) == 1 else 'ranks'} {rank_list(r)}={v}"
+                    for v, r in by_value.items()
+                )
             )
-    if differing:
-        return ManifestMismatchError(
-            f"mpisync: ranks disagree on sync settings: {_limited(differing)}"
-        )
-    root = reference["root"]
+    return differing
+
+
+def _row_differences(name: str, row: list, root_row: list) -> list:
+    """How one parameter's manifest row differs from root's."""
+    _, shape, dtype, count, kind = row
+    _, rshape, rdtype, rcount, rkind = root_row
+    found = []
+    if kind != rkind:
+        found.append(f"parameter {name!r} is in {kind} memory, on root in {rkind} memory")
+    if shape != rshape:
+        found.append(f"parameter {name!r} has shape {_shape(shape)}, root has {_shape(rshape)}")
+    if dtype != rdtype:
+        found.append(f"parameter {name!r} has dtype {dtype}, root has {rdtype}")
+    if count != rcount:
+        found.append(f"parameter {name!r} has {count} replica(s), root has {rcount}")
+    return found
+
+
+def _param_differences(docs: list, root: int) -> list:
+    """``(rank, text)`` for every parameter of a rank that differs from root's."""
     expected = {row[0]: row for row in docs[root]["params"]}
-    problems = []  # (rank, text)
+    problems = []
     for rank, doc in enumerate(docs):
         if rank == root:
             continue
@@ -127,34 +170,36 @@ def diagnose(docs: list) -> Exception:
             elif name not in expected:
                 problems.append((rank, f"parameter {name!r} is not on root rank {root}"))
             else:
-                _, shape, dtype, count, kind = mine[name]
-                _, rshape, rdtype, rcount, rkind = expected[name]
-                if kind != rkind:
-                    problems.append(
-                        (rank, f"parameter {name!r} is in {kind} memory, on root in {rkind} memory")
-                    )
-                if shape != rshape:
-                    problems.append(
-                        (
-                            rank,
-                            f"parameter {name!r} has shape {_shape(shape)}, root has "
-                            f"{_shape(rshape)}",
-                        )
-                    )
-                if dtype != rdtype:
-                    problems.append(
-                        (rank, f"parameter {name!r} has dtype {dtype}, root has {rdtype}")
-                    )
-                if count != rcount:
-                    problems.append(
-                        (rank, f"parameter {name!r} has {count} replica(s), root has {rcount}")
-                    )
+                problems += [(rank, t) for t in _row_differences(name, mine[name], expected[name])]
+    return problems
+
+
+def diagnose(docs: list) -> Exception:
+    """The error every rank raises, computed identically on every rank from all manifests.
+
+    A text that several ranks share is one line naming them all (``ranks 1-63: ...``)."""
+    invalid = merge_ranks(
+        (rank, f"parameter {name!r}: {msg}" if name is not None else msg)
+        for rank, doc in enumerate(docs)
+        for name, msg in doc["errors"]
+    )
+    if invalid:
+        ranks = [rank for rank, doc in enumerate(docs) if doc["errors"]]
+        return InvalidParamError(
+            f"mpisync: invalid input on rank(s) {rank_list(ranks)}: {_limited(invalid)}"
+        )
+    differing = _settings_differences(docs)
+    if differing:
+        return ManifestMismatchError(
+            f"mpisync: ranks disagree on sync settings: {_limited(differing)}"
+        )
+    root = docs[0]["settings"]["root"]
+    problems = _param_differences(docs, root)
     if not problems:  # a digest collision or a bug: still fail loudly, never hang
         return ManifestMismatchError(
             "mpisync: manifest digests differ between ranks, but no difference was found"
         )
-    differing_ranks = ", ".join(str(r) for r in sorted({r for r, _ in problems}))
     return ManifestMismatchError(
-        f"mpisync: parameters differ from root rank {root}'s on rank(s) {differing_ranks}: "
-        + _limited([f"rank {r}: {text}" for r, text in problems])
+        f"mpisync: parameters differ from root rank {root}'s on rank(s) "
+        f"{rank_list(r for r, _ in problems)}: " + _limited(merge_ranks(problems))
     )

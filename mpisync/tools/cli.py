@@ -16,6 +16,8 @@ import os as _os
 import sys as _sys
 from collections.abc import Sequence
 
+from .outputs import prepare_output
+
 __all__ = ["main"]
 
 _PLOT_HINT = "needs matplotlib: pip install 'mpisync[plot]' (or matplotlib itself)"
@@ -71,13 +73,6 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _missing_folder(path: str | None) -> str:
-    if not path:
-        return ""
-    folder = _os.path.dirname(_os.path.abspath(path))
-    return "" if _os.path.isdir(folder) else f"{path}: folder {folder} does not exist"
-
-
 def _info(args) -> int:
     from .info import collect_info
 
@@ -89,6 +84,8 @@ def _info(args) -> int:
         return 0
     width = max(len(k) for k in info)
     for key, value in info.items():
+        if isinstance(value, list):  # setting_errors, unknown_settings, gpus
+            value = "; ".join(map(str, value)) or "none"
         if key != "defaults":
             print(f"{key:<{width}} : {value}")
             continue
@@ -121,9 +118,13 @@ def _bench_problem(rest: list) -> tuple:
         return opts, f"{exc} (see `mpisync info`)"
     if opts.plot and not _importable("matplotlib"):
         return opts, f"--plot {_PLOT_HINT}"
-    for path in (opts.json, opts.csv, opts.plot):
-        if _missing_folder(path):
-            return opts, _missing_folder(path)
+    if _world()[0] == 0:  # rank 0 writes the files
+        for path, option in ((opts.json, "--json"), (opts.csv, "--csv"), (opts.plot, "--plot")):
+            if prepare_output(path, option):
+                return opts, prepare_output(path, option)
+    for flag, value in (("--osu-scale", opts.osu_scale), ("--osu-max", opts.osu_max)):
+        if value is not None and not value > 0:  # NaN too
+            return opts, f"{flag} must be > 0, got {value}"
     names = [w for w in (opts.workloads or "").split(",") if w]
     unknown = [w for w in names if w.removesuffix("-torch") not in WORKLOADS]
     if unknown:
@@ -208,7 +209,7 @@ def _tune(args, rest) -> int:
 
     opt = tune.parser().parse_args(rest)
     # every rank checks, and stops with status 2 at once when any rank found a problem
-    if _agreed_usage_error("tune", tune.problem(opt)):
+    if _agreed_usage_error("tune", tune.problem(opt, _world()[0])):
         return 2
     return tune.run(MPI.COMM_WORLD, opt)
 
@@ -236,13 +237,13 @@ def _stage(args) -> int:
     from .stage_checkpoint import stage_checkpoint
 
     comm = MPI.COMM_WORLD
-    bar = None
+    bar, ok = None, False
     if comm.rank == args.root and not args.no_progress:
         try:
             total = _os.path.getsize(args.src)
         except OSError:
-            total = 0  # the staging reports the missing file on every rank
-        bar = Progress("stage-checkpoint", total, unit="B")
+            total = 0  # no bar: the staging reports the missing file on every rank
+        bar = Progress("stage-checkpoint", total, unit="B") if total > 0 else None
     try:
         report = stage_checkpoint(
             args.src,
@@ -255,13 +256,18 @@ def _stage(args) -> int:
             per_rank=args.per_rank,
             progress=bar.update if bar is not None else None,
         )
+        ok = True
     except SyncError as exc:  # the same error on every rank: each exits 1, rank 0 says why
+        if bar is not None:  # first: the message must not share a line with the bar
+            bar.close(ok=False)
+            bar = None
         if comm.rank == 0:
-            print(f"mpisync stage-checkpoint: error: {exc}", file=_sys.stderr, flush=True)
+            why = str(exc).removeprefix("mpisync: ")
+            print(f"mpisync stage-checkpoint: error: {why}", file=_sys.stderr, flush=True)
         return 1
     finally:
         if bar is not None:
-            bar.close()
+            bar.close(ok)
     if comm.rank == args.root:
         print(
             f"mpisync stage-checkpoint: {args.src} -> {args.to}: {plural(report.bytes, 'byte')} to "
@@ -277,8 +283,8 @@ def _timeline(args) -> int:
     missing = [p for p in args.files if not _os.path.isfile(p)]
     if missing:
         return _usage_error("timeline", f"no such file: {', '.join(missing)}")
-    if _missing_folder(args.out):
-        return _usage_error("timeline", _missing_folder(args.out))
+    if prepare_output(args.out, "--out"):
+        return _usage_error("timeline", prepare_output(args.out, "--out"))
     if not _importable("matplotlib"):
         print(
             f"mpisync timeline: error: drawing {_PLOT_HINT}; the trace files themselves open in "

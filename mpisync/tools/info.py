@@ -30,6 +30,7 @@ def _version(dist: str) -> str:
 
 def collect_info() -> dict:
     """Everything ``mpisync info`` prints, as a JSON-safe dict."""
+    from .._runtime.launch import launch_status
     from ..devices.detect import choose_transport, cuda_aware_mpi, gpus_seen
 
     library = MPI.Get_library_version().strip().splitlines()
@@ -45,11 +46,20 @@ def collect_info() -> dict:
         "mpi_standard": "{}.{}".format(*MPI.Get_version()),
         "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "world_size": MPI.COMM_WORLD.size,
+        "launch": launch_status(MPI.COMM_WORLD.size),
         "cuda_aware_mpi": "yes" if aware else "no",
         "cuda_aware_why": aware_why,
         "device_transport": f"{transport} ({transport_why})",
         "gpus": gpus_seen(),
         "defaults": defaults,
+        "setting_errors": [
+            f"{problem}; every sync raises until it is fixed or unset"
+            for problem in _config.environment_problems()
+        ],
+        "unknown_settings": [
+            f"{name} (ignored{f'; did you mean {near}?' if near else ''})"
+            for name, near in _config.unknown_settings()
+        ],
         "timeout_aborts": _config.abort_on_timeout(),
         "shared_memory": _shared_memory_line(),
         "cross_memory": _cross_memory_line(),

@@ -1,8 +1,9 @@
 """Progress of the command-line tools on stderr: a tqdm bar with its total, or plain-text lines.
 
-tqdm comes with ``mpisync[bench]``; without it (or with ``plain=True``) a line
-such as ``mpisync bench: 3/12 steps (25%) resnet50`` is printed at most once
-a second, and once at the end.
+tqdm comes with ``mpisync[bench]``; without it, with ``plain=True``, or when the stream is not a
+terminal (a batch job's log, a pipe: no ``\r`` piling up there), a line such as
+``mpisync bench: 3/12 steps (25%) resnet50`` is printed at most once a second, and once at the
+end of a run that succeeded.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ def _amount(n: float, unit: str) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {name}"
     return f"{int(n)} B"
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 class Progress:
@@ -47,7 +55,7 @@ class Progress:
         self._label = ""
         if not enabled:
             return
-        if not plain:
+        if not plain and _is_terminal(self._stream):
             try:
                 from tqdm import tqdm
 
@@ -89,11 +97,12 @@ class Progress:
             flush=True,
         )
 
-    def close(self) -> None:
-        """End the bar (a last plain line if the end was not shown yet)."""
+    def close(self, ok: bool = True) -> None:
+        """End the bar: a last plain line if the end was not shown yet, none when the work failed
+        (``ok=False``: the error says what happened, a bar would only add noise)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        elif self._plain and self.done < self.total:
+        elif self._plain and ok and self.done < self.total:
             self._line()
         self._plain = False

@@ -13,7 +13,10 @@ import sys as _sys
 import tempfile as _tempfile
 import time as _time
 
+from .. import config as _config
+from ..errors import InvalidParamError
 from ..transports.tuning import FORMAT, identity, tuning_path
+from .outputs import prepare_output
 
 
 def _measure(comm, params, channel: str, rounds: int, first: bool) -> float:
@@ -51,22 +54,26 @@ def parser() -> _argparse.ArgumentParser:
     return parser
 
 
-def problem(opt) -> str:
+def problem(opt, rank: int = 0) -> str:
     """What is wrong with the options ``opt`` (checked on every rank before anything is measured),
-    or ""."""
+    or "". Rank 0, which writes the file, creates its folder (:mod:`mpisync.tools.outputs`)."""
     if opt.rounds < 1:
         return f"--rounds must be >= 1, got {opt.rounds}"
+    try:
+        _config.resolve()
+    except InvalidParamError as exc:  # a bad MPISYNC_* setting: every measured sync would raise it
+        return f"{exc} (see `mpisync info`)"
     path = opt.output or tuning_path()
-    if _os.path.isdir(path):
-        return f"--output {path} is a folder; name the file to write"
-    return ""
+    if rank != 0:
+        return ""
+    return prepare_output(path, "--output")
 
 
 def main(comm, args=None) -> int:
     """Check the options (``args``: ``--rounds``, ``--output``), then :func:`run`; status 2 on
     every rank at once when an option is wrong there."""
     opt = parser().parse_args(args)
-    wrong = problem(opt)
+    wrong = problem(opt, comm.rank)
     if wrong:
         if comm.rank == 0:
             print(f"mpisync tune: error: {wrong}", file=_sys.stderr, flush=True)

@@ -35,7 +35,7 @@ import numpy as _np
 from mpi4py import MPI
 
 from .._runtime.ring import Expired
-from ..config import env_switch
+from ..config import switch
 from ..params.adapters import _byte_view
 from ..params.bulk import BulkManifest
 from ..params.fanout import copy_host, replica_copies
@@ -71,9 +71,7 @@ def setting() -> bool | None:
     """``MPISYNC_SHARED_MEMORY``: True (``1``: any parameter set), False (``0``: never), None
     (unset:
     sets whose tensors are all smaller than ``fusion_bytes``, see the module notes)."""
-    if not _os.environ.get("MPISYNC_SHARED_MEMORY", "").strip():
-        return None
-    return env_switch("MPISYNC_SHARED_MEMORY", False)
+    return switch("MPISYNC_SHARED_MEMORY")
 
 
 def enabled(requested: bool | None = None) -> bool:

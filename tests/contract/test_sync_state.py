@@ -254,7 +254,7 @@ def test_broadcast_optimizer_state_fills_ranks_without_state(comm, root_steps):
         torch, comm.rank, root_steps if comm.rank == root else int(comm.rank == 0)
     )
     mpisync.broadcast_parameters(model.state_dict(), root_rank=root, comm=comm)
-    mpisync.broadcast_optimizer_state(opt, comm, root=root)
+    mpisync.broadcast_optimizer_state(opt, root_rank=root, comm=comm)
     ref_model, ref_opt = _model_and_optimizer(torch, root, root_steps)
     mine, ref = opt.state_dict(), ref_opt.state_dict()
     assert mine["param_groups"] == ref["param_groups"]
@@ -296,7 +296,67 @@ def test_broadcast_optimizer_state_local_failure_is_agreed(comm):
     raises_everywhere(
         comm,
         mpisync.InvalidParamError,
-        lambda: mpisync.broadcast_optimizer_state(opt, comm, root=root),
+        lambda: mpisync.broadcast_optimizer_state(opt, root_rank=root, comm=comm),
         f"rank {last_rank(comm)}",
         "state_dict failed on this rank",
     )
+
+
+def test_optimizer_state_only_on_root_points_to_broadcast_optimizer_state(comm):
+    # The usual resume: root loaded the optimizer's state, the others have none yet. sync_state
+    # needs one structure everywhere: its error says which call fills the others in.
+    torch = pytest.importorskip("torch")
+    need_ranks(comm, 2)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    if comm.rank == 0:
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    others = (
+        "rank 1"
+        if comm.size == 2
+        else f"ranks 1-{comm.size - 1}"
+        if comm.size > 3
+        else "ranks 1, 2"
+    )
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.sync_state(opt.state_dict(), comm, root=0),
+        f"state tree structure differs from root rank 0's: {others}: state: keys differ "
+        "(missing here: [0, 1]; not on root: []); only root has entries here: if this is a torch "
+        "optimizer's state that only root loaded (or only root stepped), use "
+        "mpisync.broadcast_optimizer_state(optimizer, root_rank=...), which first gives every "
+        "rank root's structure",
+    )
+    mpisync.broadcast_optimizer_state(opt, root_rank=0, comm=comm)  # the call it names: works
+    assert list(opt.state_dict()["state"]) == [0, 1]
+
+
+def test_broadcast_optimizer_state_takes_horovods_forms(comm):
+    torch = pytest.importorskip("torch")
+    root = last_rank(comm)
+
+    def make():
+        torch.manual_seed(comm.rank)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 * (comm.rank + 1), momentum=0.9)
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+        return opt
+
+    expected = 0.1 * (root + 1)
+    for call in (
+        lambda opt: mpisync.broadcast_optimizer_state(opt, root),  # Horovod: positional
+        lambda opt: mpisync.broadcast_optimizer_state(opt, root_rank=root, comm=comm),
+        lambda opt: mpisync.broadcast_optimizer_state(opt, root=root),  # the older keyword
+    ):
+        opt = make()
+        call(opt)
+        assert opt.param_groups[0]["lr"] == expected
+    opt = make()
+    with pytest.warns(DeprecationWarning, match="older form"):
+        mpisync.broadcast_optimizer_state(opt, comm, root=root)  # the older positional comm
+    assert opt.param_groups[0]["lr"] == expected
+    with pytest.raises(mpisync.InvalidParamError, match="root_rank=1 and root=2 differ"):
+        mpisync.broadcast_optimizer_state(opt, 1, root=2)

@@ -19,3 +19,20 @@ def test_array_views_alias_memory_and_name_dtypes_alike():
     torch = pytest.importorskip("torch")
     assert as_array_view(torch.zeros(2, dtype=torch.float32)).dtype == "float32"
     assert as_array_view(torch.zeros((), dtype=torch.bfloat16)).nbytes == 2
+
+
+def test_non_contiguous_arrays_are_refused_with_the_fix():
+    with pytest.raises(UnsupportedArray) as info:
+        as_array_view(np.zeros((3, 4)).T)
+    assert str(info.value) == (
+        "numpy array with strides (8, 32) is not C-contiguous (a transposed or sliced view?); "
+        "sync a C-contiguous array instead: a = np.ascontiguousarray(a) before the sync, then use "
+        "that copy"
+    )
+    torch = pytest.importorskip("torch")
+    with pytest.raises(UnsupportedArray) as info:
+        as_array_view(torch.nn.Linear(3, 4).weight.t())
+    assert str(info.value) == (
+        "torch tensor with stride (1, 3) is not contiguous (a transposed or sliced view?); make it "
+        "contiguous in place before the sync: param.data = param.data.contiguous()"
+    )

@@ -44,3 +44,32 @@ def test_diagnose_names_mismatches_against_root():
 def test_diagnose_long_lists_are_cut():
     docs = [_doc([[f"p{i}", [1], "int8", 1, "host"] for i in range(50)]), _doc([])]
     assert str(diagnose(docs)).endswith("; ... and 30 more")
+
+
+def test_rank_list_shows_runs_as_ranges():
+    from mpisync.params.agreement import rank_list
+
+    assert rank_list([3]) == "3"
+    assert rank_list([1, 2]) == "1, 2"
+    assert rank_list(range(64)) == "0-63"
+    assert rank_list([0, 2, 3, 4, 9, 7, 8]) == "0, 2-4, 7-9"
+
+
+def test_the_same_message_on_many_ranks_is_one_line():
+    # 64 ranks with the same bad setting: one line naming them all, not 64 copies
+    docs = [_doc([], [[None, "MPISYNC_LOG: bad"], ["w", "not C-contiguous"]]) for _ in range(64)]
+    docs[5]["errors"].append(["b", "read-only"])
+    assert str(diagnose(docs)) == (
+        "mpisync: invalid input on rank(s) 0-63: ranks 0-63: MPISYNC_LOG: bad; "
+        "ranks 0-63: parameter 'w': not C-contiguous; rank 5: parameter 'b': read-only"
+    )
+    row = ["a", [2], "float32", 1, "host"]
+    docs = [_doc([row])] + [_doc([]) for _ in range(63)]
+    assert str(diagnose(docs)) == (
+        "mpisync: parameters differ from root rank 0's on rank(s) 1-63: "
+        "ranks 1-63: parameter 'a' is missing (root has it)"
+    )
+    docs = [_doc([row], fusion_bytes=8)] * 3 + [_doc([row], fusion_bytes=0)]
+    assert str(diagnose(docs)) == (
+        "mpisync: ranks disagree on sync settings: fusion_bytes: ranks 0-2=8, rank 3=0"
+    )

@@ -89,6 +89,37 @@ def test_info_shows_a_bad_setting_on_its_line_and_goes_on(installed, bounded_env
     }
 
 
+def test_info_reports_bad_switches_unknown_names_and_the_launch(installed, bounded_env):
+    env = dict(
+        bounded_env,
+        MPISYNC_SHARED_MEMORY="ture",
+        MPISYNC_LOG="dbug",
+        MPISYNC_TIMOUT="5",
+        SLURM_STEP_ID="0",
+        SLURM_STEP_NUM_TASKS="2",
+    )
+    proc = installed.run(["info"], env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert (
+        "setting_errors   : MPISYNC_SHARED_MEMORY: an on/off switch takes 1, 0, true, false, yes, "
+        "no, on or off (any case), got 'ture'; every sync raises until it is fixed or unset; "
+        "MPISYNC_LOG: a log level takes debug, info, warning, error, critical (any case), got "
+        "'dbug'; every sync raises until it is fixed or unset"
+    ) in lines
+    assert "unknown_settings : MPISYNC_TIMOUT (ignored; did you mean MPISYNC_TIMEOUT?)" in lines
+    launch = next(line for line in lines if line.startswith("launch "))
+    assert (
+        launch.startswith(
+            "launch           : MISMATCH, every sync raises: this process is alone in its MPI world"
+        )
+        and "srun without an MPI plugin started it as one of 2 processes" in launch
+    )
+    info = json.loads(installed.run(["info", "--json"], bounded_env).stdout)
+    assert info["setting_errors"] == [] and info["unknown_settings"] == []
+    assert info["launch"] == "ok: one process, no launcher that started more"
+
+
 def test_info_prints_once_under_mpiexec(installed, bounded_env):
     proc = installed.run(["info"], bounded_env, ranks=2)
     assert proc.returncode == 0, proc.stderr
@@ -147,11 +178,17 @@ def test_bench_plot_without_matplotlib_is_refused_before_any_work(installed, bou
     )
     assert proc.stdout == "" and not (tmp_path / "b.png").exists()
     assert time.monotonic() - start < 60
-    missing = installed.run(TINY_BENCH + ["--json", tmp_path / "nowhere" / "b.json"], bounded_env)
-    assert (
-        missing.returncode == 2
-        and f"folder {tmp_path / 'nowhere'} does not exist" in missing.stderr
+    blocked = installed.run(TINY_BENCH + ["--json", "/proc/mpisync-test/b.json"], bounded_env)
+    assert blocked.returncode == 2 and blocked.stdout == "", blocked.stdout + blocked.stderr
+    assert blocked.stderr.startswith(
+        "mpisync bench: error: --json /proc/mpisync-test/b.json: cannot create its folder "
+        "/proc/mpisync-test:"
     )
+    for scale in ("-1", "0", "nan"):
+        refused = installed.run(TINY_BENCH + ["--osu-scale", scale], bounded_env)
+        assert refused.returncode == 2 and refused.stderr == (
+            f"mpisync bench: error: --osu-scale must be > 0, got {float(scale)}\n"
+        ), refused.stderr
     setting = installed.run(TINY_BENCH, dict(bounded_env, MPISYNC_TIMEOUT="5m"))
     assert (
         setting.returncode == 2
@@ -196,12 +233,13 @@ def test_bench_refused_on_one_rank_is_refused_on_every_rank(installed, bounded_e
 
 
 def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tmp_path):
-    out = tmp_path / "bench"
+    # Into folders that do not exist yet: created, as by every tool that writes a file. Progress,
+    # with tqdm installed, on a stderr that is not a terminal: plain lines, no carriage returns.
+    out = tmp_path / "new" / "folder" / "bench"
     proc = installed.run(
         [
             "bench",
             "--quick",
-            "--no-progress",
             "--osu-max",
             "4096",
             "--json",
@@ -218,7 +256,7 @@ def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tm
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "mpisync bench: 2 ranks" in proc.stdout and "resnet50: 320 tensors" in proc.stdout
     assert "many-small: 5000 tensors" in proc.stdout
-    results = json.loads((tmp_path / "bench.json").read_text())
+    results = json.loads(out.with_suffix(".json").read_text())
     assert results["meta"]["ranks"] == 2 and [r["bytes"] for r in results["osu"]][-1] == 4096
     for w in results["workloads"]:
         by_name = {r["strategy"]: r for r in w["results"]}
@@ -231,8 +269,12 @@ def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tm
         ("resnet50", "fusion_bytes"),
         ("many-small", "max_concurrent"),
     }
-    assert (tmp_path / "bench.csv").read_text().startswith("section,workload,name,value,seconds")
-    assert (tmp_path / "bench.png").read_bytes()[:8] == PNG
+    assert out.with_suffix(".csv").read_text().startswith("section,workload,name,value,seconds")
+    assert out.with_suffix(".png").read_bytes()[:8] == PNG
+    # 13 OSU sizes (1 B - 4 KiB), then 2 workloads of 5 timed iterations and a memory row each
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("mpisync bench: ")]
+    assert "\r" not in proc.stderr and steps[0].startswith("mpisync bench: 1/25 steps (4%) osu")
+    assert steps[-1] == "mpisync bench: 25/25 steps (100%) many-small: memory", proc.stderr
 
 
 def test_bench_allreduce_rows_beside_gloo_and_flat_allreduce(installed, bounded_env, tmp_path):
@@ -319,13 +361,11 @@ def test_timeline_of_a_job_renders_every_span(installed, bounded_env, tmp_path):
     assert {"validate", "broadcast", "verify"} <= names or {"validate", "cross-memory"} <= names, (
         names
     )
-    proc = installed.run(["timeline", *files, "--out", tmp_path / "tl.png"], bounded_env)
+    png = tmp_path / "plots" / "tl.png"  # its folder is created
+    proc = installed.run(["timeline", *files, "--out", png], bounded_env)
     assert proc.returncode == 0, proc.stderr
-    assert (
-        proc.stdout
-        == f"mpisync timeline: {len(events)} spans from 2 files -> {tmp_path / 'tl.png'}\n"
-    )
-    assert (tmp_path / "tl.png").read_bytes()[:8] == PNG
+    assert proc.stdout == f"mpisync timeline: {len(events)} spans from 2 files -> {png}\n"
+    assert png.read_bytes()[:8] == PNG
     zoom = installed.run(
         ["timeline", files[0], "--out", tmp_path / "one.png", "--sync", "8"], bounded_env
     )
@@ -449,3 +489,23 @@ def test_bench_allreduce_options_are_checked_before_any_work():
     assert cli._bench_problem(["--allreduce", "grads", "--allreduce-sets", "gpt2"])[1] == (
         "--allreduce-sets: unknown set(s) gpt2; choose from resnet50, bert-base, many-small"
     )
+
+
+def test_a_failed_staging_is_one_clean_line(installed, bounded_env, tmp_path):
+    # Progress on (the default): no bar for a file that is not there, no doubled prefix.
+    missing = tmp_path / "nowhere.npz"
+    proc = installed.run(
+        ["stage-checkpoint", missing, "--to", tmp_path / "out" / "x.npz"], bounded_env, ranks=2
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        proc.stderr == f"mpisync stage-checkpoint: error: checkpoint '{missing}' does not exist\n"
+    )
+    src = tmp_path / "ckpt.bin"
+    src.write_bytes(b"x" * 4096)
+    proc = installed.run(["stage-checkpoint", src, "--to", "/proc/mpisync-test/x.bin"], bounded_env)
+    assert proc.returncode == 1 and proc.stderr.startswith(
+        "mpisync stage-checkpoint: error: checkpoint staging failed before streaming; no DEST was "
+        "written: rank 0"
+    ), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "\r" not in proc.stderr and "0.00" not in proc.stderr

@@ -49,6 +49,15 @@ def test_options_are_checked_before_measuring(tmp_path):
     assert tune.problem(SimpleNamespace(rounds=0, output=None)) == "--rounds must be >= 1, got 0"
     assert "is a folder" in tune.problem(SimpleNamespace(rounds=1, output=str(tmp_path)))
     assert tune.problem(SimpleNamespace(rounds=1, output=str(tmp_path / "new" / "t.json"))) == ""
+    assert (tmp_path / "new").is_dir()  # the output's folder is made before measuring
+
+
+def test_a_bad_setting_is_refused_before_measuring(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "of")
+    assert tune.problem(SimpleNamespace(rounds=1, output=str(tmp_path / "t.json"))) == (
+        "MPISYNC_CROSS_MEMORY: an on/off switch takes 1, 0, true, false, yes, no, on or off (any "
+        "case), got 'of' (see `mpisync info`)"
+    )
 
 
 def test_a_huge_tuning_file_is_not_read(tmp_path, monkeypatch):

@@ -232,7 +232,8 @@ def test_stale_segment_files_of_dead_creators_are_removed(tmp_path):
     prefix = intranode._owner_prefix()
     stale = f"/dev/shm/{prefix}{dead.pid}-feedbeef"
     live = f"/dev/shm/{prefix}{os.getpid()}-feedbeef"
-    other = "/dev/shm/mpisync-not-ours"
+    # this process's own name: in an MPI pass another rank's finally must not remove it first
+    other = f"/dev/shm/mpisync-not-ours-{os.getpid()}"
     for path in (stale, live, other):
         open(path, "wb").close()
     try:

@@ -174,8 +174,70 @@ def _measure(comm, runs, opt, step) -> dict:
     )
 
 
+def _workload(comm, name, args, opt, strategies, sweeps, progress) -> tuple:
+    """One workload's row (strategies side by side, memory) and its sweep rows (``sweeps``: the
+    ``(param, value)`` pairs to sweep on it, or none)."""
+    # "<workload>-torch": the same shapes as torch CPU tensors, one allocation per tensor (a
+    # state_dict)
+    torch_set = name.endswith("-torch")
+    params = make_params(
+        workload(name[:-6] if torch_set else name), comm.rank, "torch" if torch_set else "numpy"
+    )
+    nbytes = sum(int(a.nbytes) for a in params.values())
+    factories = {k: f for k, f in strategies if not torch_set or k in _strategies.TORCH_STRATEGIES}
+    factories.update(
+        {("sweep", key, value): _strategies.paramsync(**{key: value}) for key, value in sweeps}
+    )
+    runs, closers = {}, []
+    for label, factory in factories.items():
+        runs[label], close = factory(comm, params, args.root)
+        closers.append(close)
+    try:
+        timings = _measure(comm, runs, opt, lambda n=name: progress.step(n))
+    finally:
+        for close in closers:
+            close()
+    flat = next(t.median for k, t in timings.items() if isinstance(k, str) and k.startswith("flat"))
+    per = next(
+        t.median for k, t in timings.items() if isinstance(k, str) and k.startswith("per-tensor")
+    )
+    channel = {k: getattr(runs[k], "channel", None) for k in timings}  # mpisync's own strategies
+    rows = [
+        {
+            "strategy": k,
+            "median_s": t.median,
+            "gbps": nbytes / t.median / 1e9,
+            "bandwidth_vs_flat": flat / t.median,
+            "speedup_vs_per_tensor": per / t.median,
+            "channel": channel[k],
+        }
+        for k, t in timings.items()
+        if isinstance(k, str)
+    ]
+    swept = [
+        {
+            "workload": name,
+            "param": k[1],
+            "value": k[2],
+            "median_s": t.median,
+            "gbps": nbytes / t.median / 1e9,
+            "bandwidth_vs_flat": flat / t.median,
+            "channel": channel[k],
+        }
+        for k, t in timings.items()
+        if not isinstance(k, str)
+    ]
+    memory = _memory_row(comm, params, args.root)
+    progress.step(f"{name}: memory")
+    row = {"workload": name, "tensors": len(params), "bytes": nbytes, "results": rows}
+    return {**row, "memory": memory}, swept
+
+
 def run(comm, args) -> dict:
-    """Run the suite with parsed ``args``; every rank returns the same results dict."""
+    """Run the suite with parsed ``args``; every rank returns the same results dict.
+
+    Progress (rank 0): one step per OSU size, per timed iteration of each workload and per memory
+    row, one for the all-reduce rows."""
     base = QUICK if args.quick else FULL
     opt = {
         k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()
@@ -193,7 +255,7 @@ def run(comm, args) -> dict:
         for key, values in (("max_concurrent", concurrency), ("fusion_bytes", fusion))
         for value in values
     ]
-    total = (1 if osu_sizes else 0) + len(names) * (opt["iterations"] + 1)
+    total = len(osu_sizes) + len(names) * (opt["iterations"] + 1) + (1 if args.allreduce else 0)
     progress = _Progress(comm, total, not args.no_progress)
     results: dict[str, Any] = {
         "meta": {
@@ -212,84 +274,24 @@ def run(comm, args) -> dict:
         "sweeps": [],
     }
     if osu_sizes:
-        results["osu"] = _osu.bcast_sweep(comm, osu_sizes, scale=opt["osu_scale"], root=args.root)
-        progress.step("osu")
+        results["osu"] = _osu.bcast_sweep(
+            comm,
+            osu_sizes,
+            scale=opt["osu_scale"],
+            root=args.root,
+            progress=lambda: progress.step("osu"),
+        )
     for name in names:
-        # "<workload>-torch": the same shapes as torch CPU tensors, one allocation per tensor (a
-        # state_dict)
-        torch_set = name.endswith("-torch")
-        params = make_params(
-            workload(name[:-6] if torch_set else name), comm.rank, "torch" if torch_set else "numpy"
+        row, swept = _workload(
+            comm, name, args, opt, strategies, sweeps if name in sweep_names else [], progress
         )
-        nbytes = sum(int(a.nbytes) for a in params.values())
-        factories = {
-            k: f for k, f in strategies if not torch_set or k in _strategies.TORCH_STRATEGIES
-        }
-        if name in sweep_names:
-            factories.update(
-                {
-                    ("sweep", key, value): _strategies.paramsync(**{key: value})
-                    for key, value in sweeps
-                }
-            )
-        runs, closers = {}, []
-        for label, factory in factories.items():
-            runs[label], close = factory(comm, params, args.root)
-            closers.append(close)
-        try:
-            timings = _measure(comm, runs, opt, lambda n=name: progress.step(n))
-        finally:
-            for close in closers:
-                close()
-        flat = next(
-            t.median for k, t in timings.items() if isinstance(k, str) and k.startswith("flat")
-        )
-        per = next(
-            t.median
-            for k, t in timings.items()
-            if isinstance(k, str) and k.startswith("per-tensor")
-        )
-        # mpisync's own strategies
-        channel = {k: getattr(runs[k], "channel", None) for k in timings}
-        rows = [
-            {
-                "strategy": k,
-                "median_s": t.median,
-                "gbps": nbytes / t.median / 1e9,
-                "bandwidth_vs_flat": flat / t.median,
-                "speedup_vs_per_tensor": per / t.median,
-                "channel": channel[k],
-            }
-            for k, t in timings.items()
-            if isinstance(k, str)
-        ]
-        results["sweeps"] += [
-            {
-                "workload": name,
-                "param": k[1],
-                "value": k[2],
-                "median_s": t.median,
-                "gbps": nbytes / t.median / 1e9,
-                "bandwidth_vs_flat": flat / t.median,
-                "channel": channel[k],
-            }
-            for k, t in timings.items()
-            if not isinstance(k, str)
-        ]
-        results["workloads"].append(
-            {
-                "workload": name,
-                "tensors": len(params),
-                "bytes": nbytes,
-                "results": rows,
-                "memory": _memory_row(comm, params, args.root),
-            }
-        )
-        progress.step(f"{name}: memory")
-        del params, runs
-    progress.close()
+        results["workloads"].append(row)
+        results["sweeps"] += swept
     if args.allreduce:
+        progress.update(0, "all-reduce rows")
         results["allreduce"] = _allreduce_rows(comm, args.allreduce, opt)
+        progress.step("all-reduce rows")
+    progress.close()
     return results
 
 

@@ -1,16 +1,11 @@
-"""Horovod-style entry points: ``broadcast_parameters`` and ``broadcast_optimizer_state``.
-
-For code written against ``horovod.torch``::
+"""``broadcast_parameters`` and ``broadcast_optimizer_state``, with Horovod's signatures (also
+``mpisync.broadcast_parameters`` and ``mpisync.broadcast_optimizer_state``)::
 
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-becomes::
-
-    mpisync.broadcast_parameters(model.state_dict(), root_rank=0)
-    mpisync.broadcast_optimizer_state(optimizer, root=0)
-
-Parameters are synced as by :func:`mpisync.sync_params`, the optimizer's
+The communicator is ``comm``, else ``hvd.init()``'s, else ``MPI.COMM_WORLD``; neither needs
+``hvd.init()``. Parameters are synced as by :func:`mpisync.sync_params`, the optimizer's
 state as by :func:`mpisync.sync_state`. Ranks whose optimizer has no state yet
 (the usual resume: only root loaded a checkpoint) first get root's state
 structure, described by root as JSON (shapes, dtypes), never pickled.
@@ -20,15 +15,17 @@ from __future__ import annotations
 
 import collections.abc as _abc
 import json as _json
+import warnings as _warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mpi4py import MPI
 
-from .errors import InvalidParamError
-from .params.agreement import all_equal, allgather_bytes
-from .state import _broadcast_bytes, sync_state
-from .sync import ParamSync
+from ..errors import InvalidParamError
+from ..params.agreement import all_equal, allgather_bytes, merge_ranks, rank_list
+from ..state import _broadcast_bytes, sync_state
+from ..sync import ParamSync
+from .context import check_process_set, default_comm
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state"]
 
@@ -46,8 +43,8 @@ def _agree_on_local_errors(comm, error: str, call) -> None:
             if raw
         ]
         raise InvalidParamError(
-            f"mpisync: invalid input on rank(s) {', '.join(str(r) for r, _ in messages)}: "
-            + "; ".join(f"rank {r}: {m}" for r, m in messages)
+            f"mpisync: invalid input on rank(s) {rank_list(r for r, _ in messages)}: "
+            + "; ".join(merge_ranks(messages))
         )
 
 
@@ -72,7 +69,7 @@ def _as_mapping(params) -> tuple:
 
 
 def broadcast_parameters(
-    params: Params, root_rank: int = 0, comm: MPI.Intracomm | None = None
+    params: Params, root_rank: int = 0, comm: MPI.Intracomm | None = None, process_set=None
 ) -> None:
     """Horovod's ``broadcast_parameters``: make ``params`` root_rank's on every rank, in place.
 
@@ -80,7 +77,8 @@ def broadcast_parameters(
     ``(name, tensor)`` pairs (``model.named_parameters()``); the semantics are
     :func:`mpisync.sync_params`'s with ``root=root_rank``. Returns ``None``.
     """
-    with ParamSync(comm, root=root_rank) as syncer:
+    check_process_set(process_set)
+    with ParamSync(default_comm() if comm is None else comm, root=root_rank) as syncer:
         try:
             mapping, error = _as_mapping(params)
         except Exception as exc:  # an iterable that fails while it is read: every rank hears of it
@@ -144,16 +142,44 @@ def _skeleton(optimizer, root_description: dict, mine: dict) -> dict:
     return {**state_dict, "state": state}
 
 
-def broadcast_optimizer_state(
-    optimizer: Any, comm: MPI.Intracomm | None = None, *, root: int = 0
-) -> None:
-    """Make a torch optimizer's state and hyper-parameters ``root``'s on every rank.
+def _root_and_comm(root_rank, root, comm) -> tuple:
+    """``(root, comm)`` from Horovod's ``root_rank``, ``root=`` (another name of it) and
+    ``comm``; the older call ``broadcast_optimizer_state(optimizer, comm, root=r)`` still works,
+    with a warning."""
+    if isinstance(root_rank, MPI.Comm) and comm is None:
+        _warnings.warn(
+            "broadcast_optimizer_state(optimizer, comm, root=r) is the older form: write "
+            "broadcast_optimizer_state(optimizer, root_rank=r, comm=comm)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        root_rank, comm = 0, root_rank
+    if root is not None and root_rank not in (0, root):
+        raise InvalidParamError(
+            f"broadcast_optimizer_state: root_rank={root_rank!r} and root={root!r} differ; "
+            "root= is another name of root_rank, pass one of them"
+        )
+    return (root if root is not None else root_rank), (default_comm() if comm is None else comm)
 
-    Ranks that have no state yet (only root loaded a checkpoint, or the others
+
+def broadcast_optimizer_state(
+    optimizer: Any,
+    root_rank: int = 0,
+    comm: MPI.Intracomm | None = None,
+    *,
+    root: int | None = None,
+    process_set=None,
+) -> None:
+    """Make a torch optimizer's state and hyper-parameters root_rank's on every rank.
+
+    Horovod's signature: ``root_rank`` positional or keyword (``root=`` is kept as another
+    name of it). Ranks that have no state yet (only root loaded a checkpoint, or the others
     never stepped) first get root's state structure, as Horovod does; then
     every tensor takes root's bytes and every other value (step counts,
     learning rate, betas) root's value and type, through :func:`mpisync.sync_state`.
     """
+    check_process_set(process_set)
+    root, comm = _root_and_comm(root_rank, root, comm)
     with ParamSync(comm, root=root) as syncer:
 
         def exchange(world, call):

@@ -1,0 +1,198 @@
+"""Horovod's ``DistributedOptimizer``: the wrapped optimizer's own class, whose ``step()`` first
+averages (or sums) every gradient over the ranks through one :class:`~mpisync.GradSync` call.
+
+The object returned is an instance of a subclass of the optimizer's class that shares the
+optimizer's state and parameter groups, so learning-rate schedulers, ``state_dict()`` and
+``broadcast_optimizer_state`` treat it as the optimizer itself. A parameter whose gradient is
+``None`` on some ranks counts as zeros there; ``None`` on every rank stays ``None`` (the
+optimizer skips it, as without Horovod). ``backward_passes_per_step`` backward passes before a
+step accumulate in ``.grad`` as torch does; the reduction happens once, at ``step()``.
+"""
+
+from __future__ import annotations
+
+import contextlib as _contextlib
+import warnings as _warnings
+from typing import Any
+
+from ..errors import InvalidParamError
+from .compression import Compression
+from .context import require
+from .ops import Average, Sum, reduce_op
+
+__all__ = ["DistributedOptimizer"]
+
+_FLAGS = "mpisync.horovod.has_grad"  # rides in the same all-reduce: who has which gradient
+
+
+class _Reduction:
+    """The reduction state of one distributed optimizer: its own :class:`~mpisync.GradSync`."""
+
+    def __init__(self, context, named, compression, op, predivide, sparse_as_dense):
+        import torch
+
+        self.context = context
+        self.named = named  # [(name, parameter)], in the optimizer's order
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        # A predivided average is a sum scaled before and after, as Horovod does it.
+        self.predivide = predivide
+        self.op = "sum" if op == Sum or predivide != 1.0 else "avg"
+        self.scale_after = predivide / context.size if predivide != 1.0 else 1.0
+        self.reducer = None  # made at the first reduction
+        self.flags = torch.zeros(len(named), dtype=torch.float32)
+        self.synchronized = False
+        self.skip = False
+
+    def close(self) -> None:
+        if self.reducer is not None:
+            self.reducer.close()
+            self.reducer = None
+
+    def _gradient(self, name, p):
+        """``p.grad`` as a dense contiguous tensor, or zeros where it is ``None``."""
+        import torch
+
+        grad = p.grad
+        if grad is None:
+            return torch.zeros_like(p, memory_format=torch.contiguous_format)
+        if grad.is_sparse:
+            if not self.sparse_as_dense:
+                raise InvalidParamError(
+                    f"parameter {name!r} has a sparse gradient, and mpisync reduces dense "
+                    "tensors: pass sparse_as_dense=True to DistributedOptimizer"
+                )
+            grad = p.grad = grad.to_dense()
+        if not grad.is_contiguous():
+            grad = p.grad = grad.contiguous()
+        return grad
+
+    def reduce(self) -> None:
+        """Reduce every gradient over the ranks, in one call."""
+        from ..allreduce import GradSync
+
+        if self.reducer is None:
+            self.reducer = GradSync(self.context.comm, op=self.op)
+        sending, kept = {}, []
+        for i, (name, p) in enumerate(self.named):
+            self.flags[i] = 0.0 if p.grad is None else 1.0
+            grad = self._gradient(name, p)
+            sent, ctx = self.compression.compress(grad)
+            if self.predivide != 1.0:
+                sent = sent / self.predivide
+            sending[name] = sent
+            kept.append((sent, ctx))
+        sending[_FLAGS] = self.flags
+        self.reducer.allreduce(sending)
+        for i, ((_, p), (sent, ctx)) in enumerate(zip(self.named, kept)):
+            if not self.flags[i] > 0:  # no rank has a gradient: the optimizer skips it
+                continue
+            result = self.compression.decompress(sent, ctx)
+            if self.scale_after != 1.0:
+                result = result * self.scale_after
+            if p.grad is None:
+                p.grad = result
+            elif result is not p.grad:
+                p.grad.copy_(result)
+        self.synchronized = True
+
+
+class _DistributedOptimizer:
+    """The methods added to the wrapped optimizer's class (Horovod's, with mpisync's
+    reduction)."""
+
+    _mpisync: _Reduction
+    _mpisync_base: Any  # the optimizer's own class
+
+    def synchronize(self) -> None:
+        """Reduce the gradients now (e.g. to clip them), then step inside
+        ``skip_synchronize()``."""
+        self._mpisync.reduce()
+
+    @_contextlib.contextmanager
+    def skip_synchronize(self):
+        """``step()`` inside this block uses the gradients as they are (reduced by
+        ``synchronize()``)."""
+        self._mpisync.skip = True
+        try:
+            yield
+        finally:
+            self._mpisync.skip = False
+
+    def step(self, closure=None):
+        """Reduce the gradients over the ranks (unless already done), then the optimizer's
+        step."""
+        state = self._mpisync
+        if not state.skip:
+            if state.synchronized:
+                _warnings.warn(
+                    "optimizer.step() called after optimizer.synchronize() without "
+                    "optimizer.skip_synchronize(): the gradients were already reduced and are "
+                    "not reduced again",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            else:
+                state.reduce()
+        state.synchronized = False
+        return self._mpisync_base.step(self, closure)
+
+
+def _named(optimizer, named_parameters) -> list:
+    """``[(name, parameter)]`` for every parameter of the optimizer, in its order."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        return [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
+    named = list(named_parameters)
+    names = [n for n, _ in named]
+    if len(set(names)) != len(names):
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"named_parameters holds duplicate names: {duplicates}")
+    by_id = {id(p): n for n, p in named}
+    unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
+    if unnamed:
+        raise ValueError(
+            f"named_parameters was given, but {len(unnamed)} of the optimizer's parameters are "
+            "not in it (indices " + ", ".join(map(str, unnamed[:10])) + ")"
+        )
+    return [(by_id[id(p)], p) for p in params]
+
+
+def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning the wrapper)
+    optimizer,
+    named_parameters=None,
+    compression=Compression.none,
+    backward_passes_per_step: int = 1,
+    op=Average,
+    gradient_predivide_factor: float = 1.0,
+    groups=None,
+    sparse_as_dense: bool = False,
+    process_set=None,
+):
+    """Wrap a torch optimizer: ``step()`` averages (``op=hvd.Sum``: sums) every gradient over
+    the ranks first. ``groups`` is accepted and not needed (mpisync fuses small tensors by
+    itself)."""
+    from .context import check_process_set
+
+    check_process_set(process_set)
+    context = require()
+    reduce_op(None, op)  # Adasum and unknown ops are refused here, before any step
+    if op not in (Average, Sum):
+        raise ValueError("DistributedOptimizer reduces gradients with hvd.Average or hvd.Sum")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if not gradient_predivide_factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor applies to op=hvd.Average only")
+    named = _named(optimizer, named_parameters)
+    base = type(optimizer)
+    methods = {k: v for k, v in vars(_DistributedOptimizer).items() if not k.startswith("__")}
+    cls = type(base.__name__, (base,), {**methods, "_mpisync_base": base, "__doc__": base.__doc__})
+    wrapped: Any = object.__new__(cls)  # not __init__: the optimizer's own state is taken below
+    wrapped.__dict__.update(optimizer.__dict__)  # the same state and parameter groups
+    wrapped._mpisync = _Reduction(
+        context, named, compression, op, float(gradient_predivide_factor), sparse_as_dense
+    )
+    context.optimizers.add(wrapped)
+    return wrapped
