@@ -68,7 +68,7 @@ def reduction(op) -> tuple:
             ReduceOp.BXOR: ("bxor", MPI.BXOR),
         }
         if kind not in table:
-            return None, f"reduce op {op} is not supported by mpisync"
+            return None, f"reduce op {kind} is not supported by mpisync"
         name, mpi_op = table[kind]
         found = _REDUCTIONS[kind] = Reduction(name, mpi_op, int(kind) + 1)
     return found, None

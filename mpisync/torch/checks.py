@@ -54,18 +54,18 @@ def _describe(op: Op, rank: int) -> dict:
 
 
 def _diagnose(comm, op: Op, rank: int):
-    """Every rank's description (two collectives); returns the error all of them raise."""
+    """Every rank's description (two collectives); returns the error all of them raise (its
+    message made of the descriptions alone, so it is the same on every rank)."""
     docs = yield from _allgather_json(comm, _describe(op, rank))
     problems = [d for d in docs if d["problem"]]
     if problems:
-        lines = "; ".join(f"rank {d['rank']}: {d['problem']}" for d in problems)
-        return ArgumentError(
-            f"mpisync: {op.kind} refused on every rank, nothing was posted: {lines}"
-        )
+        lines = "; ".join(f"rank {d['rank']} ({d['op']}): {d['problem']}" for d in problems)
+        return ArgumentError(f"mpisync: refused on every rank, nothing was posted: {lines}")
+    kinds = sorted({d["op"] for d in docs})
     lines = "; ".join(f"rank {d['rank']}: {d['op']} of {d['args']}" for d in docs)
     return MismatchError(
-        f"mpisync: the ranks called {op.kind} with different arguments (dtypes, sizes, op or "
-        f"root); every rank raises this, nothing was posted: {lines}"
+        f"mpisync: the ranks called {' and '.join(kinds)} with different arguments (operation, "
+        f"dtypes, sizes, op or root); every rank raises this, nothing was posted: {lines}"
     )
 
 
