@@ -56,8 +56,8 @@ FULL: dict[str, Any] = {
     "allreduce_iterations": 40,
     "allreduce_sets": "",
 }
-# the sweep and the DDP step need torch (gloo beside mpisync)
-ALLREDUCE_ROWS = ("sweep", "grads", "ddp")
+# the torch backend's rows (sweep, ddp, collectives, check) need torch: gloo beside mpisync
+ALLREDUCE_ROWS = ("sweep", "grads", "ddp", "collectives", "check")
 
 
 def parser() -> _argparse.ArgumentParser:
@@ -90,10 +90,9 @@ def parser() -> _argparse.ArgumentParser:
         const=",".join(ALLREDUCE_ROWS),
         metavar="ROWS",
         help="also the all-reduce rows, comma-separated from sweep (OSU-style, the torch backend "
-        "beside "
-        "gloo and Allreduce), grads (GradSync on ResNet-50, BERT-base, 5000 x 400 B), ddp (a DDP "
-        "step "
-        "beside gloo); alone: all three",
+        "beside gloo and Allreduce), grads (GradSync on ResNet-50, BERT-base, 5000 x 400 B), ddp "
+        "(a DDP step beside gloo), collectives (every torch.distributed collective beside gloo at "
+        "1 KiB, 1 MiB, 25 MiB), check (the backend's argument check's cost); alone: all five",
     )
     p.add_argument("--allreduce-max", type=int, help="largest size of the all-reduce sweep, bytes")
     p.add_argument(
@@ -289,11 +288,11 @@ def run(comm, args) -> dict:
         del params, runs
     progress.close()
     if args.allreduce:
-        results["allreduce"] = _allreduce_rows(comm, args.allreduce, opt)
+        results["allreduce"] = _allreduce_rows(comm, args.allreduce, opt, args.no_progress)
     return results
 
 
-def _allreduce_rows(comm, rows: str, opt: dict) -> dict:
+def _allreduce_rows(comm, rows: str, opt: dict, no_progress: bool) -> dict:
     from . import allreduce as _allreduce
 
     row_names = [r for r in rows.split(",") if r]
@@ -305,6 +304,8 @@ def _allreduce_rows(comm, rows: str, opt: dict) -> dict:
         "--iterations",
         str(opt["allreduce_iterations"]),
     ]
+    if no_progress:
+        argv.append("--no-progress")
     if opt["allreduce_sets"]:
         argv += ["--sets", *opt["allreduce_sets"].split(",")]
     options = _allreduce.parser().parse_args(argv)
