@@ -63,10 +63,14 @@ def _create(options, _backend_options) -> ProcessGroupMPISync:
     members = list(options.global_ranks_in_group or [])
     if not members:  # the default group: every rank of the base communicator
         _check_place(base.rank, base.size, options)
-        comm, parent = duplicates(base, 2, limit, "the default process group")
+        comm, p2p, parent = duplicates(base, 3, limit, "the default process group")
         _parent = parent
         return ProcessGroupMPISync(
-            comm, timeout=timeout, adopt=True, on_shutdown=lambda broken: _retire(parent, broken)
+            comm,
+            timeout=timeout,
+            adopt=True,
+            p2p=p2p,
+            on_shutdown=lambda broken: _retire(parent, broken),
         )
     parent = _parent if _parent is not None else MPI.COMM_WORLD
     comm = members_communicator(parent, members, f"'{options.group_id}'", limit)

@@ -110,17 +110,24 @@ def _host(tensor: torch.Tensor, wide: bool) -> torch.Tensor:
 
 
 class ReduceBuffer:
-    """The host buffer of one reduced tensor: ``array`` for MPI, ``finish()`` once MPI is done
-    with it (``write``: whether the result is written back into the tensor)."""
+    """The host buffer of one reduced tensor: :meth:`start` gives the array MPI reduces (once the
+    ranks agreed: it may rewrite the tensor's own memory), :meth:`finish` once MPI is done with
+    it (``write``: whether the result goes into the tensor)."""
 
     __slots__ = ("tensor", "host", "array", "red", "divisor", "ordered")
 
     def __init__(self, tensor: torch.Tensor, red: Reduction, divisor: int = 0):
         self.tensor, self.red, self.divisor = tensor, red, divisor if red.average else 0
         self.host = _host(tensor, wide=red.average)
-        values = self.host.reshape(-1).numpy()
+        self.array = self.host.reshape(-1).numpy()
         self.ordered = red.ordered(self.host)
-        self.array = to_ordered(values, red.name) if self.ordered else values
+
+    def start(self):
+        """The array MPI reduces: the floats as the integers of their total order for ``min`` and
+        ``max``."""
+        if self.ordered:
+            self.array = to_ordered(self.array, self.red.name)
+        return self.array
 
     def finish(self, write: bool = True) -> None:
         """Undo the order mapping, divide for ``avg`` (integers floor, as ``//``), then write the

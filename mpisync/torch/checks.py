@@ -39,14 +39,23 @@ def checked(comm, op: Op, rank: int):
     """``op``'s steps behind the argument check (a generator for the engine)."""
     words = [1 if op.problem else 0, kind_code(op.kind), *op.signature]
     send = _array.array("q", words + [~w for w in words])
-    recv = _array.array("q", bytes(8 * len(send)))
+    recv = _array.array("q", send)
     yield [comm.Iallreduce(send, recv, op=MPI.MAX)], False
-    n = len(words)
-    if recv[0] != 0 or any(recv[i] != ~recv[n + i] for i in range(1, n)):
+    if not _agreed(recv.tolist(), len(words)):
         raise (yield from _diagnose(comm, op, rank))
     if op.cross is not None:
         yield from _check_cross(comm, op, rank)
     yield from op.body(comm)
+
+
+def _agreed(reduced: list, n: int) -> bool:
+    """Whether no rank flagged a problem and every word's maximum is its minimum."""
+    if reduced[0]:
+        return False
+    for i in range(1, n):
+        if reduced[i] != ~reduced[n + i]:
+            return False
+    return True
 
 
 def _describe(op: Op, rank: int) -> dict:

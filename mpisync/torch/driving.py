@@ -126,22 +126,23 @@ class Driving:
                 if index == 0:
                     self._wake, self._woken = self._mpi.wake(), False
                 index -= 1
+            if index >= 0:  # one request of an entry: its bookkeeping, under the same lock
+                request, entry, position = pairs[index]
+                if self._waiting.pop(id(request), None) is None:
+                    return True  # abandoned meanwhile (the engine broke)
+                entry.outstanding -= 1
+                if entry.p2p:
+                    entry.statuses[position] = status
         if index < 0:  # woken, or a deadline passed
             self._overdue()
             return end is None or _time.monotonic() < end
-        request, entry, position = pairs[index]
-        self._completed(request, entry, position, status, error)
+        self._completed(entry, status, error)
         return True
 
-    def _completed(self, request, entry: Entry, position: int, status, error) -> None:
-        with self._cond:
-            if self._waiting.pop(id(request), None) is None:  # abandoned meanwhile
-                return
-            entry.outstanding -= 1
-            entry.statuses[position] = status
-            done = entry.outstanding == 0
+    def _completed(self, entry: Entry, status, error) -> None:
+        """One of ``entry``'s requests completed (with ``error``, if MPI reported one)."""
         if error is None:
-            if done:
+            if entry.outstanding == 0:
                 self._advance(entry, entry.statuses)
             return
         if not entry.p2p:

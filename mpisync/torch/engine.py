@@ -119,7 +119,8 @@ class Engine(Driving):
 
     def _pump(self) -> None:
         """Start what the queue's order and the cap allow."""
-        while True:
+        # Read without the lock: whoever appends to the queue pumps after appending.
+        while self._queue:
             with self._post_lock:
                 with self._cond:
                     if not self._queue or self._broken is not None:
@@ -152,7 +153,8 @@ class Engine(Driving):
             for index, request in enumerate(requests):
                 self._waiting[id(request)] = (request, entry, index)
             entry.outstanding = len(requests)
-            entry.statuses = [None] * len(requests)
+            if entry.p2p:  # a receive checks what arrived (collectives need no status)
+                entry.statuses = [None] * len(requests)
             if last and self._queue and self._queue[0] is entry:
                 self._queue.pop(0)
             if requests and self._in_mpi:

@@ -100,7 +100,7 @@ class Entry:
         self.steps, self.label, self.result, self.p2p = steps, label, result, p2p
         self.posted, self.deadline = _time.monotonic(), deadline
         self.outstanding = 0  # requests of the current step not yet complete
-        self.statuses: list = []
+        self.statuses: list = []  # of a point-to-point operation's requests
         self.started = False  # a collective counted against the cap
         self.last_posted = False
         self.done = False

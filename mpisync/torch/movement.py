@@ -8,7 +8,7 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
-from .op import Op, dtype_code, flat_bytes, fold, host_bytes, shape_text
+from .op import Op, dtype_code, flat_bytes, fold, host_bytes, joined, shape_text
 
 __all__ = [
     "all_gather",
@@ -21,6 +21,11 @@ __all__ = [
     "gather",
     "scatter",
 ]
+
+
+# The tag of the messages scatter sends on the group's communicator (no user message travels
+# there: send and recv use the group's other one).
+_SCATTER_TAG = 1
 
 
 def _signature(tensors, *extra) -> list:
@@ -37,8 +42,10 @@ def _copy_out(flat: _np.ndarray, outputs) -> None:
     with torch.no_grad():
         for out in outputs:
             n = out.numel() * out.element_size()
-            piece = torch.from_numpy(flat[offset : offset + n])
-            out.copy_(piece.view(out.dtype).reshape(out.shape) if n else out)
+            if n:
+                out.copy_(
+                    torch.from_numpy(flat[offset : offset + n]).view(out.dtype).reshape(out.shape)
+                )
             offset += n
 
 
@@ -99,12 +106,18 @@ def all_gather(size: int, output_lists, inputs) -> Op:
     if problem is not None:
         return Op("all_gather", _signature(inputs), describe, None, output_lists, problem)
     sends = [host_bytes(t.contiguous())[0] for t in inputs]
-    recvs = [_np.empty(s.nbytes * size, _np.uint8) for s in sends]
+    # outputs end to end in one tensor (its chunks) are received into in place
+    direct = [joined(outputs) for outputs in output_lists]
+    recvs = [
+        flat_bytes(d) if d is not None else _np.empty(s.nbytes * size, _np.uint8)
+        for d, s in zip(direct, sends)
+    ]
 
     def body(comm):
         yield [comm.Iallgather(s, r) for s, r in zip(sends, recvs)], True
-        for recv, outputs in zip(recvs, output_lists):
-            _copy_out(recv, outputs)
+        for recv, outputs, d in zip(recvs, output_lists, direct):
+            if d is None:
+                _copy_out(recv, outputs)
 
     return Op("all_gather", _signature(inputs), describe, body, output_lists)
 
@@ -212,13 +225,16 @@ def scatter(rank: int, size: int, outputs, inputs, opts) -> Op:
     if problem is not None:
         return Op("scatter", _signature(outputs, root), describe, None, outputs, problem)
     recv, back = host_bytes(outputs[0])
-    send = None
-    if rank == root:
-        pieces = [t.detach().to("cpu").contiguous().reshape(-1) for t in lists[0]]
-        send = flat_bytes(torch.cat(pieces)) if pieces else None
+    pieces = [host_bytes(t.contiguous())[0] for t in lists[0]] if rank == root else []
 
     def body(comm):
-        yield [comm.Iscatter(send, recv, root)], True
+        # Point to point from the root, each piece from its own memory: MPI's Iscatter needs
+        # them in one buffer, and that copy cost more than the scatter (docs/allreduce.md).
+        if rank == root:
+            yield [comm.Isend(p, r, _SCATTER_TAG) for r, p in enumerate(pieces) if r != root], True
+            recv[...] = pieces[root]
+        else:
+            yield [comm.Irecv(recv, root, _SCATTER_TAG)], True
         if back is not None:
             back()
 

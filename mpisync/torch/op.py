@@ -9,6 +9,7 @@ and yields ``(requests, last)``; what follows the last yield is the completion.
 
 from __future__ import annotations
 
+import threading as _threading
 import typing as _typing
 import zlib as _zlib
 
@@ -80,9 +81,11 @@ class Op:
     """One operation: ``kind``, its ``label`` (diagnostics), the ``signature`` words every rank
     must agree on (dtypes, counts, details such as the reduce op and the root), ``describe()``
     (what a diagnostic says about this rank's arguments), a local ``problem`` (a message, or
-    ``None``), ``body(comm)`` (the data steps), the work's ``result``, and, for operations whose
+    ``None``), ``body(comm)`` (the data steps), the work's ``result``; for operations whose
     counts differ by peer, ``cross``: ``(what this rank sends to each rank, what it expects from
-    each)``, checked against the other ranks' before anything moves."""
+    each)``, checked against the other ranks' before anything moves; and ``prepare``, a
+    :class:`Once` the caller runs while the argument check is in flight (it must not write
+    the tensors: the check may still refuse the operation)."""
 
     __slots__ = (
         "kind",
@@ -94,6 +97,7 @@ class Op:
         "result",
         "p2p",
         "cross",
+        "prepare",
     )
 
     def __init__(
@@ -107,11 +111,30 @@ class Op:
         label: str | None = None,
         p2p: bool = False,
         cross: tuple | None = None,
+        prepare=None,
     ):
         self.kind, self.signature, self.describe = kind, tuple(signature), describe
         self.body, self.result, self.problem = body, result, problem
         self.label = label or kind
-        self.p2p, self.cross = p2p, cross
+        self.p2p, self.cross, self.prepare = p2p, cross, prepare
+
+
+class Once:
+    """``fn()`` run once, by whichever thread asks first (the caller after posting the check, or
+    the driver about to post the data)."""
+
+    __slots__ = ("fn", "value", "done", "lock")
+
+    def __init__(self, fn: _typing.Callable[[], _typing.Any]):
+        self.fn, self.value, self.done = fn, None, False
+        self.lock = _threading.Lock()
+
+    def __call__(self):
+        if not self.done:
+            with self.lock:
+                if not self.done:
+                    self.value, self.done = self.fn(), True
+        return self.value
 
 
 def host_bytes(tensor: torch.Tensor) -> tuple:
@@ -158,3 +181,20 @@ def combined(kind: str, ops: _typing.Sequence[Op], result) -> Op:
             start += len(requests)
 
     return Op(kind, signature, describe, None if problem else body, result, problem)
+
+
+def joined(tensors: _typing.Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One flat tensor over ``tensors`` when they lie end to end in one CPU storage (the chunks
+    of one tensor, say), so MPI reads or writes them in place; else None (a copy is needed)."""
+    if not tensors:
+        return None
+    first = tensors[0]
+    storage, address = first.untyped_storage().data_ptr(), first.data_ptr()
+    for tensor in tensors:
+        if not (tensor.is_cpu and tensor.is_contiguous() and tensor.dtype == first.dtype):
+            return None
+        if tensor.untyped_storage().data_ptr() != storage or tensor.data_ptr() != address:
+            return None
+        address += tensor.numel() * tensor.element_size()
+    total = sum(t.numel() for t in tensors)
+    return first.detach().as_strided((total,), (1,), first.storage_offset())

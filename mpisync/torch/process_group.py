@@ -33,8 +33,9 @@ __all__ = ["ProcessGroupMPISync"]
 
 
 class ProcessGroupMPISync(dist.ProcessGroup):
-    """The ``"mpisync"`` backend over ``comm``: a duplicate of it (made within ``timeout``), or
-    ``comm`` itself with ``adopt=True`` (then freed with the group)."""
+    """The ``"mpisync"`` backend over ``comm``: two duplicates of it (made within ``timeout``),
+    one for the collectives, one for ``send``/``recv``; with ``adopt=True`` ``comm`` itself is
+    the first (and ``p2p``, if given, the second), freed with the group."""
 
     def __init__(
         self,
@@ -43,15 +44,19 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         timeout: float | None = None,
         max_concurrent: int | None = None,
         adopt: bool = False,
+        p2p=None,
         on_shutdown=None,
     ):
         # torch binds ProcessGroup(rank, size) too; its stubs list only (store, rank, size)
         super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
         settings = _config.resolve(max_concurrent, None, None, timeout)
         self._timeout = settings.timeout.value
+        what = "the process group's communicators"
         if not adopt:
-            comm = duplicates(comm, 1, self._timeout, "the process group's communicator")[0]
-        self._comm, self._rank, self._size = comm, comm.rank, comm.size
+            comm, p2p = duplicates(comm, 2, self._timeout, what)
+        elif p2p is None:
+            p2p = duplicates(comm, 1, self._timeout, what)[0]
+        self._comm, self._p2p, self._rank, self._size = comm, p2p, comm.rank, comm.size
         self._checking = checking()
         self._engine = Engine(comm, settings.max_concurrent.value, self._timeout, self._timed_out)
         self._on_shutdown = on_shutdown
@@ -101,11 +106,12 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         if self._comm is None:
             return
         self._engine.close()
-        if self._engine.broken:  # freeing it with requests in flight can crash the MPI library
-            keep_alive(self._comm)
+        if self._engine.broken:  # freeing them with requests in flight can crash the MPI library
+            keep_alive(self._comm, self._p2p)
         else:
             self._comm.Free()
-        self._comm = None
+            self._p2p.Free()
+        self._comm = self._p2p = None
         if self._on_shutdown is not None:
             self._on_shutdown(self._engine.broken)
 
@@ -128,8 +134,10 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         if self._checking and not op.p2p:
             steps = checked(self._comm, op, self._rank)
         else:
-            steps = op.body(self._comm)
+            steps = op.body(self._p2p if op.p2p else self._comm)
         entry = self._engine.submit(steps, op.label, op.result, op.p2p)
+        if op.prepare is not None:
+            op.prepare()  # while the check is in flight
         return Work(self._engine, entry, self._rank, source)
 
     # -- collectives (torch calls a Python group's collectives as (tensors, ..., opts); its stubs

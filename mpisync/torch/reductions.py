@@ -8,7 +8,7 @@ import torch
 from mpi4py import MPI
 
 from .buffers import ReduceBuffer, in_place_array, reduce_problem, reduction
-from .op import Op, dtype_code, fold, shape_text
+from .op import Once, Op, dtype_code, fold, joined, shape_text
 
 __all__ = ["all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "sparse_all_reduce"]
 
@@ -52,19 +52,25 @@ def all_reduce(size: int, tensors, opts, kind: str = "all_reduce") -> Op:
     signature = _signature(tensors, red)
     if problem is not None:
         return Op(kind, signature, describe, None, tensors, problem)
-    arrays = [in_place_array(t, red) for t in tensors]
-    buffers = []
-    if any(a is None for a in arrays):
-        buffers = [ReduceBuffer(t, red, size) for t in tensors]
-        arrays = [b.array for b in buffers]
     mpi_op = red.mpi_op
 
+    def prepare() -> tuple:
+        arrays = [in_place_array(t, red) for t in tensors]
+        if all(a is not None for a in arrays):
+            return arrays, []
+        return None, [ReduceBuffer(t, red, size) for t in tensors]
+
+    ready = Once(prepare)  # on the caller while the argument check is in flight
+
     def body(comm):
+        arrays, buffers = ready()
+        if arrays is None:
+            arrays = [b.start() for b in buffers]
         yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
         for b in buffers:
             b.finish()
 
-    return Op(kind, signature, describe, body, tensors)
+    return Op(kind, signature, describe, body, tensors, prepare=ready)
 
 
 def reduce(rank: int, size: int, tensors, opts) -> Op:
@@ -85,10 +91,14 @@ def reduce(rank: int, size: int, tensors, opts) -> Op:
     mpi_op, mine = red.mpi_op, rank == root
 
     def body(comm):
+        # An all-reduce (the others' results into scratch buffers): MPICH's Ireduce of large
+        # messages took several times as long (docs/allreduce.md, the backend's bench rows).
+        arrays = [b.start() for b in buffers]
         if mine:
-            yield [comm.Ireduce(MPI.IN_PLACE, b.array, mpi_op, root) for b in buffers], True
+            yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
         else:
-            yield [comm.Ireduce(b.array, None, mpi_op, root) for b in buffers], True
+            scratch = [_np.empty_like(a) for a in arrays]
+            yield [comm.Iallreduce(a, s, mpi_op) for a, s in zip(arrays, scratch)], True
         for b in buffers:
             b.finish(write=mine)
 
@@ -116,7 +126,8 @@ def reduce_scatter_tensor(size: int, output: torch.Tensor, input: torch.Tensor, 
     result = ReduceBuffer(output, red, size)
 
     def body(comm):
-        yield [comm.Ireduce_scatter_block(send.array, result.array, red.mpi_op)], True
+        arrays = send.start(), result.start()
+        yield [comm.Ireduce_scatter_block(*arrays, red.mpi_op)], True
         send.finish(write=False)
         result.finish()
 
@@ -138,16 +149,20 @@ def reduce_scatter(rank: int, size: int, output: torch.Tensor, pieces, opts) -> 
     if problem is not None:
         return Op("reduce_scatter", signature, describe, None, output, problem)
     counts = [p.numel() for p in pieces]
-    flat = torch.cat([p.detach().reshape(-1).to("cpu") for p in pieces]) if pieces else output
+    flat = joined(pieces)  # the chunks of one tensor: no copy
+    if flat is None:
+        flat = torch.cat([p.detach().reshape(-1).to("cpu") for p in pieces])
     send = ReduceBuffer(flat, red)
     result = ReduceBuffer(output, red, size)
     equal = len(set(counts)) == 1
 
     def body(comm):
+        arrays = send.start(), result.start()
         if equal:
-            yield [comm.Ireduce_scatter_block(send.array, result.array, red.mpi_op)], True
+            yield [comm.Ireduce_scatter_block(*arrays, red.mpi_op)], True
         else:
-            yield [comm.Ireduce_scatter(send.array, result.array, counts, red.mpi_op)], True
+            yield [comm.Ireduce_scatter(*arrays, counts, red.mpi_op)], True
+        send.finish(write=False)
         result.finish()
 
     return Op("reduce_scatter", signature, describe, body, output)
