@@ -27,7 +27,7 @@ from .communicators import duplicates
 from .engine import Engine
 from .errors import ArgumentError
 from .op import Op, combined
-from .work import Work
+from .work import Work, joint
 
 __all__ = ["ProcessGroupMPISync"]
 
@@ -61,6 +61,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         self._engine = Engine(comm, settings.max_concurrent.value, self._timeout, self._timed_out)
         self._on_shutdown = on_shutdown
         self._name, self._desc = "", ""
+        self._coalesced: list | None = None  # entries since _start_coalescing
 
     # -- identity (torch reads these through its ProcessGroup) ------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 (torch's names)
@@ -136,6 +137,8 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         else:
             steps = op.body(self._p2p if op.p2p else self._comm)
         entry = self._engine.submit(steps, op.label, op.result, op.p2p)
+        if self._coalesced is not None:
+            self._coalesced.append(entry)
         if op.prepare is not None:
             op.prepare()  # while the check is in flight
         return Work(self._engine, entry, self._rank, source)
@@ -251,6 +254,16 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         the sender."""
         source = [-1]
         return self._start(p2p.recv(self._rank, self._size, tensors, None, tag, source), source)
+
+    def _start_coalescing(self, device) -> None:
+        """torch's coalescing manager: the operations issued until :meth:`_end_coalescing` are
+        posted as they come (in issue order, as always) and waited for together."""
+        self._coalesced = []
+
+    def _end_coalescing(self, device):
+        """One work for the operations issued since :meth:`_start_coalescing`."""
+        entries, self._coalesced = self._coalesced or [], None
+        return joint(self._engine, entries)
 
     def monitored_barrier(self, opts=None, wait_all_ranks: bool = False):
         """Not provided by mpisync: raises at once, on every rank."""

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from .errors import WaitTimeoutError
 
-__all__ = ["Work", "seconds"]
+__all__ = ["Work", "joint", "seconds"]
 
 
 def seconds(timeout) -> float | None:
@@ -69,3 +69,18 @@ class Work(dist._Work):
         return -1 if self._source is None else self._source[0]
 
     source_rank = _source_rank
+
+
+def joint(engine, entries: list) -> object:
+    """One work for several operations (what ``_end_coalescing`` returns): complete when they
+    all are, its future holding their results."""
+    import torch
+    from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
+
+    futures = [engine.future(entry) for entry in entries]
+    done: torch.futures.Future = torch.futures.Future()
+    if not futures:
+        done.set_result([])
+        return _create_work_from_future(done)
+    combined = torch.futures.collect_all(futures)
+    return _create_work_from_future(combined.then(lambda f: [x.value() for x in f.value()]))

@@ -224,3 +224,24 @@ def test_a_group_without_the_check_raises_a_local_problem_at_once(comm, monkeypa
     with pytest.raises(ArgumentError, match="output list 0 holds"):
         group.allgather([[torch.zeros(2)] if comm.size > 1 else []], [torch.ones(2)])
     dist.destroy_process_group(group)
+
+
+def test_the_coalescing_manager_and_batched_point_to_point(comm):
+    tensors = [torch.full((3,), float(comm.rank + 1)), torch.ones(2)]
+    with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as manager:
+        for tensor in tensors:
+            dist.all_reduce(tensor)
+    manager.wait()
+    assert tensors[0].tolist() == [float(sum(range(1, comm.size + 1)))] * 3
+    assert tensors[1].tolist() == [float(comm.size)] * 2
+    if comm.size < 2:
+        return
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    received = torch.zeros(2)
+    ops = [
+        dist.P2POp(dist.isend, torch.full((2,), float(comm.rank)), right),
+        dist.P2POp(dist.irecv, received, left),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    assert received.tolist() == [float(left)] * 2
