@@ -38,9 +38,10 @@ def checking() -> bool:
 def checked(comm, op: Op, rank: int):
     """``op``'s steps behind the argument check (a generator for the engine)."""
     words = [1 if op.problem else 0, kind_code(op.kind), *op.signature]
-    send = _array.array("q", words + [~w for w in words])
+    send = _array.array("q", words)
+    send.extend([~w for w in words])
     recv = _array.array("q", send)
-    yield [comm.Iallreduce(send, recv, op=MPI.MAX)], False
+    yield [comm.Iallreduce(send, recv, MPI.MAX)], False
     if not _agreed(recv.tolist(), len(words)):
         raise (yield from _diagnose(comm, op, rank))
     if op.cross is not None:

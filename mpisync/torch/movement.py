@@ -23,9 +23,9 @@ __all__ = [
 ]
 
 
-# The tag of the messages scatter sends on the group's communicator (no user message travels
-# there: send and recv use the group's other one).
-_SCATTER_TAG = 1
+# The tags of the messages scatter and gather send on the group's communicator (no user message
+# travels there: send and recv use the group's other one).
+_SCATTER_TAG, _GATHER_TAG = 1, 2
 
 
 def _signature(tensors, *extra) -> list:
@@ -196,12 +196,22 @@ def gather(rank: int, size: int, outputs, inputs, opts) -> Op:
     if problem is not None:
         return Op("gather", _signature(inputs, root), describe, None, lists, problem)
     send = host_bytes(inputs[0].contiguous())[0]
-    recv = _np.empty(send.nbytes * size, _np.uint8) if rank == root else None
+    targets = [host_bytes(t) for t in lists[0]] if rank == root else []
 
     def body(comm):
-        yield [comm.Igather(send, recv, root)], True
-        if recv is not None:
-            _copy_out(recv, lists[0])
+        # Point to point into each output's own memory (as scatter): Igather receives into one
+        # buffer, copied out afterwards.
+        if rank == root:
+            yield (
+                [comm.Irecv(v, r, _GATHER_TAG) for r, (v, _) in enumerate(targets) if r != root],
+                True,
+            )
+            targets[root][0][...] = send
+        else:
+            yield [comm.Isend(send, root, _GATHER_TAG)], True
+        for _, back in targets:
+            if back is not None:
+                back()
 
     return Op("gather", _signature(inputs, root), describe, body, lists)
 
