@@ -94,7 +94,7 @@ def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
         }
         runs["mpi Allreduce"] = lambda f=flat: comm.Allreduce(MPI.IN_PLACE, f)
         # Every size gets every iteration: with fewer samples at the large sizes, gloo's median
-        # there moved between runs (docs/allreduce.md, stop 24).
+        # there moved between runs (docs/allreduce.md, The bench rows).
         timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
         row = {"bytes": size, **{f"{k}_us": v.median * 1e6 for k, v in timings.items()}}
         row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
