@@ -28,6 +28,10 @@ for n in 2 3 4; do
   echo "== $n ranks under mpiexec"
   MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n "$n" python ci/mpi_pytest.py -q
 done
+# torch's own contract tests for a backend, on mpisync beside gloo (ci/torch_contract/compare.py):
+# fails if a test gloo passes does not pass on mpisync (see docs/allreduce.md).
+echo "== torch's contract tests (_DistTestBase): mpisync beside gloo, 2 and 3 ranks"
+timeout 900 python ci/torch_contract/compare.py --ranks 2 3 --out-dir "$MPISYNC_TEST_LOGS/torch-contract"
 # Every test once more with the shared segment offered for every set (by default: sets of small tensors only).
 echo "== 3 ranks, MPISYNC_SHARED_MEMORY=1"
 MPISYNC_SHARED_MEMORY=1 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 3 python ci/mpi_pytest.py -q

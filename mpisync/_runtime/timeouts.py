@@ -39,7 +39,7 @@ def timed_out(
         shown += f", ... and {len(pending) - 20} more"
     message = (
         f"mpisync: rank {comm.rank} of {comm.size}: the {phase} did not complete within "
-        f"{timeout:g} s; "
+        f"{timeout:g} s (timed out); "
         f"{pending_what}: {shown or 'none'}. Another rank may not have called {call}, may have "
         "died, "
         "or may be stuck elsewhere."

@@ -175,10 +175,10 @@ def _allreduce_problem(rows, sets) -> str:
             f"--allreduce-sets: unknown set(s) {', '.join(unknown)}; choose from "
             f"{', '.join(GRAD_SETS)}"
         )
-    if {"sweep", "ddp"} & set(asked) and not _importable("torch"):
+    if {"sweep", "ddp", "collectives", "check"} & set(asked) and not _importable("torch"):
         return (
-            "--allreduce sweep and ddp compare the torch backend with gloo: pip install "
-            "'mpisync[torch]'"
+            "--allreduce sweep, ddp, collectives and check compare the torch backend with gloo: "
+            "pip install 'mpisync[torch]'"
         )
     return ""
 

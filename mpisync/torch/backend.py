@@ -1,31 +1,38 @@
-"""Registration of the ``"mpisync"`` backend with torch.distributed, and ``init_process_group``."""
+"""Registration of the ``"mpisync"`` backend with torch.distributed, ``init_process_group``, and
+torch's ``env://`` rendezvous under an MPI launcher."""
 
 from __future__ import annotations
 
 import datetime as _datetime
+import os as _os
+import socket as _socket
+import time as _time
+import urllib.parse as _urlparse
 
+import numpy as _np
 import torch.distributed as dist
 from mpi4py import MPI
 from torch.distributed.constants import default_pg_timeout as _default_pg_timeout
 
+from .. import config as _config
+from .._runtime.launch import check_launch
+from .._runtime.ring import Expired, wait_request
 from ..errors import InvalidParamError
+from .communicators import GroupTimeoutError, duplicates, members_communicator
 from .process_group import ProcessGroupMPISync
+from .work import seconds
 
 __all__ = ["BACKEND_NAME", "init_process_group"]
 
 BACKEND_NAME = "mpisync"
 
 # The communicator the next default group is made over (init_process_group sets it; torch's own
-# rendezvous leaves it None: MPI.COMM_WORLD), and the timeout init_process_group was given
-# (seconds).
+# rendezvous leaves it None: MPI.COMM_WORLD), and the timeout init_process_group was given.
 _base_comm = None
-_timeout_override = None
-
-
-def _seconds(timeout) -> float | None:
-    if timeout is None:
-        return None
-    return timeout.total_seconds() if isinstance(timeout, _datetime.timedelta) else float(timeout)
+_timeout_override: float | None = None
+# The default mpisync group's duplicate of the base communicator, on which its subgroups are
+# made (None while there is no mpisync default group: then MPI.COMM_WORLD).
+_parent = None
 
 
 def _group_timeout(options) -> float | None:
@@ -36,27 +43,59 @@ def _group_timeout(options) -> float | None:
     given = getattr(options, "timeout", None)
     if given is None or given == _default_pg_timeout:
         return None
-    return _seconds(given)
+    return seconds(given)
+
+
+def _creation_starts(comm) -> None:
+    """Every creation of an mpisync process group starts here, before anything collective: a
+    world of one process while the launcher's environment says more is refused (the launch
+    check, :func:`mpisync._runtime.launch.check_launch`)."""
+    check_launch(comm)
 
 
 def _create(options, _backend_options) -> ProcessGroupMPISync:
-    """torch's creator (extended API): the group over the base communicator, or the members'
-    sub-communicator for ``new_group``, checked against the rank and size torch expects; its
-    timeout is the one given to ``init_process_group`` or ``new_group``."""
+    """torch's creator (extended API): the default group over the base communicator, or a group
+    of ``options.global_ranks_in_group`` (``new_group``), each on its own communicator made within
+    the group's timeout, checked against the rank and size torch expects."""
+    global _parent
     base = _base_comm if _base_comm is not None else MPI.COMM_WORLD
+    _creation_starts(base)
+    timeout = _group_timeout(options)
+    limit = _config.resolve(timeout=timeout).timeout.value
     members = list(options.global_ranks_in_group or [])
-    comm = base
-    if members and members != list(range(base.size)):
-        comm = base.Create_group(base.group.Incl(members))
-    if (comm.rank, comm.size) != (options.group_rank, options.group_size):
+    if not members:  # the default group: every rank of the base communicator
+        _check_place(base.rank, base.size, options)
+        comm, p2p, parent = duplicates(base, 3, limit, "the default process group")
+        _parent = parent
+        return ProcessGroupMPISync(
+            comm,
+            timeout=timeout,
+            adopt=True,
+            p2p=p2p,
+            on_shutdown=lambda broken: _retire(parent, broken),
+        )
+    parent = _parent if _parent is not None else MPI.COMM_WORLD
+    comm = members_communicator(parent, members, f"'{options.group_id}'", limit)
+    _check_place(comm.rank, comm.size, options)
+    return ProcessGroupMPISync(comm, timeout=timeout, adopt=True)
+
+
+def _check_place(rank: int, size: int, options) -> None:
+    if (rank, size) != (options.group_rank, options.group_size):
         raise InvalidParamError(
             f"mpisync backend: torch expects rank {options.group_rank} of {options.group_size}, "
-            "but this process "
-            f"is rank {comm.rank} of {comm.size} in MPI; launch with mpiexec/srun and let "
-            "mpisync.torch."
-            "init_process_group() take rank and size from MPI"
+            f"but this process is rank {rank} of {size} in MPI; launch with mpiexec/srun and let "
+            "mpisync.torch.init_process_group() take rank and size from MPI"
         )
-    return ProcessGroupMPISync(comm, timeout=_group_timeout(options))
+
+
+def _retire(parent, broken: bool) -> None:
+    """The default group is gone: so is the communicator its subgroups were made on."""
+    global _parent
+    if _parent is parent:
+        _parent = None
+    if not broken:
+        parent.Free()
 
 
 def _register() -> None:
@@ -70,8 +109,11 @@ def init_process_group(comm=None, **kwargs) -> None:
     """Initialise torch's default process group on the ``"mpisync"`` backend over ``comm``
     (default ``MPI.COMM_WORLD``): rank and size come from MPI, the store is an in-process one
     (nothing else rendezvouses). Other keyword arguments pass to
-    ``torch.distributed.init_process_group``; ``timeout`` (a timedelta or seconds) also bounds
-    every mpisync operation (default ``MPISYNC_TIMEOUT``, else 300 s)."""
+    ``torch.distributed.init_process_group``; ``timeout`` (a timedelta or seconds) bounds the
+    group's creation and every operation on it (default ``MPISYNC_TIMEOUT``, else 300 s).
+
+    >>> mpisync.torch.init_process_group(timeout=60)   # doctest: +SKIP
+    """
     global _base_comm, _timeout_override
     comm = MPI.COMM_WORLD if comm is None else comm
     kwargs.pop("backend", None)
@@ -82,7 +124,7 @@ def init_process_group(comm=None, **kwargs) -> None:
         )
     if "store" not in kwargs and "init_method" not in kwargs:
         kwargs["store"] = dist.HashStore()
-    _base_comm, _timeout_override = comm, _seconds(kwargs.get("timeout"))
+    _base_comm, _timeout_override = comm, seconds(kwargs.get("timeout"))
     if _timeout_override is not None:  # torch takes a timedelta only; seconds are accepted here
         kwargs["timeout"] = _datetime.timedelta(seconds=_timeout_override)
     try:
@@ -91,4 +133,66 @@ def init_process_group(comm=None, **kwargs) -> None:
         _timeout_override = None
 
 
+# -- torch's env:// rendezvous under an MPI launcher --------------------------------------------
+def _given(url: str, name: str) -> bool:
+    query = _urlparse.parse_qs(_urlparse.urlparse(url).query)
+    return name.lower() in query or name in _os.environ
+
+
+def _env_with_mpi(original):
+    """torch's ``env://`` handler, except that when neither ``RANK`` nor ``WORLD_SIZE`` is given
+    (``mpiexec`` and ``srun`` set neither) rank and size come from ``MPI.COMM_WORLD`` and rank 0
+    serves the store (its port sent to the others through MPI)."""
+
+    def handler(url, timeout=_default_pg_timeout, **kwargs):
+        if _given(url, "RANK") or _given(url, "WORLD_SIZE"):
+            yield from original(url, timeout=timeout, **kwargs)
+            return
+        yield _mpi_rendezvous(timeout)
+
+    handler.mpisync = True  # type: ignore[attr-defined]
+    return handler
+
+
+def _mpi_rendezvous(timeout: _datetime.timedelta) -> tuple:
+    comm = MPI.COMM_WORLD
+    if comm.size == 1:
+        return dist.HashStore(), 0, 1
+    host = _os.environ.get("MASTER_ADDR") or _socket.gethostname()
+    message = _np.zeros(264, dtype=_np.uint8)  # port (int64), then rank 0's host name
+    store = None
+    if comm.rank == 0:
+        port = int(_os.environ.get("MASTER_PORT", "0"))
+        store = dist.TCPStore(host, port, comm.size, True, timeout=timeout, wait_for_workers=False)
+        name = host.encode()[:256]
+        message[:8] = _np.frombuffer(_np.int64(store.port).tobytes(), _np.uint8)
+        message[8 : 8 + len(name)] = _np.frombuffer(name, _np.uint8)
+    request = comm.Ibcast(message, 0)
+    try:
+        wait_request(request, _time.monotonic() + timeout.total_seconds())
+    except Expired:
+        raise GroupTimeoutError(
+            f"mpisync: rank {comm.rank}: torch's env:// rendezvous through MPI timed out: not "
+            f"every rank of MPI.COMM_WORLD called init_process_group within {timeout}",
+            phase="rendezvous",
+        ) from None
+    if store is None:
+        port = int(message[:8].view(_np.int64)[0])
+        host = bytes(message[8:]).rstrip(b"\0").decode()
+        store = dist.TCPStore(host, port, comm.size, False, timeout=timeout)
+    return store, comm.rank, comm.size
+
+
+def _extend_env_rendezvous() -> None:
+    import importlib
+
+    handlers = importlib.import_module(
+        "torch.distributed.rendezvous"
+    )._rendezvous_handlers  # torch's table of rendezvous schemes
+    env = handlers.get("env")
+    if env is not None and not getattr(env, "mpisync", False):
+        handlers["env"] = _env_with_mpi(env)
+
+
 _register()
+_extend_env_rendezvous()

@@ -1,109 +1,107 @@
-"""Host buffers MPI reads and writes for torch tensors, and what to copy back afterwards.
+"""Host buffers MPI reduces for torch tensors, and what to do with them afterwards.
 
-A contiguous CPU tensor is used in place. Anything else (a CUDA tensor, a
-non-contiguous view) goes through a host copy that is written back when the
-operation completes. Reductions of ``float16``/``bfloat16`` (which MPI and
-numpy cannot reduce) run in ``float32`` copies, rounded once on the way back.
-``avg`` of an integer tensor sums in an ``int64`` copy, so that the sum cannot
-overflow the tensor's dtype before the (floor) division.
+A contiguous CPU tensor is reduced in place. Anything else (a CUDA tensor, a
+non-contiguous view) goes through a host copy written back when the operation
+completes. ``float16``/``bfloat16`` (which MPI and numpy cannot reduce) are
+reduced in ``float32`` copies, rounded once on the way back. ``avg`` of an
+integer tensor sums in an ``int64`` copy, so that the sum cannot overflow the
+tensor's dtype before the (floor) division. ``min``/``max`` of floats reduce the
+integers of the floats' total order (:func:`mpisync.allreduce.ops.to_ordered`),
+so a NaN wins on every rank with the same bytes, as numpy's and torch's
+``minimum``/``maximum``.
 """
 
 from __future__ import annotations
 
-import numpy as _np
 import torch
 from mpi4py import MPI
 
-__all__ = [
-    "ReduceBuffer",
-    "byte_view",
-    "check_reducible",
-    "in_place_array",
-    "mpi_reduce_op",
-    "reduced",
-]
+from ..allreduce.ops import from_ordered, to_ordered
+
+__all__ = ["Reduction", "ReduceBuffer", "reduction", "reduce_problem", "in_place_array"]
 
 _HALF = (torch.float16, torch.bfloat16)
-_REFUSED = (torch.bool,)
-
-
-_MPI_OPS: dict = {}
-
-
-def mpi_reduce_op(op) -> tuple:
-    """``(MPI op, average)`` for a ``torch.distributed.ReduceOp``; ``ValueError`` for the others."""
-    kind = getattr(op, "op", op)  # a ReduceOp wraps its RedOpType (hashable)
-    found = _MPI_OPS.get(kind)
-    if found is None:
-        from torch.distributed import ReduceOp
-
-        table = {
-            ReduceOp.SUM: MPI.SUM,
-            ReduceOp.AVG: MPI.SUM,
-            ReduceOp.PRODUCT: MPI.PROD,
-            ReduceOp.MIN: MPI.MIN,
-            ReduceOp.MAX: MPI.MAX,
-            ReduceOp.BAND: MPI.BAND,
-            ReduceOp.BOR: MPI.BOR,
-            ReduceOp.BXOR: MPI.BXOR,
-        }
-        if kind not in table:
-            raise ValueError(f"mpisync backend: reduce op {op} is not supported")
-        found = _MPI_OPS[kind] = (table[kind], kind == ReduceOp.AVG)
-    return found
-
-
-def check_reducible(mpi_op, tensors) -> None:
-    """``ValueError`` if ``mpi_op`` is not defined for one of ``tensors`` (checked before anything
-    is posted)."""
-    for tensor in tensors:
-        if tensor.dtype in _REFUSED:
-            raise ValueError(f"mpisync backend: cannot reduce a {tensor.dtype} tensor")
-        if mpi_op in (MPI.BAND, MPI.BOR, MPI.BXOR) and (
-            tensor.is_floating_point() or tensor.is_complex()
-        ):
-            raise ValueError(
-                f"mpisync backend: bitwise reductions need integer tensors, got {tensor.dtype}"
-            )
-        if mpi_op in (MPI.MIN, MPI.MAX) and tensor.is_complex():
-            raise ValueError(
-                f"mpisync backend: min/max are not defined for complex tensors ({tensor.dtype})"
-            )
-
-
 # Dtypes MPI reduces as they are, in the tensor's own memory (numpy and MPI know them).
 _IN_PLACE = frozenset(
     (torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 )
+_BITWISE = ("band", "bor", "bxor")
 
 
-def in_place_array(tensor: torch.Tensor, mpi_op):
-    """The numpy view MPI reduces ``tensor`` through in place with ``mpi_op`` (no copy, nothing to
-    do afterwards), or None when it needs :class:`ReduceBuffer` (or must be refused)."""
+class Reduction:
+    """A torch ``ReduceOp`` as mpisync runs it: ``name``, the ``mpi_op``, and ``code`` (what the
+    argument check compares)."""
+
+    __slots__ = ("name", "mpi_op", "code")
+
+    def __init__(self, name: str, mpi_op, code: int):
+        self.name, self.mpi_op, self.code = name, mpi_op, code
+
+    @property
+    def average(self) -> bool:
+        """Whether the sum is divided by the number of ranks afterwards."""
+        return self.name == "avg"
+
+    def ordered(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is reduced as the integers of its floats' total order."""
+        return self.name in ("min", "max") and tensor.is_floating_point()
+
+
+_REDUCTIONS: dict = {}
+
+
+def reduction(op) -> tuple:
+    """``(Reduction, None)`` for a ``torch.distributed.ReduceOp``, or ``(None, problem)``."""
+    kind = getattr(op, "op", op)  # a ReduceOp wraps its RedOpType (hashable)
+    found = _REDUCTIONS.get(kind)
+    if found is None:
+        from torch.distributed import ReduceOp
+
+        table = {
+            ReduceOp.SUM: ("sum", MPI.SUM),
+            ReduceOp.AVG: ("avg", MPI.SUM),
+            ReduceOp.PRODUCT: ("prod", MPI.PROD),
+            ReduceOp.MIN: ("min", MPI.MIN),
+            ReduceOp.MAX: ("max", MPI.MAX),
+            ReduceOp.BAND: ("band", MPI.BAND),
+            ReduceOp.BOR: ("bor", MPI.BOR),
+            ReduceOp.BXOR: ("bxor", MPI.BXOR),
+        }
+        if kind not in table:
+            return None, f"reduce op {kind} is not supported by mpisync"
+        name, mpi_op = table[kind]
+        found = _REDUCTIONS[kind] = Reduction(name, mpi_op, int(kind) + 1)
+    return found, None
+
+
+def reduce_problem(red: Reduction, tensors) -> str | None:
+    """Why ``red`` cannot reduce one of ``tensors`` (found before anything is posted), or None."""
+    for tensor in tensors:
+        if tensor.dtype == torch.bool:
+            return f"mpisync cannot reduce a {tensor.dtype} tensor"
+        if red.name in _BITWISE and (tensor.is_floating_point() or tensor.is_complex()):
+            return f"bitwise reductions need integer tensors, got {tensor.dtype}"
+        if red.name in ("min", "max") and tensor.is_complex():
+            return f"min/max are not defined for complex tensors ({tensor.dtype})"
+    return None
+
+
+def in_place_array(tensor: torch.Tensor, red: Reduction):
+    """The numpy view MPI reduces ``tensor`` through in place (no copy, nothing to do afterwards),
+    or None when it needs a :class:`ReduceBuffer`."""
     if tensor.dtype not in _IN_PLACE or not tensor.is_cpu or not tensor.is_contiguous():
         return None
-    if tensor.is_floating_point() and mpi_op in (MPI.BAND, MPI.BOR, MPI.BXOR):
-        return None  # refused by check_reducible
-    tensor = tensor.detach()
-    return tensor.numpy() if tensor.dim() else tensor.reshape(1).numpy()
+    if red.average or red.ordered(tensor):
+        return None
+    return tensor.detach().reshape(-1).numpy()
 
 
-def byte_view(tensor: torch.Tensor) -> _np.ndarray:
-    """The bytes of a contiguous CPU tensor, as a writable numpy uint8 array (no copy)."""
-    return tensor.detach().reshape(-1).view(torch.uint8).numpy()
-
-
-def reduced(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor:
-    """The CPU tensor MPI reduces for ``tensor``: itself when possible, else a (float32) host copy;
-    ``wide``: integers in an ``int64`` copy (for ``avg``)."""
-    if tensor.dtype in _REFUSED:
-        raise ValueError(f"mpisync backend: cannot reduce a {tensor.dtype} tensor")
-    if (
-        wide
-        and not (tensor.is_floating_point() or tensor.is_complex())
-        and tensor.dtype != torch.int64
-    ):
-        return tensor.detach().to("cpu", torch.int64).contiguous()
+def _host(tensor: torch.Tensor, wide: bool) -> torch.Tensor:
+    """The CPU tensor MPI reduces for ``tensor``: itself when possible, else a host copy
+    (``float32`` for half precision; ``int64`` for integers when ``wide``)."""
+    if wide and not (tensor.is_floating_point() or tensor.is_complex()):
+        if tensor.dtype != torch.int64 or not tensor.is_cpu or not tensor.is_contiguous():
+            return tensor.detach().to("cpu", torch.int64).contiguous()
     if tensor.dtype in _HALF:
         return tensor.detach().to("cpu", torch.float32).contiguous()
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
@@ -112,26 +110,36 @@ def reduced(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor:
 
 
 class ReduceBuffer:
-    """The host buffer of one reduced tensor: ``array`` for MPI, ``finish()`` once it holds the
-    result."""
+    """The host buffer of one reduced tensor: :meth:`start` gives the array MPI reduces (once the
+    ranks agreed: it may rewrite the tensor's own memory), :meth:`finish` once MPI is done with
+    it (``write``: whether the result goes into the tensor)."""
 
-    __slots__ = ("tensor", "host", "array", "average")
+    __slots__ = ("tensor", "host", "array", "red", "divisor", "ordered")
 
-    def __init__(self, tensor: torch.Tensor, average: int = 0, wide: bool = False):
-        self.tensor = tensor
-        self.host = reduced(tensor, wide)
-        self.array = self.host.numpy() if self.host.dim() else self.host.reshape(1).numpy()
-        self.average = average  # divide by this many ranks after the sum (0: no division)
+    def __init__(self, tensor: torch.Tensor, red: Reduction, divisor: int = 0):
+        self.tensor, self.red, self.divisor = tensor, red, divisor if red.average else 0
+        self.host = _host(tensor, wide=red.average)
+        self.array = self.host.reshape(-1).numpy()
+        self.ordered = red.ordered(self.host)
 
-    def finish(self) -> None:
-        """Divide for ``avg`` (integers floor, as ``//``), then write the result back where
-        needed."""
+    def start(self):
+        """The array MPI reduces: the floats as the integers of their total order for ``min`` and
+        ``max``."""
+        if self.ordered:
+            self.array = to_ordered(self.array, self.red.name)
+        return self.array
+
+    def finish(self, write: bool = True) -> None:
+        """Undo the order mapping, divide for ``avg`` (integers floor, as ``//``), then write the
+        result back where needed."""
+        if self.ordered:
+            from_ordered(self.array, self.red.name)
         host = self.host
-        if self.average > 1:
+        if self.divisor > 1 and write:
             if host.is_floating_point() or host.is_complex():
-                host.div_(self.average)
+                host.div_(self.divisor)
             else:
-                host.floor_divide_(self.average)
-        if host.data_ptr() != self.tensor.data_ptr():
+                host.floor_divide_(self.divisor)
+        if write and host.data_ptr() != self.tensor.data_ptr():
             with torch.no_grad():
                 self.tensor.copy_(host)

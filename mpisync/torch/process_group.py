@@ -1,289 +1,270 @@
-"""``ProcessGroupMPISync``: a torch.distributed process group over an MPI communicator.
+"""``ProcessGroupMPISync``: the ``"mpisync"`` backend's process group over an MPI communicator.
 
-Collectives are posted on a private duplicate of the communicator through the
-progress engine (:mod:`mpisync.torch.engine`), in the order torch issues
-them. Broadcasts (DDP's start-up and buffer broadcasts among them) go through
-mpisync's fused parameter sync instead, after everything issued before them
-has completed.
+torch's form for a backend written in Python is a ``ProcessGroup`` subclass
+(torch's ``Backend`` binding has no constructor a Python class can call): torch
+uses the object the backend's creator returns as the group, sets its name and
+description through the overridden accessors (so ``group_name``,
+``destroy_process_group`` of any group and the group registry work as with
+gloo), and calls its Python methods for every collective. Each method builds an
+:class:`~mpisync.torch.op.Op` on the calling thread (arguments checked, host
+buffers ready, nothing posted), puts it behind the argument check
+(:mod:`mpisync.torch.checks`) and hands it to the group's engine
+(:mod:`mpisync.torch.engine`), which posts it on the group's own communicator in
+issue order.
 """
 
 from __future__ import annotations
 
-import numpy as _np
-import torch
 import torch.distributed as dist
-from mpi4py import MPI
-from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from .. import config as _config
 from .._runtime.keepalive import keep_alive
-from .._runtime.timeouts import abort_job, timed_out
+from .._runtime.timeouts import timed_out
 from ..errors import SyncTimeoutError
-from ..sync import ParamSync
-from .buffers import ReduceBuffer, byte_view, check_reducible, in_place_array, mpi_reduce_op
+from . import movement, p2p, reductions
+from .checks import checked, checking
+from .communicators import duplicates
 from .engine import Engine
+from .errors import ArgumentError
+from .op import Op, combined
+from .work import Work, joint
 
 __all__ = ["ProcessGroupMPISync"]
 
 
-class _Work(dist._Work):
-    """torch's work object for one operation of the engine."""
-
-    def __init__(self, engine, operation):
-        super().__init__()
-        self._engine, self._operation = engine, operation
-
-    def wait(self, timeout=None) -> bool:
-        self._engine.wait(self._operation)
-        self._operation.raise_error()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._engine.test(self._operation)
-
-    def get_future(self):
-        return self._engine.future(self._operation)
-
-
-# _create_work_from_future (imported with an attr-defined ignore: private, and missing from
-# torch's stubs) is torch's documented way for a Python process group to make a Work of a future.
-def _work(future) -> object:
-    return _create_work_from_future(future)
-
-
-def _done(result) -> object:
-    future: torch.futures.Future[object] = torch.futures.Future()
-    future.set_result(result)
-    return _work(future)
-
-
-def _host_bytes(tensor: torch.Tensor) -> tuple:
-    """``(uint8 numpy view MPI can use, copy-back or None)`` for any tensor."""
-    if tensor.device.type == "cpu" and tensor.is_contiguous():
-        return byte_view(tensor), None
-    host = tensor.detach().to("cpu").contiguous()
-
-    def back():
-        with torch.no_grad():
-            tensor.copy_(host)
-
-    return byte_view(host), back
-
-
 class ProcessGroupMPISync(dist.ProcessGroup):
-    """The ``"mpisync"`` backend over ``comm`` (duplicated: its traffic never meets the
-    caller's)."""
+    """The ``"mpisync"`` backend over ``comm``: two duplicates of it (made within ``timeout``),
+    one for the collectives, one for ``send``/``recv``; with ``adopt=True`` ``comm`` itself is
+    the first (and ``p2p``, if given, the second), freed with the group."""
 
-    def __init__(self, comm, *, timeout: float | None = None, max_concurrent: int | None = None):
+    def __init__(
+        self,
+        comm,
+        *,
+        timeout: float | None = None,
+        max_concurrent: int | None = None,
+        adopt: bool = False,
+        p2p=None,
+        on_shutdown=None,
+    ):
         # torch binds ProcessGroup(rank, size) too; its stubs list only (store, rank, size)
         super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
         settings = _config.resolve(max_concurrent, None, None, timeout)
         self._timeout = settings.timeout.value
-        self._comm = comm.Dup()
-        self._rank, self._size = comm.rank, comm.size
-        self._engine = Engine(
-            self._comm, settings.max_concurrent.value, self._timeout, self._timed_out
-        )
-        self._param_syncs: dict = {}  # root -> ParamSync (each duplicates self._comm on first use)
+        what = "the process group's communicators"
+        if not adopt:
+            comm, p2p = duplicates(comm, 2, self._timeout, what)
+        elif p2p is None:
+            p2p = duplicates(comm, 1, self._timeout, what)[0]
+        self._comm, self._p2p, self._rank, self._size = comm, p2p, comm.rank, comm.size
+        self._checking = checking()
+        self._engine = Engine(comm, settings.max_concurrent.value, self._timeout, self._timed_out)
+        self._on_shutdown = on_shutdown
+        self._name, self._desc = "", ""
+        self._coalesced: list | None = None  # entries since _start_coalescing
 
-    # -- identity -----------------------------------------------------------------------------
-    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+    # -- identity (torch reads these through its ProcessGroup) ------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 (torch's names)
         """The backend's name, ``"mpisync"``."""
         return "mpisync"
 
     def getRank(self) -> int:  # noqa: N802
-        """This process's rank in the group (its rank in the group's communicator)."""
+        """This process's rank in the group."""
         return self._rank
 
     def getSize(self) -> int:  # noqa: N802
         """The number of ranks in the group."""
         return self._size
 
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        """Called by torch when it registers the group."""
+        self._name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        """The name torch gave the group (``group_name``)."""
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        """Called by torch when it registers the group."""
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        """The description torch gave the group (``group_desc``)."""
+        return self._desc
+
     def __repr__(self) -> str:
-        return f"ProcessGroupMPISync(rank={self._rank}, size={self._size})"
+        return f"ProcessGroupMPISync(rank={self._rank}, size={self._size}, name={self._name!r})"
 
     @property
     def threaded(self) -> bool:
-        """Whether a progress thread completes operations (MPI_THREAD_MULTIPLE), else the caller
-        does."""
+        """Whether a worker thread completes operations (MPI_THREAD_MULTIPLE), else the caller."""
         return self._engine.threaded
 
+    # -- lifetime ---------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Complete what is in flight, stop the progress thread, free the communicators."""
+        """Complete what is in flight (within the timeout), stop the worker, free the
+        communicator (kept instead, if operations may still be in flight)."""
         if self._comm is None:
             return
         self._engine.close()
-        for syncer in self._param_syncs.values():
-            syncer.close()
-        if self._engine.broken:  # freeing it with requests in flight can crash the MPI library
-            keep_alive(self._comm)
+        if self._engine.broken:  # freeing them with requests in flight can crash the MPI library
+            keep_alive(self._comm, self._p2p)
         else:
             self._comm.Free()
-        self._comm = None
+            self._p2p.Free()
+        self._comm = self._p2p = None
+        if self._on_shutdown is not None:
+            self._on_shutdown(self._engine.broken)
 
     def abort(self) -> None:
-        """Abort the MPI job (MPI cannot cancel collectives in flight)."""
-        abort_job(MPI.COMM_WORLD)
+        """Fail every pending operation and refuse later ones; the job goes on (MPI cannot cancel
+        what is in flight: its buffers are kept)."""
+        self._engine.abort("the process group was aborted")
 
     def _timed_out(self, labels: list) -> str:
         assert self._timeout is not None  # the engine reports timeouts only when there is one
         try:
             timed_out(self._comm, "torch.distributed operation", labels, self._timeout)
         except SyncTimeoutError as exc:
-            return str(exc)
+            return f"{exc} The process group's timeout is {self._timeout:g} s."
         return "timed out"
 
-    def _submit(self, post, finish, result, label) -> _Work:
-        return _Work(self._engine, self._engine.submit(post, finish, result, label))
+    def _start(self, op: Op, source: list | None = None) -> Work:
+        if op.problem is not None and (op.p2p or not self._checking):
+            raise ArgumentError(f"mpisync: {op.kind}: {op.problem}")
+        if self._checking and not op.p2p:
+            steps = checked(self._comm, op, self._rank)
+        else:
+            steps = op.body(self._p2p if op.p2p else self._comm)
+        entry = self._engine.submit(steps, op.label, op.result, op.p2p)
+        if self._coalesced is not None:
+            self._coalesced.append(entry)
+        if op.prepare is not None:
+            op.prepare()  # while the check is in flight
+        return Work(self._engine, entry, self._rank, source)
 
-    # -- collectives ----------------------------------------------------------------------------
-    # torch calls a Python process group's collectives as (tensors, opts); its stubs list the C++
-    # overloads as well: the override ignores.
+    # -- collectives (torch calls a Python group's collectives as (tensors, ..., opts); its stubs
+    # list the C++ overloads as well: the override ignores) ------------------------------------
     def allreduce(self, tensors, opts=None):  # type: ignore[override]
-        """All-reduce each tensor of ``tensors`` in place (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR,
-        BXOR)."""
-        op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
-        mpi_op, average = mpi_reduce_op(op)
-        if len(tensors) == 1 and not average:  # the common case (a synchronous call, a DDP bucket)
-            array = in_place_array(tensors[0], mpi_op)
-            if array is not None:
-                return self._submit(
-                    lambda comm: (comm.Iallreduce(MPI.IN_PLACE, array, mpi_op),),
-                    None,
-                    tensors,
-                    "all_reduce",
-                )
-        check_reducible(mpi_op, tensors)
-        buffers = [ReduceBuffer(t, self._size if average else 0, wide=average) for t in tensors]
-
-        def post(comm):
-            return (comm.Iallreduce(MPI.IN_PLACE, b.array, mpi_op) for b in buffers)
-
-        def finish():
-            for b in buffers:
-                b.finish()
-
-        return self._submit(post, finish, list(tensors), "all_reduce")
+        """All-reduce each tensor in place (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR; a
+        sparse COO tensor: SUM)."""
+        return self._start(reductions.all_reduce(self._size, tensors, opts))
 
     def allreduce_coalesced(self, tensors, opts=None):
-        """As :meth:`allreduce`, one collective per tensor."""
-        return self.allreduce(tensors, opts)
+        """As :meth:`allreduce`, one operation for all of ``tensors``."""
+        return self._start(reductions.all_reduce(self._size, tensors, opts, "all_reduce_coalesced"))
 
-    def broadcast(self, tensor_list, opts=None):  # type: ignore[override]
-        """Broadcast from ``opts.rootRank`` through mpisync's fused parameter sync (after a
-        drain)."""
-        root = 0 if opts is None else opts.rootRank
-        # collectives issued before this one complete first (MPI ordering rule)
-        self._engine.drain()
-        syncer = self._param_syncs.get(root)
-        if syncer is None:
-            syncer = self._param_syncs[root] = ParamSync(
-                self._comm, root=root, timeout=self._timeout
-            )
-        syncer.sync({f"{k:08d}": t for k, t in enumerate(tensor_list)})
-        return _done(list(tensor_list))
+    def reduce(self, tensors, opts):  # type: ignore[override]
+        """Reduce into ``opts.rootRank``'s tensors."""
+        return self._start(reductions.reduce(self._rank, self._size, tensors, opts))
+
+    def broadcast(self, tensors, opts=None):  # type: ignore[override]
+        """``opts.rootRank``'s tensors into every rank's."""
+        opts = dist.BroadcastOptions() if opts is None else opts
+        return self._start(movement.broadcast(self._size, tensors, opts))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        """Gather every rank's tensor into ``output_tensors[i][rank]`` (bytes: any dtype)."""
-        parts = []
-        for outputs, tensor in zip(output_tensors, input_tensors):
-            send, _ = _host_bytes(tensor.contiguous())
-            recv = _np.empty(send.nbytes * self._size, _np.uint8)
-            parts.append((send, recv, outputs))
-
-        def post(comm):
-            return (comm.Iallgather(send, recv) for send, recv, _ in parts)
-
-        def finish():
-            with torch.no_grad():
-                for send, recv, outputs in parts:
-                    n = send.nbytes
-                    for r, out in enumerate(outputs):
-                        src = (
-                            torch.from_numpy(recv[r * n : (r + 1) * n])
-                            .view(out.dtype)
-                            .reshape(out.shape)
-                        )
-                        out.copy_(src)
-
-        return self._submit(post, finish, output_tensors, "all_gather")
+        """Every rank's ``input_tensors[i]`` into ``output_tensors[i][rank]``."""
+        return self._start(movement.all_gather(self._size, output_tensors, input_tensors))
 
     def all_gather_single(self, output, input, opts=None):
-        """``all_gather_into_tensor``: every rank's ``input`` laid end to end in ``output``."""
-        recv, back = _host_bytes(output)
-        send, _ = _host_bytes(input.contiguous())
-        if recv.nbytes != send.nbytes * self._size:
-            raise ValueError(
-                f"mpisync backend: output has {recv.nbytes} bytes, expected "
-                f"{send.nbytes * self._size} ({self._size} x input)"
-            )
-        return self._submit(
-            lambda comm: [comm.Iallgather(send, recv)], back, output, "all_gather_into_tensor"
-        )
+        """``all_gather_into_tensor``: every rank's ``input`` end to end in ``output``."""
+        return self._start(movement.all_gather_into_tensor(self._size, output, input))
 
     _allgather_base = all_gather_single
 
-    def reduce_scatter_single(self, output, input, opts=None):
-        """``reduce_scatter_tensor``: reduce ``input`` over ranks; this rank keeps its
-        ``output``-sized block."""
-        op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
-        mpi_op, average = mpi_reduce_op(op)
-        check_reducible(mpi_op, (input, output))
-        send = ReduceBuffer(input.contiguous(), wide=average)
-        result = ReduceBuffer(output, self._size if average else 0, wide=average)
-        if send.array.size != result.array.size * self._size:
-            raise ValueError(
-                f"mpisync backend: input has {send.array.size} elements, expected "
-                f"{result.array.size * self._size} ({self._size} x output)"
-            )
-        return self._submit(
-            lambda comm: [comm.Ireduce_scatter_block(send.array, result.array, mpi_op)],
-            result.finish,
-            output,
-            "reduce_scatter_tensor",
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """``all_gather_coalesced``: every rank's ``input_list[i]`` into
+        ``output_lists[rank][i]``."""
+        return self._start(movement.all_gather_coalesced(self._size, output_lists, input_list))
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        """:meth:`all_gather_single` of each pair, as one operation."""
+        ops = [movement.all_gather_into_tensor(self._size, o, i) for o, i in zip(outputs, inputs)]
+        return self._start(combined("all_gather_into_tensor", ops, list(outputs)))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts):  # type: ignore[override]
+        """Every rank's ``input_tensors[0]`` into ``output_tensors[0][rank]`` on the root."""
+        op = movement.gather(self._rank, self._size, output_tensors, input_tensors, opts)
+        return self._start(op)
+
+    def scatter(self, output_tensors, input_tensors, opts):  # type: ignore[override]
+        """``input_tensors[0][r]`` on the root into rank ``r``'s ``output_tensors[0]``."""
+        op = movement.scatter(self._rank, self._size, output_tensors, input_tensors, opts)
+        return self._start(op)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):  # type: ignore[override]
+        """``input_tensors[0][r]`` reduced over the ranks into rank ``r``'s ``output_tensors[0]``
+        (pieces of any sizes, the same on every rank)."""
+        ops = [
+            reductions.reduce_scatter(self._rank, self._size, out, pieces, opts)
+            for out, pieces in zip(output_tensors, input_tensors)
+        ]
+        return self._start(
+            ops[0] if len(ops) == 1 else combined("reduce_scatter", ops, output_tensors)
         )
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        """``reduce_scatter_tensor``: ``input`` reduced; this rank keeps its block."""
+        return self._start(reductions.reduce_scatter_tensor(self._size, output, input, opts))
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):  # type: ignore[override]
-        """``reduce_scatter``: ``input_tensors[i][r]`` reduced over ranks lands in rank ``r``'s
-        ``output_tensors[i]``."""
-        works = [
-            self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts)
-            for out, ins in zip(output_tensors, input_tensors)
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        """:meth:`reduce_scatter_single` of each pair, as one operation."""
+        ops = [
+            reductions.reduce_scatter_tensor(self._size, o, i, opts)
+            for o, i in zip(outputs, inputs)
         ]
-        future = torch.futures.collect_all([w.get_future() for w in works]).then(
-            lambda _: output_tensors
+        return self._start(combined("reduce_scatter_tensor", ops, list(outputs)))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """``input_tensors[j]`` to rank ``j``, ``output_tensors[j]`` from it."""
+        op = movement.all_to_all(self._rank, self._size, output_tensors, input_tensors)
+        return self._start(op)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """Rows of ``input`` to each rank, of ``output`` from each: equal, or by split sizes."""
+        op = movement.all_to_all_single(
+            self._size, output, input, output_split_sizes, input_split_sizes
         )
-        return _work(future)
+        return self._start(op)
+
+    alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        """Complete when every rank has reached it (and everything issued before it has
-        completed)."""
-        return self._submit(lambda comm: [comm.Ibarrier()], None, [], "barrier")
+        """Complete once every rank reached it (and everything issued before it completed)."""
+        return self._start(movement.barrier())
 
-    def send(self, tensors, dst_rank: int, tag: int = 0):
-        """Send ``tensors`` (bytes) to ``dst_rank`` with ``tag``."""
-        views = [_host_bytes(t.contiguous())[0] for t in tensors]
-        return self._submit(
-            lambda comm: (comm.Isend(v, dst_rank, tag) for v in views),
-            None,
-            list(tensors),
-            f"send to {dst_rank}",
-        )
+    def send(self, tensors, dstRank: int, tag: int = 0):  # noqa: N803
+        """Send ``tensors`` to ``dstRank`` with ``tag``."""
+        return self._start(p2p.send(self._rank, self._size, tensors, dstRank, tag))
 
-    def recv(self, tensors, src_rank: int, tag: int = 0):
-        """Receive ``tensors`` (bytes) from ``src_rank`` with ``tag``."""
-        targets = [_host_bytes(t) for t in tensors]
+    def recv(self, tensors, srcRank: int, tag: int = 0):  # noqa: N803
+        """Receive ``tensors`` from ``srcRank`` with ``tag`` (of exactly their size)."""
+        source = [srcRank]
+        return self._start(p2p.recv(self._rank, self._size, tensors, srcRank, tag, source), source)
 
-        def finish():
-            for _, back in targets:
-                if back is not None:
-                    back()
+    def recv_anysource(self, tensors, tag: int = 0):
+        """Receive ``tensors`` from any rank with ``tag``; the work's ``_source_rank()`` names
+        the sender."""
+        source = [-1]
+        return self._start(p2p.recv(self._rank, self._size, tensors, None, tag, source), source)
 
-        return self._submit(
-            lambda comm: (comm.Irecv(v, src_rank, tag) for v, _ in targets),
-            finish,
-            list(tensors),
-            f"recv from {src_rank}",
-        )
+    def _start_coalescing(self, device) -> None:
+        """torch's coalescing manager: the operations issued until :meth:`_end_coalescing` are
+        posted as they come (in issue order, as always) and waited for together."""
+        self._coalesced = []
+
+    def _end_coalescing(self, device):
+        """One work for the operations issued since :meth:`_start_coalescing`."""
+        entries, self._coalesced = self._coalesced or [], None
+        return joint(self._engine, entries)
+
+    def monitored_barrier(self, opts=None, wait_all_ranks: bool = False):
+        """Not provided by mpisync: raises at once, on every rank."""
+        raise ArgumentError("mpisync: monitored_barrier is not supported by mpisync; use barrier")

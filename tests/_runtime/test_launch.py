@@ -110,6 +110,10 @@ calls = {
     "broadcast_parameters": lambda: mpisync.broadcast_parameters(model.state_dict(), root_rank=0),
     "broadcast_optimizer_state": lambda: broadcast_optimizer_state(opt, root_rank=0),
     "hvd.init": lambda: __import__("mpisync.horovod", fromlist=["init"]).init(),
+    "torch.init_process_group": lambda: (
+        __import__("mpisync.torch", fromlist=["init_process_group"]).init_process_group(),
+        torch.distributed.destroy_process_group(),
+    ),
 }
 for name, call in calls.items():
     try:
@@ -129,6 +133,7 @@ ENTRY_NAMES = (
     "broadcast_parameters",
     "broadcast_optimizer_state",
     "hvd.init",
+    "torch.init_process_group",
 )
 
 

@@ -152,3 +152,11 @@ def test_bench_smoke(bounded_env):
         result["grads"][0]["workload"] == "many-small" and result["grads"][0]["vs_per_tensor"] > 0
     )
     assert result["ddp"]["mpisync_ms"] > 0 and result["ddp"]["gloo_ms"] > 0
+    # every collective beside gloo at the sizes within --max-bytes (here 1 KiB), and the check
+    from mpisync.tools.bench.collectives import COLLECTIVES
+
+    assert [(r["collective"], r["bytes"]) for r in result["collectives"]] == [
+        (name, 0 if name == "barrier" else 1024) for name in COLLECTIVES
+    ]
+    assert all(r["mpisync_us"] > 0 and r["gloo/mpisync"] > 0 for r in result["collectives"])
+    assert [r["bytes"] for r in result["check"]] == [1024]

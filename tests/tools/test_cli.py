@@ -481,7 +481,7 @@ def test_bench_allreduce_options_are_checked_before_any_work():
         == ""
     )
     assert cli._bench_problem(["--allreduce", "grads,sweeps"])[1] == (
-        "--allreduce: unknown row(s) sweeps; choose from sweep, grads, ddp"
+        "--allreduce: unknown row(s) sweeps; choose from sweep, grads, ddp, collectives, check"
     )
     assert cli._bench_problem(["--allreduce=", "--no-osu"])[1].startswith(
         "--allreduce takes comma-separated rows"

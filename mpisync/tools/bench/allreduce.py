@@ -15,7 +15,10 @@ medians of the slowest rank's time):
 - ``ddp``: one DistributedDataParallel training step of an 8-layer 1024 x 1024 MLP (batch 32) on the
   ``"mpisync"`` backend, on gloo, the same step without communication, and through DDP with a
   communication hook that moves nothing (DDP's own cost: what compute/step is with free
-  communication).
+  communication);
+- ``collectives``: every other collective too, beside gloo, at 1 KiB, 1 MiB and 25 MiB (those
+  not above ``--max-bytes``), and ``check``: the backend's argument check's cost on
+  ``all_reduce`` (:mod:`mpisync.tools.bench.collectives`).
 
 Every rank runs torch with ``--threads`` intra-op threads (default 1: ranks share the cores).
 """
@@ -29,12 +32,17 @@ import sys as _sys
 import numpy as _np
 from mpi4py import MPI
 
+from ..progressbar import Progress
 from ..workloads import make_params, workload
+from . import collectives as _collectives
 from .timing import measure_interleaved
 
-__all__ = ["GRAD_SETS", "main", "parser", "run", "table"]
+__all__ = ["GRAD_SETS", "ROWS", "main", "parser", "run", "table"]
 
 GRAD_SETS = ("resnet50", "bert-base", "many-small")
+ROWS = ("sweep", "grads", "ddp", "collectives", "check")
+# the rows that compare the torch backend with gloo (they need torch)
+TORCH_ROWS = ("sweep", "ddp", "collectives", "check")
 
 
 def _groups(comm):
@@ -86,7 +94,7 @@ def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
         }
         runs["mpi Allreduce"] = lambda f=flat: comm.Allreduce(MPI.IN_PLACE, f)
         # Every size gets every iteration: with fewer samples at the large sizes, gloo's median
-        # there moved between runs (docs/allreduce.md, stop 24).
+        # there moved between runs (docs/allreduce.md, The bench rows).
         timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
         row = {"bytes": size, **{f"{k}_us": v.median * 1e6 for k, v in timings.items()}}
         row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
@@ -210,7 +218,7 @@ def run(comm, args) -> dict:
     """Run the rows ``args.rows`` asks for; return them (every rank)."""
     out = {"ranks": comm.size}
     groups, created = None, False
-    if {"sweep", "ddp"} & set(args.rows):  # the grads row needs no torch
+    if set(TORCH_ROWS) & set(args.rows):  # the grads row needs no torch
         import torch
 
         torch.set_num_threads(args.threads)
@@ -222,14 +230,43 @@ def run(comm, args) -> dict:
         out["grads"] = grads(comm, args.iterations, args.sets)
     if "ddp" in args.rows:
         out["ddp"] = ddp_step(comm, groups, args.iterations)
+    if "collectives" in args.rows:
+        out["collectives"] = _every_collective(comm, groups, args)
+    if "check" in args.rows:
+        assert groups is not None
+        unchecked = _collectives.unchecked_group()
+        sizes = [s for s in (1 << 10, 1 << 20) if s <= max(args.max_bytes, 1 << 10)]
+        out["check"] = _collectives.check_cost(
+            comm, groups["mpisync"], unchecked, args.iterations, sizes
+        )
+        _destroy(unchecked)
     if groups is not None:
         import torch.distributed as dist
 
         if created:
             dist.destroy_process_group()  # and every group made on it
         else:
-            groups["mpisync"].shutdown()  # torch cannot destroy one Python group alone
+            _destroy(groups["mpisync"])
     return out
+
+
+def _destroy(group) -> None:
+    import torch.distributed as dist
+
+    dist.destroy_process_group(group)
+
+
+def _every_collective(comm, groups, args) -> list:
+    sizes = [s for s in args.sizes if s <= args.max_bytes]
+    total = _collectives.cells(sizes, comm.size) * args.iterations
+    enabled = comm.rank == 0 and not args.no_progress
+    progress = Progress("mpisync bench: collectives", total, enabled=enabled)
+    try:
+        return _collectives.collectives(
+            comm, groups, args.iterations, sizes, lambda: progress.update(1)
+        )
+    finally:
+        progress.close()
 
 
 def table(result: dict) -> str:
@@ -271,7 +308,7 @@ def table(result: dict) -> str:
             f"{row['DDP, no-op hook_ms']:.2f} ms "
             f"(compute/step {row['compute_fraction_free_communication']:.2f})"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + _collectives.table(result))
 
 
 def parser() -> _argparse.ArgumentParser:
@@ -279,9 +316,7 @@ def parser() -> _argparse.ArgumentParser:
     parser = _argparse.ArgumentParser(
         prog="python -m mpisync.tools.bench.allreduce", description=__doc__.split("\n")[0]
     )
-    parser.add_argument(
-        "--rows", nargs="+", default=["sweep", "grads", "ddp"], choices=["sweep", "grads", "ddp"]
-    )
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument(
         "--sets",
@@ -290,7 +325,15 @@ def parser() -> _argparse.ArgumentParser:
         choices=list(GRAD_SETS),
         help="gradient sets of the grads row",
     )
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        type=int,
+        default=list(_collectives.SIZES),
+        help="sizes of the collectives row, bytes (those above --max-bytes are left out)",
+    )
     parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     return parser

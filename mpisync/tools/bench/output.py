@@ -134,7 +134,12 @@ def csv_rows(results: dict) -> list:
                 "vs_per_tensor": "",
             }
         )
-    reduced = results.get("allreduce") or {}
+    return rows + _allreduce_rows(results.get("allreduce") or {})
+
+
+def _allreduce_rows(reduced: dict) -> list:
+    """The CSV rows of the all-reduce bench (``mpisync bench --allreduce``)."""
+    rows = []
     for r in reduced.get("sweep", []):
         for name in ("mpisync", "gloo", "mpi Allreduce"):
             rows.append(
@@ -168,6 +173,7 @@ def csv_rows(results: dict) -> list:
                     ),
                 }
             )
+    rows += _collective_rows(reduced)
     if "ddp" in reduced:
         for name in ("mpisync", "gloo", "no communication", "DDP, no-op hook"):
             rows.append(
@@ -178,6 +184,40 @@ def csv_rows(results: dict) -> list:
                     "value": "",
                     "seconds": reduced["ddp"][f"{name}_ms"] / 1e3,
                     "gbps": "",
+                    "vs_flat": "",
+                    "vs_per_tensor": "",
+                }
+            )
+    return rows
+
+
+def _collective_rows(reduced: dict) -> list:
+    """The CSV rows of the torch backend's collectives beside gloo, and of the check's cost."""
+    rows = []
+    for r in reduced.get("collectives", []):
+        for name in ("mpisync", "gloo"):
+            rows.append(
+                {
+                    "section": "collectives",
+                    "workload": r["collective"],
+                    "name": name,
+                    "value": r["bytes"],
+                    "seconds": r[f"{name}_us"] / 1e6,
+                    "gbps": r["bytes"] / r[f"{name}_us"] / 1e3 if r["bytes"] else "",
+                    "vs_flat": "",
+                    "vs_per_tensor": "",
+                }
+            )
+    for r in reduced.get("check", []):
+        for name in ("checked", "unchecked"):
+            rows.append(
+                {
+                    "section": "argument check",
+                    "workload": "all_reduce",
+                    "name": name,
+                    "value": r["bytes"],
+                    "seconds": r[f"{name}_us"] / 1e6,
+                    "gbps": r["bytes"] / r[f"{name}_us"] / 1e3,
                     "vs_flat": "",
                     "vs_per_tensor": "",
                 }

@@ -56,8 +56,8 @@ FULL: dict[str, Any] = {
     "allreduce_iterations": 40,
     "allreduce_sets": "",
 }
-# the sweep and the DDP step need torch (gloo beside mpisync)
-ALLREDUCE_ROWS = ("sweep", "grads", "ddp")
+# the torch backend's rows (sweep, ddp, collectives, check) need torch: gloo beside mpisync
+ALLREDUCE_ROWS = ("sweep", "grads", "ddp", "collectives", "check")
 
 
 def parser() -> _argparse.ArgumentParser:
@@ -90,10 +90,9 @@ def parser() -> _argparse.ArgumentParser:
         const=",".join(ALLREDUCE_ROWS),
         metavar="ROWS",
         help="also the all-reduce rows, comma-separated from sweep (OSU-style, the torch backend "
-        "beside "
-        "gloo and Allreduce), grads (GradSync on ResNet-50, BERT-base, 5000 x 400 B), ddp (a DDP "
-        "step "
-        "beside gloo); alone: all three",
+        "beside gloo and Allreduce), grads (GradSync on ResNet-50, BERT-base, 5000 x 400 B), ddp "
+        "(a DDP step beside gloo), collectives (every torch.distributed collective beside gloo at "
+        "1 KiB, 1 MiB, 25 MiB), check (the backend's argument check's cost); alone: all five",
     )
     p.add_argument("--allreduce-max", type=int, help="largest size of the all-reduce sweep, bytes")
     p.add_argument(
@@ -237,7 +236,7 @@ def run(comm, args) -> dict:
     """Run the suite with parsed ``args``; every rank returns the same results dict.
 
     Progress (rank 0): one step per OSU size, per timed iteration of each workload and per memory
-    row, one for the all-reduce rows."""
+    row; the all-reduce rows report their own progress."""
     base = QUICK if args.quick else FULL
     opt = {
         k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()
@@ -255,7 +254,7 @@ def run(comm, args) -> dict:
         for key, values in (("max_concurrent", concurrency), ("fusion_bytes", fusion))
         for value in values
     ]
-    total = len(osu_sizes) + len(names) * (opt["iterations"] + 1) + (1 if args.allreduce else 0)
+    total = len(osu_sizes) + len(names) * (opt["iterations"] + 1)
     progress = _Progress(comm, total, not args.no_progress)
     results: dict[str, Any] = {
         "meta": {
@@ -287,15 +286,13 @@ def run(comm, args) -> dict:
         )
         results["workloads"].append(row)
         results["sweeps"] += swept
+    progress.close()  # the all-reduce rows have their own progress
     if args.allreduce:
-        progress.update(0, "all-reduce rows")
-        results["allreduce"] = _allreduce_rows(comm, args.allreduce, opt)
-        progress.step("all-reduce rows")
-    progress.close()
+        results["allreduce"] = _allreduce_rows(comm, args.allreduce, opt, args.no_progress)
     return results
 
 
-def _allreduce_rows(comm, rows: str, opt: dict) -> dict:
+def _allreduce_rows(comm, rows: str, opt: dict, no_progress: bool) -> dict:
     from . import allreduce as _allreduce
 
     row_names = [r for r in rows.split(",") if r]
@@ -307,6 +304,8 @@ def _allreduce_rows(comm, rows: str, opt: dict) -> dict:
         "--iterations",
         str(opt["allreduce_iterations"]),
     ]
+    if no_progress:
+        argv.append("--no-progress")
     if opt["allreduce_sets"]:
         argv += ["--sets", *opt["allreduce_sets"].split(",")]
     options = _allreduce.parser().parse_args(argv)

@@ -1,0 +1,349 @@
+"""The operations that move bytes without reducing them, as :class:`~mpisync.torch.op.Op`:
+broadcast, all_gather (+into_tensor, +coalesced), gather, scatter, all_to_all (+single, equal or
+split sizes), barrier. Any dtype: they move bytes."""
+
+from __future__ import annotations
+
+import numpy as _np
+import torch
+from mpi4py import MPI
+
+from .op import Op, dtype_code, flat_bytes, fold, host_bytes, joined, shape_text
+
+__all__ = [
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "gather",
+    "scatter",
+]
+
+
+# The tags of the messages scatter and gather send on the group's communicator (no user message
+# travels there: send and recv use the group's other one).
+_SCATTER_TAG, _GATHER_TAG = 1, 2
+
+
+def _signature(tensors, *extra) -> list:
+    return [fold(dtype_code(t.dtype) for t in tensors), fold(t.numel() for t in tensors), *extra]
+
+
+def _root_problem(root: int, size: int) -> str | None:
+    return None if 0 <= root < size else f"root {root} is not a rank of this group of {size}"
+
+
+def _copy_out(flat: _np.ndarray, outputs) -> None:
+    """Slice the received bytes ``flat`` into ``outputs``, in order."""
+    offset = 0
+    with torch.no_grad():
+        for out in outputs:
+            n = out.numel() * out.element_size()
+            if n:
+                out.copy_(
+                    torch.from_numpy(flat[offset : offset + n]).view(out.dtype).reshape(out.shape)
+                )
+            offset += n
+
+
+def _like_problem(what: str, outputs, reference: torch.Tensor, count: int) -> str | None:
+    if len(outputs) != count:
+        return f"{what} holds {len(outputs)} tensors, expected {count} (one per rank)"
+    for index, out in enumerate(outputs):
+        if out.numel() != reference.numel() or out.dtype != reference.dtype:
+            return (
+                f"{what}[{index}] is {shape_text([out])}, expected {reference.numel()} elements "
+                f"of {reference.dtype} (as {shape_text([reference])})"
+            )
+    return None
+
+
+def barrier() -> Op:
+    """Complete once every rank reached it (after everything issued before it)."""
+
+    def body(comm):
+        yield [comm.Ibarrier()], True
+
+    return Op("barrier", [0, 0], lambda: "no tensors", body, [])
+
+
+def broadcast(size: int, tensors, opts) -> Op:
+    """``opts.rootRank``'s ``tensors`` into every rank's (one ``Ibcast`` each)."""
+    tensors, root = list(tensors), opts.rootRank
+
+    def describe() -> str:
+        return f"{shape_text(tensors)}, root {root}"
+
+    problem = _root_problem(root, size)
+    if problem is not None:
+        return Op("broadcast", _signature(tensors, root), describe, None, tensors, problem)
+    views = [host_bytes(t) for t in tensors]
+
+    def body(comm):
+        yield [comm.Ibcast(view, root) for view, _ in views], True
+        for _, back in views:
+            if back is not None:
+                back()
+
+    return Op("broadcast", _signature(tensors, root), describe, body, tensors)
+
+
+def all_gather(size: int, output_lists, inputs) -> Op:
+    """Every rank's ``inputs[i]`` into ``output_lists[i][rank]``."""
+    inputs, output_lists = list(inputs), [list(o) for o in output_lists]
+
+    def describe() -> str:
+        return f"inputs {shape_text(inputs)}"
+
+    problem = None
+    if len(output_lists) != len(inputs):
+        problem = f"{len(output_lists)} output lists for {len(inputs)} inputs"
+    for index, (outputs, tensor) in enumerate(zip(output_lists, inputs)):
+        problem = problem or _like_problem(f"output list {index}", outputs, tensor, size)
+    if problem is not None:
+        return Op("all_gather", _signature(inputs), describe, None, output_lists, problem)
+    sends = [host_bytes(t.contiguous())[0] for t in inputs]
+    # outputs end to end in one tensor (its chunks) are received into in place
+    direct = [joined(outputs) for outputs in output_lists]
+    recvs = [
+        flat_bytes(d) if d is not None else _np.empty(s.nbytes * size, _np.uint8)
+        for d, s in zip(direct, sends)
+    ]
+
+    def body(comm):
+        yield [comm.Iallgather(s, r) for s, r in zip(sends, recvs)], True
+        for recv, outputs, d in zip(recvs, output_lists, direct):
+            if d is None:
+                _copy_out(recv, outputs)
+
+    return Op("all_gather", _signature(inputs), describe, body, output_lists)
+
+
+def all_gather_into_tensor(size: int, output: torch.Tensor, input: torch.Tensor) -> Op:
+    """Every rank's ``input`` end to end in ``output``."""
+
+    def describe() -> str:
+        return f"input {shape_text([input])}, output {shape_text([output])}"
+
+    signature = _signature([input], dtype_code(output.dtype))
+    problem = None
+    if output.numel() != input.numel() * size or output.dtype != input.dtype:
+        problem = (
+            f"output is {shape_text([output])}, expected {input.numel() * size} elements of "
+            f"{input.dtype} ({size} x the input's {input.numel()})"
+        )
+    if problem is not None:
+        return Op("all_gather_into_tensor", signature, describe, None, output, problem)
+    recv, back = host_bytes(output)
+    send = host_bytes(input.contiguous())[0]
+
+    def body(comm):
+        yield [comm.Iallgather(send, recv)], True
+        if back is not None:
+            back()
+
+    return Op("all_gather_into_tensor", signature, describe, body, output)
+
+
+def all_gather_coalesced(size: int, output_lists, inputs) -> Op:
+    """Every rank's ``inputs[i]`` into ``output_lists[rank][i]`` (torch's layout)."""
+    inputs, output_lists = list(inputs), [list(o) for o in output_lists]
+
+    def describe() -> str:
+        return f"inputs {shape_text(inputs)}"
+
+    problem = None
+    if len(output_lists) != size:
+        problem = f"{len(output_lists)} output lists, expected {size} (one per rank)"
+    for r, outputs in enumerate(output_lists):
+        if len(outputs) != len(inputs):
+            problem = problem or f"output list {r} holds {len(outputs)} tensors for {len(inputs)}"
+    for i, tensor in enumerate(inputs):
+        column = [outputs[i] for outputs in output_lists if len(outputs) == len(inputs)]
+        problem = problem or _like_problem(f"outputs of input {i}", column, tensor, size)
+    if problem is not None:
+        return Op("all_gather_coalesced", _signature(inputs), describe, None, output_lists, problem)
+    sends = [host_bytes(t.contiguous())[0] for t in inputs]
+    recvs = [_np.empty(s.nbytes * size, _np.uint8) for s in sends]
+
+    def body(comm):
+        yield [comm.Iallgather(s, r) for s, r in zip(sends, recvs)], True
+        for i, recv in enumerate(recvs):
+            _copy_out(recv, [outputs[i] for outputs in output_lists])
+
+    return Op("all_gather_coalesced", _signature(inputs), describe, body, output_lists)
+
+
+def gather(rank: int, size: int, outputs, inputs, opts) -> Op:
+    """Every rank's ``inputs[0]`` into ``outputs[0][rank]`` on ``opts.rootRank``."""
+    root, inputs = opts.rootRank, list(inputs)
+    lists = [list(o) for o in outputs]
+
+    def describe() -> str:
+        return f"input {shape_text(inputs)}, root {root}"
+
+    problem = _root_problem(root, size)
+    if problem is None and len(inputs) != 1:
+        problem = f"{len(inputs)} input tensors, expected 1"
+    if problem is None and rank == root:
+        problem = "no gather list on the root" if len(lists) != 1 else None
+        problem = problem or _like_problem("the gather list", lists[0], inputs[0], size)
+    if problem is None and rank != root and any(lists):
+        problem = "a gather list on a rank that is not the root"
+    if problem is not None:
+        return Op("gather", _signature(inputs, root), describe, None, lists, problem)
+    send = host_bytes(inputs[0].contiguous())[0]
+    targets = [host_bytes(t) for t in lists[0]] if rank == root else []
+
+    def body(comm):
+        # Point to point into each output's own memory (as scatter): Igather receives into one
+        # buffer, copied out afterwards.
+        if rank == root:
+            yield (
+                [comm.Irecv(v, r, _GATHER_TAG) for r, (v, _) in enumerate(targets) if r != root],
+                True,
+            )
+            targets[root][0][...] = send
+        else:
+            yield [comm.Isend(send, root, _GATHER_TAG)], True
+        for _, back in targets:
+            if back is not None:
+                back()
+
+    return Op("gather", _signature(inputs, root), describe, body, lists)
+
+
+def scatter(rank: int, size: int, outputs, inputs, opts) -> Op:
+    """``inputs[0][r]`` on ``opts.rootRank`` into rank ``r``'s ``outputs[0]``."""
+    root, outputs = opts.rootRank, list(outputs)
+    lists = [list(i) for i in inputs]
+
+    def describe() -> str:
+        return f"output {shape_text(outputs)}, root {root}"
+
+    problem = _root_problem(root, size)
+    if problem is None and len(outputs) != 1:
+        problem = f"{len(outputs)} output tensors, expected 1"
+    if problem is None and rank == root:
+        problem = "no scatter list on the root" if len(lists) != 1 else None
+        problem = problem or _like_problem("the scatter list", lists[0], outputs[0], size)
+    if problem is None and rank != root and any(lists):
+        problem = "a scatter list on a rank that is not the root"
+    if problem is not None:
+        return Op("scatter", _signature(outputs, root), describe, None, outputs, problem)
+    recv, back = host_bytes(outputs[0])
+    pieces = [host_bytes(t.contiguous())[0] for t in lists[0]] if rank == root else []
+
+    def body(comm):
+        # Point to point from the root, each piece from its own memory: MPI's Iscatter needs
+        # them in one buffer, and that copy cost more than the scatter (docs/allreduce.md).
+        if rank == root:
+            yield [comm.Isend(p, r, _SCATTER_TAG) for r, p in enumerate(pieces) if r != root], True
+            recv[...] = pieces[root]
+        else:
+            yield [comm.Irecv(recv, root, _SCATTER_TAG)], True
+        if back is not None:
+            back()
+
+    return Op("scatter", _signature(outputs, root), describe, body, outputs)
+
+
+def all_to_all(rank: int, size: int, outputs, inputs) -> Op:
+    """``inputs[j]`` to rank ``j``; ``outputs[j]`` from rank ``j`` (sizes may differ by pair)."""
+    outputs, inputs = list(outputs), list(inputs)
+
+    def describe() -> str:
+        return f"inputs {shape_text(inputs)}, outputs {shape_text(outputs)}"
+
+    dtypes = {t.dtype for t in outputs + inputs}
+    signature = [fold(dtype_code(t) for t in sorted(dtypes, key=str)), size]
+    problem = None
+    if len(outputs) != size or len(inputs) != size:
+        problem = f"{len(inputs)} inputs and {len(outputs)} outputs, expected {size} of each"
+    elif len(dtypes) > 1:
+        problem = f"mixed dtypes {sorted(str(d) for d in dtypes)}"
+    cross = ([t.numel() for t in inputs], [t.numel() for t in outputs])
+    if problem is not None:
+        return Op("all_to_all", signature, describe, None, outputs, problem, cross=cross)
+    sends = [t.detach().to("cpu").contiguous().reshape(-1) for t in inputs]
+    send = flat_bytes(torch.cat(sends)) if sends else _np.empty(0, _np.uint8)
+    send_counts = [s.numel() * s.element_size() for s in sends]
+    recv_counts = [t.numel() * t.element_size() for t in outputs]
+    recv = _np.empty(sum(recv_counts), _np.uint8)
+
+    def body(comm):
+        yield [comm.Ialltoallv(_counted(send, send_counts), _counted(recv, recv_counts))], True
+        _copy_out(recv, outputs)
+
+    return Op("all_to_all", signature, describe, body, outputs, cross=cross)
+
+
+def _counted(buffer: _np.ndarray, counts: list) -> list:
+    displs = [0] * len(counts)
+    for i in range(1, len(counts)):
+        displs[i] = displs[i - 1] + counts[i - 1]
+    return [buffer, (counts, displs), MPI.BYTE]
+
+
+def all_to_all_single(size: int, output, input, out_splits, in_splits) -> Op:
+    """Rows of ``input`` to each rank and of ``output`` from each (dimension 0): equal blocks, or
+    the split sizes given (missing ones: equal)."""
+    out_splits, in_splits = list(out_splits or ()), list(in_splits or ())
+    row = input.numel() // input.shape[0] if input.dim() and input.shape[0] else 1
+    out_row = output.numel() // output.shape[0] if output.dim() and output.shape[0] else 1
+
+    def describe() -> str:
+        return (
+            f"input {shape_text([input])} split {in_splits or 'equally'}, output "
+            f"{shape_text([output])} split {out_splits or 'equally'}"
+        )
+
+    equal = not out_splits and not in_splits
+    signature = [dtype_code(input.dtype), input.numel() if equal else row, int(equal)]
+    problem = _splits_problem(size, output, input, out_splits, in_splits, row, out_row)
+    rows_in = in_splits or _equal_rows(input, size)
+    rows_out = out_splits or _equal_rows(output, size)
+    cross = None if equal else ([r * row for r in rows_in], [r * out_row for r in rows_out])
+    if problem is not None:
+        return Op("all_to_all_single", signature, describe, None, output, problem, cross=cross)
+    recv, back = host_bytes(output)
+    send = host_bytes(input.contiguous())[0]
+    item = input.element_size()
+
+    def body(comm):
+        if equal:
+            yield [comm.Ialltoall(send, recv)], True
+        else:
+            send_counts = [r * row * item for r in rows_in]
+            recv_counts = [r * out_row * item for r in rows_out]
+            yield [comm.Ialltoallv(_counted(send, send_counts), _counted(recv, recv_counts))], True
+        if back is not None:
+            back()
+
+    return Op("all_to_all_single", signature, describe, body, output, cross=cross)
+
+
+def _equal_rows(tensor: torch.Tensor, size: int) -> list:
+    rows = tensor.shape[0] if tensor.dim() else 1
+    return [rows // size] * size
+
+
+def _splits_problem(size, output, input, out_splits, in_splits, row, out_row) -> str | None:
+    if output.dtype != input.dtype:
+        return f"input is {input.dtype}, output {output.dtype}"
+    if not out_splits and not in_splits:
+        if input.numel() % size or output.numel() != input.numel():
+            return (
+                f"equal splits need an input divisible by {size} ranks and an output as large: "
+                f"input {shape_text([input])}, output {shape_text([output])}"
+            )
+        return None
+    if row != out_row:
+        return f"input rows of {row} elements, output rows of {out_row}"
+    for name, splits, tensor in (("input", in_splits, input), ("output", out_splits, output)):
+        if splits and (len(splits) != size or sum(splits) != tensor.shape[0]):
+            return f"{name} split sizes {splits} for {size} ranks and {tensor.shape[0]} rows"
+    return None

@@ -1,0 +1,223 @@
+"""The reducing operations as :class:`~mpisync.torch.op.Op`: all_reduce (+coalesced, sparse),
+reduce, reduce_scatter (+tensor, unequal pieces)."""
+
+from __future__ import annotations
+
+import numpy as _np
+import torch
+from mpi4py import MPI
+
+from .buffers import ReduceBuffer, in_place_array, reduce_problem, reduction
+from .op import Once, Op, dtype_code, fold, joined, shape_text
+
+__all__ = ["all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "sparse_all_reduce"]
+
+
+def _op_of(opts):
+    from torch.distributed import ReduceOp
+
+    return ReduceOp.SUM if opts is None else opts.reduceOp
+
+
+def _prepare(tensors, opts) -> tuple:
+    """``(Reduction or None, problem or None, op name)`` for ``tensors`` under ``opts``."""
+    red, problem = reduction(_op_of(opts))
+    if red is not None:
+        problem = reduce_problem(red, tensors)
+    return red, problem, red.name if red is not None else str(_op_of(opts))
+
+
+def _signature(tensors, red, *extra) -> list:
+    code = red.code if red is not None else 0
+    if len(tensors) == 1:  # the common case, without folding
+        return [dtype_code(tensors[0].dtype), tensors[0].numel(), code, *extra]
+    return [
+        fold(dtype_code(t.dtype) for t in tensors),
+        fold(t.numel() for t in tensors),
+        code,
+        *extra,
+    ]
+
+
+def all_reduce(size: int, tensors, opts, kind: str = "all_reduce") -> Op:
+    """Every tensor of ``tensors`` reduced over the ranks, in place (one ``Iallreduce`` each)."""
+    tensors = list(tensors)
+    if any(t.layout == torch.sparse_coo for t in tensors):
+        return sparse_all_reduce(size, tensors, opts)
+    red, problem, name = _prepare(tensors, opts)
+
+    def describe() -> str:
+        return f"{shape_text(tensors)}, op {name}"
+
+    signature = _signature(tensors, red)
+    if problem is not None:
+        return Op(kind, signature, describe, None, tensors, problem)
+    mpi_op = red.mpi_op
+
+    def prepare() -> tuple:
+        arrays = [in_place_array(t, red) for t in tensors]
+        if all(a is not None for a in arrays):
+            return arrays, []
+        return None, [ReduceBuffer(t, red, size) for t in tensors]
+
+    ready = Once(prepare)  # on the caller while the argument check is in flight
+
+    def body(comm):
+        arrays, buffers = ready()
+        if arrays is None:
+            arrays = [b.start() for b in buffers]
+        yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
+        for b in buffers:
+            b.finish()
+
+    return Op(kind, signature, describe, body, tensors, prepare=ready)
+
+
+def reduce(rank: int, size: int, tensors, opts) -> Op:
+    """``tensors`` reduced over the ranks into ``opts.rootRank``'s (the others' stay as they
+    were)."""
+    tensors, root = list(tensors), opts.rootRank
+    red, problem, name = _prepare(tensors, opts)
+
+    def describe() -> str:
+        return f"{shape_text(tensors)}, op {name}, root {root}"
+
+    signature = _signature(tensors, red, root)
+    if problem is None and not 0 <= root < size:
+        problem = f"root {root} is not a rank of this group of {size}"
+    if problem is not None:
+        return Op("reduce", signature, describe, None, tensors, problem)
+    buffers = [ReduceBuffer(t, red, size) for t in tensors]
+    mpi_op, mine = red.mpi_op, rank == root
+
+    def body(comm):
+        # An all-reduce (the others' results into scratch buffers): MPICH's Ireduce of large
+        # messages took several times as long (docs/allreduce.md, the backend's bench rows).
+        arrays = [b.start() for b in buffers]
+        if mine:
+            yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
+        else:
+            scratch = [_np.empty_like(a) for a in arrays]
+            yield [comm.Iallreduce(a, s, mpi_op) for a, s in zip(arrays, scratch)], True
+        for b in buffers:
+            b.finish(write=mine)
+
+    return Op("reduce", signature, describe, body, tensors)
+
+
+def reduce_scatter_tensor(size: int, output: torch.Tensor, input: torch.Tensor, opts) -> Op:
+    """``input`` reduced over the ranks; this rank keeps its ``output``-sized block."""
+    red, problem, name = _prepare([input, output], opts)
+
+    def describe() -> str:
+        return f"input {shape_text([input])}, output {shape_text([output])}, op {name}"
+
+    signature = _signature([output], red, dtype_code(input.dtype))
+    if problem is None and input.numel() != output.numel() * size:
+        problem = (
+            f"input has {input.numel()} elements, expected {output.numel() * size} "
+            f"({size} x the output's {output.numel()})"
+        )
+    if problem is None and input.dtype != output.dtype:
+        problem = f"input is {input.dtype}, output {output.dtype}"
+    if problem is not None:
+        return Op("reduce_scatter_tensor", signature, describe, None, output, problem)
+    send = ReduceBuffer(input, red)
+    result = ReduceBuffer(output, red, size)
+
+    def body(comm):
+        arrays = send.start(), result.start()
+        yield [comm.Ireduce_scatter_block(*arrays, red.mpi_op)], True
+        send.finish(write=False)
+        result.finish()
+
+    return Op("reduce_scatter_tensor", signature, describe, body, output)
+
+
+def reduce_scatter(rank: int, size: int, output: torch.Tensor, pieces, opts) -> Op:
+    """``pieces[r]`` reduced over the ranks lands in rank ``r``'s ``output``; the pieces may
+    differ in size (``Ireduce_scatter`` with counts), the same on every rank."""
+    pieces = list(pieces)
+    red, problem, name = _prepare([output, *pieces], opts)
+
+    def describe() -> str:
+        return f"output {shape_text([output])}, pieces {shape_text(pieces)}, op {name}"
+
+    signature = _signature(pieces, red, dtype_code(output.dtype))
+    if problem is None:
+        problem = _pieces_problem(rank, size, output, pieces)
+    if problem is not None:
+        return Op("reduce_scatter", signature, describe, None, output, problem)
+    counts = [p.numel() for p in pieces]
+    flat = joined(pieces)  # the chunks of one tensor: no copy
+    if flat is None:
+        flat = torch.cat([p.detach().reshape(-1).to("cpu") for p in pieces])
+    send = ReduceBuffer(flat, red)
+    result = ReduceBuffer(output, red, size)
+    equal = len(set(counts)) == 1
+
+    def body(comm):
+        arrays = send.start(), result.start()
+        if equal:
+            yield [comm.Ireduce_scatter_block(*arrays, red.mpi_op)], True
+        else:
+            yield [comm.Ireduce_scatter(*arrays, counts, red.mpi_op)], True
+        send.finish(write=False)
+        result.finish()
+
+    return Op("reduce_scatter", signature, describe, body, output)
+
+
+def _pieces_problem(rank: int, size: int, output: torch.Tensor, pieces: list) -> str | None:
+    if len(pieces) != size:
+        return f"{len(pieces)} input pieces, expected {size} (one per rank)"
+    if any(p.dtype != output.dtype for p in pieces):
+        return f"pieces of {sorted({str(p.dtype) for p in pieces})} for a {output.dtype} output"
+    if pieces[rank].numel() != output.numel():
+        return f"this rank's piece has {pieces[rank].numel()} elements, its output {output.numel()}"
+    return None
+
+
+def sparse_all_reduce(size: int, tensors, opts) -> Op:
+    """A sparse COO tensor summed over the ranks, as gloo does it: every rank's indices and values
+    gathered, then coalesced (three collectives: counts, indices, values)."""
+    from torch.distributed import ReduceOp
+
+    tensor = tensors[0]
+
+    def describe() -> str:
+        return f"sparse {shape_text([tensor])}, sparse dims {tensor.sparse_dim()}"
+
+    signature = [dtype_code(tensor.dtype), fold(tensor.shape), tensor.sparse_dim() + 1000]
+    problem = None
+    if len(tensors) != 1 or _op_of(opts) != ReduceOp.SUM or not tensor.is_cpu:
+        problem = "mpisync reduces one sparse CPU tensor at a time, with SUM only"
+    if problem is not None:
+        return Op("sparse_all_reduce", signature, describe, None, tensors, problem)
+    local = tensor.coalesce()
+    indices = local.indices().t().contiguous()  # (nnz, sparse dims): rows gather end to end
+    values = local.values().contiguous()
+
+    def body(comm):
+        counts = _np.empty(size, dtype=_np.int64)
+        yield [comm.Iallgather(_np.array([values.shape[0]], dtype=_np.int64), counts)], False
+        total = int(counts.sum())
+        all_indices = torch.empty((total, indices.shape[1]), dtype=indices.dtype)
+        all_values = torch.empty((total, *values.shape[1:]), dtype=values.dtype)
+        gathers = [_gatherv(comm, indices, all_indices, counts)]
+        yield gathers + [_gatherv(comm, values, all_values, counts)], True
+        summed = torch.sparse_coo_tensor(all_indices.t(), all_values, tensor.shape).coalesce()
+        with torch.no_grad():
+            tensor.copy_(summed)
+
+    return Op("sparse_all_reduce", signature, describe, body, tensors)
+
+
+def _gatherv(comm, mine: torch.Tensor, everything: torch.Tensor, rows):
+    """``Iallgatherv`` of every rank's rows of ``mine`` into ``everything`` (as bytes)."""
+    row_bytes = int(_np.prod(mine.shape[1:], dtype=_np.int64)) * mine.element_size()
+    counts = [int(r) * row_bytes for r in rows]
+    displs = _np.concatenate([[0], _np.cumsum(counts)[:-1]]).astype(_np.int64).tolist()
+    send = mine.reshape(-1).view(torch.uint8).numpy()
+    recv = everything.reshape(-1).view(torch.uint8).numpy()
+    return comm.Iallgatherv(send, [recv, (counts, displs), MPI.BYTE])

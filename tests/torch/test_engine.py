@@ -1,0 +1,316 @@
+"""The torch backend's engine without MPI: fake requests completed by the test, in any order, so
+that posting order, the cap, timeouts and failures can be driven exactly."""
+
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mpisync.torch.engine import Engine  # noqa: E402
+from mpisync.torch.errors import (  # noqa: E402
+    AgreedError,
+    OperationError,
+    OperationTimeoutError,
+)
+
+
+class Request:
+    """A fake MPI request: done once the test completes it."""
+
+    def __init__(self, name):
+        self.name, self.done, self.taken, self.error = name, False, False, None
+
+    def __repr__(self):
+        return f"Request({self.name})"
+
+
+class FakeMpi:
+    """What the engine asks of MPI, served by Python: ``waitany`` blocks until the test (or the
+    engine's wake) completes one of the requests."""
+
+    def __init__(self, threaded=True):
+        self.cond = threading.Condition()
+        self._threaded = threaded
+        self.posted = []
+
+    def threaded(self):
+        return self._threaded
+
+    def wake(self):
+        mpi = self
+
+        class Wake(Request):
+            def Complete(self):  # noqa: N802 (MPI's name)
+                mpi.complete(self)
+
+        return Wake("wake")
+
+    def request(self, name):
+        request = Request(name)
+        with self.cond:
+            self.posted.append(name)
+        return request
+
+    def complete(self, request, error=None):
+        with self.cond:
+            request.done, request.error = True, error
+            self.cond.notify_all()
+
+    def waitany(self, requests, deadline):
+        with self.cond:
+            while True:
+                for index, request in enumerate(requests):
+                    if request.done and not request.taken:
+                        request.taken = True
+                        return index, None, request.error
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return -1, None, None
+                self.cond.wait(left)
+
+
+def steps(mpi, name, count=1, *, last_steps=1, finished=None):
+    """An operation of ``last_steps`` steps, each posting ``count`` requests (kept in
+    ``mpi.requests_of[name]``)."""
+    for step in range(last_steps):
+        requests = [mpi.request(f"{name}.{step}.{k}") for k in range(count)]
+        REQUESTS[f"{name}.{step}"] = requests
+        yield requests, step == last_steps - 1
+    if finished is not None:
+        finished.append(name)
+
+
+REQUESTS: dict = {}
+
+
+def done(mpi, key):
+    for request in REQUESTS[key]:
+        mpi.complete(request)
+
+
+def until(predicate, seconds=5.0):
+    end = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < end, "timed out waiting for the engine"
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def mpi():
+    REQUESTS.clear()
+    return FakeMpi()
+
+
+def make(mpi, capacity=16, timeout=None, on_timeout=None):
+    return Engine(None, capacity, timeout, on_timeout or (lambda labels: "timed out"), mpi=mpi)
+
+
+def test_operations_complete_in_any_order(mpi):
+    engine = make(mpi)
+    finished = []
+    entries = [engine.submit(steps(mpi, n, finished=finished), n) for n in "abc"]
+    futures = [engine.future(e) for e in entries]
+    for key in ("c.0", "a.0", "b.0"):
+        done(mpi, key)
+        until(lambda k=key: k[0] in finished)  # each completes alone, the others pending
+    torch.futures.wait_all(futures)
+    assert finished == ["c", "a", "b"]
+    assert all(e.done and e.error is None for e in entries)
+    engine.close()
+
+
+def test_the_cap_queues_collectives_and_never_blocks_the_caller(mpi):
+    engine = make(mpi, capacity=2)
+    entries = [engine.submit(steps(mpi, n), n) for n in "abcd"]  # returns at once: nothing waits
+    assert mpi.posted == ["a.0.0", "b.0.0"]
+    done(mpi, "a.0")
+    until(lambda: "c.0.0" in mpi.posted)
+    assert mpi.posted == ["a.0.0", "b.0.0", "c.0.0"]
+    for key in ("c.0", "b.0"):
+        done(mpi, key)
+    until(lambda: "d.0.0" in mpi.posted)
+    done(mpi, "d.0")
+    for entry in entries:
+        engine.wait(entry)
+    engine.close()
+
+
+def test_point_to_point_operations_are_never_held_back_by_the_cap(mpi):
+    # Twenty receives, then twenty sends, then the waits: valid, whatever the cap.
+    engine = make(mpi, capacity=1)
+    blocker = engine.submit(steps(mpi, "collective"), "collective")
+    receives = [engine.submit(steps(mpi, f"recv{k}"), f"recv{k}", p2p=True) for k in range(20)]
+    sends = [engine.submit(steps(mpi, f"send{k}"), f"send{k}", p2p=True) for k in range(20)]
+    assert len(mpi.posted) == 41
+    for k in range(20):
+        done(mpi, f"send{k}.0")
+        done(mpi, f"recv{k}.0")
+    for entry in receives + sends:
+        assert engine.wait(entry, timeout=5)
+    done(mpi, "collective.0")
+    engine.wait(blocker)
+    engine.close()
+
+
+def test_an_operation_posts_only_once_the_one_before_posted_its_last_step(mpi):
+    engine = make(mpi)
+    first = engine.submit(steps(mpi, "first", last_steps=2), "first")
+    second = engine.submit(steps(mpi, "second"), "second")
+    assert mpi.posted == ["first.0.0"]  # the second waits: collectives keep their order
+    done(mpi, "first.0")
+    until(lambda: len(mpi.posted) == 3)
+    assert mpi.posted == ["first.0.0", "first.1.0", "second.0.0"]
+    done(mpi, "second.0")
+    done(mpi, "first.1")
+    engine.wait(first)
+    engine.wait(second)
+    engine.close()
+
+
+def test_an_agreed_error_fails_that_operation_only(mpi):
+    class Refused(AgreedError):
+        pass
+
+    def refused():
+        REQUESTS["check"] = [mpi.request("check")]
+        yield REQUESTS["check"], False
+        raise Refused("every rank refuses")
+
+    engine = make(mpi)
+    bad = engine.submit(refused(), "bad")
+    good = engine.submit(steps(mpi, "good"), "good")
+    assert mpi.posted == ["check"]
+    done(mpi, "check")  # the check completes; its verdict fails the operation on every rank
+    assert engine.wait(bad, timeout=5)
+    with pytest.raises(Refused):
+        bad.raise_error()
+    until(lambda: "good.0.0" in mpi.posted)
+    done(mpi, "good.0")
+    engine.wait(good)
+    assert good.error is None
+    engine.close()
+
+
+def test_an_mpi_error_in_a_collective_breaks_the_engine(mpi):
+    engine = make(mpi)
+    failing = engine.submit(steps(mpi, "a"), "a")
+    pending = engine.submit(steps(mpi, "b"), "b")
+    mpi.complete(REQUESTS["a.0"][0], error=RuntimeError("MPI_ERR_OTHER"))
+    engine.wait(failing)
+    engine.wait(pending)
+    for entry in (failing, pending):
+        with pytest.raises(OperationError, match="MPI error in a: MPI_ERR_OTHER"):
+            entry.raise_error()
+    with pytest.raises(OperationError, match="unusable"):
+        engine.submit(steps(mpi, "c"), "c")
+    assert engine.broken
+    engine.close()
+
+
+def test_an_mpi_error_in_a_receive_fails_that_receive_only(mpi):
+    engine = make(mpi)
+    receive = engine.submit(steps(mpi, "recv"), "recv", p2p=True)
+    collective = engine.submit(steps(mpi, "c"), "c")
+    mpi.complete(REQUESTS["recv.0"][0], error=RuntimeError("truncated"))
+    engine.wait(receive)
+    with pytest.raises(OperationError, match="MPI error in recv: truncated"):
+        receive.raise_error()
+    done(mpi, "c.0")
+    engine.wait(collective)
+    assert collective.error is None and not engine.broken
+    engine.close()
+
+
+def test_a_wait_with_a_timeout_returns_and_the_operation_completes_later(mpi):
+    engine = make(mpi)
+    entry = engine.submit(steps(mpi, "slow"), "slow")
+    start = time.monotonic()
+    assert not engine.wait(entry, timeout=0.2)
+    assert 0.19 <= time.monotonic() - start < 2
+    assert not entry.done
+    done(mpi, "slow.0")
+    assert engine.wait(entry, timeout=5) and entry.error is None
+    engine.close()
+
+
+def test_the_timeout_fails_every_pending_operation_when_it_does_not_abort(mpi):
+    reported = []
+
+    def on_timeout(labels):
+        reported.append((threading.current_thread().name, labels))
+        return "mpisync: the operation did not complete within 0.3 s (timed out)"
+
+    engine = make(mpi, timeout=0.3, on_timeout=on_timeout)
+    entries = [engine.submit(steps(mpi, n), n) for n in "ab"]
+    start = time.monotonic()
+    for entry in entries:
+        engine.wait(entry)
+        with pytest.raises(OperationTimeoutError, match="timed out"):
+            entry.raise_error()
+    assert 0.29 <= time.monotonic() - start < 3
+    assert len(reported) == 1 and reported[0][1] == ["a", "b"]
+    assert engine.broken
+    engine.close()
+
+
+def test_the_timeout_is_reported_once_while_waiters_keep_waiting(mpi):
+    # By default the report aborts the job: until it does, nobody else raises or returns (a
+    # caller raising then, and the interpreter finalizing MPI under the abort, crashed).
+    release = threading.Event()
+    calls = []
+
+    def on_timeout(labels):
+        calls.append(labels)
+        release.wait(10)  # the abort, which never returns
+        return "timed out"
+
+    engine = make(mpi, timeout=0.2, on_timeout=on_timeout)
+    entry = engine.submit(steps(mpi, "a"), "a")
+    waiter = threading.Thread(target=engine.wait, args=(entry,), daemon=True)
+    waiter.start()
+    until(lambda: calls)
+    time.sleep(0.2)
+    assert waiter.is_alive() and not entry.done and len(calls) == 1
+    release.set()
+    waiter.join(5)
+    assert entry.done and isinstance(entry.error, OperationTimeoutError)
+    engine.close()
+
+
+def test_a_future_callback_may_issue_and_wait_for_more_operations(mpi):
+    # Callbacks run where the future completes (the driver); waiting there must drive, not
+    # deadlock on itself.
+    engine = make(mpi, capacity=1)
+    first = engine.submit(steps(mpi, "first"), "first")
+    inner = {}
+
+    def complete_inner():
+        until(lambda: "inner.0" in REQUESTS)
+        done(mpi, "inner.0")
+
+    def callback(_):
+        entry = engine.submit(steps(mpi, "inner"), "inner")
+        threading.Thread(target=complete_inner, daemon=True).start()
+        engine.wait(entry)
+        inner["done"] = entry.done
+        return True
+
+    chained = engine.future(first).then(callback)
+    done(mpi, "first.0")
+    assert chained.wait() and inner["done"]
+    engine.close()
+
+
+def test_without_a_worker_collectives_complete_on_the_caller(mpi):
+    serial = FakeMpi(threaded=False)
+    engine = make(serial, timeout=5)
+    completer = threading.Thread(
+        target=lambda: (until(lambda: "a.0" in REQUESTS), done(serial, "a.0")), daemon=True
+    )
+    completer.start()
+    entry = engine.submit(steps(serial, "a"), "a")
+    assert entry.done and entry.error is None  # complete when submit returned
+    assert not engine.threaded
+    engine.close()
