@@ -61,6 +61,7 @@ SWITCHES: dict[str, bool | None] = {
     "MPISYNC_SPEEDUPS": True,
     "MPISYNC_TIMEOUT_ABORT": True,
     "MPISYNC_ALLOW_SINGLETON": False,
+    "MPISYNC_TORCH_CHECK": True,
 }
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")

@@ -36,6 +36,21 @@ class SyncReport:
     # steps of the broadcast plan: fused buckets and direct transfers (host and device)
     transfers: int = 0
 
+    @classmethod
+    def of(cls, manifest, *, rank: int, size: int, root: int = 0, transport: str = "host"):
+        """A report of ``manifest``'s tensors, replicas and bytes, before anything ran."""
+        return cls(
+            tensors=manifest.tensors,
+            replicas=manifest.nreplicas,
+            bytes=manifest.nbytes,
+            collectives=0,
+            seconds=0.0,
+            transport=transport,
+            rank=rank,
+            size=size,
+            root=root,
+        )
+
     @property
     def gbps(self) -> float:
         """Bytes of one copy of the parameters per second, in GB/s (10**9 bytes)."""

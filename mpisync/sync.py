@@ -11,7 +11,6 @@ after the bytes of a transfer arrived.
 
 from __future__ import annotations
 
-import collections.abc as _abc
 import gc as _gc
 import json as _json
 import logging as _logging
@@ -23,17 +22,23 @@ from mpi4py import MPI
 
 from ._runtime.clock import Deadline, Trace
 from ._runtime.keepalive import keep_alive
-from ._runtime.launch import check_launch
-from ._runtime.lifecycle import Reusable
+from ._runtime.lifecycle import Reusable, check_comm
 from ._runtime.observe import configure_logging, logger, timeline_for
 from ._runtime.ring import Expired
 from ._runtime.timeouts import timed_out
-from .errors import InvalidParamError, SyncError
+from .config import SettingValues
+from .errors import SyncError
 from .params.agreement import agree, diagnose
 from .params.bulk import BulkManifest
 from .params.fanout import fan_out
 from .params.verify import verify as _verify
-from .plan.prepared import Prepared, all_smaller, find_manifest, keep_values
+from .plan.prepared import (
+    Prepared,
+    all_smaller,
+    devices_key_of,
+    find_manifest,
+    recognizer,
+)
 from .plan.spans import NO_RUNS, host_layout
 from .plan.transfers import DEFAULT_CHUNK_BYTES
 from .report import SyncReport
@@ -45,14 +50,6 @@ from .transports.selection import CROSS, FactsExchange
 from .transports.selection import MPI as MPI_CHANNEL
 
 __all__ = ["ParamSync", "sync_params"]
-
-
-def _check_comm(comm):
-    if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
-        raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
-    if comm.Is_inter():
-        raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
-    check_launch(comm)  # a world of one where the launcher started more
 
 
 def _sync_alone(manifest, report, verify, trace, t_validate, device) -> None:
@@ -78,6 +75,21 @@ def _verify_on(comm, manifest, root, call, trace, device) -> None:
     trace.span("verify", start, tensors=manifest.tensors)
 
 
+def _host_bytes(manifest) -> int:
+    """Bytes of the host masters (a bulk set is all host memory)."""
+    if isinstance(manifest, BulkManifest):
+        return manifest.nbytes
+    return sum(p.nbytes for p in manifest.host_params)
+
+
+def _layout_of(manifest, prepared):
+    """This rank's memory layout of the host masters: kept with a prepared set; a bulk set has
+    neither runs nor aliases (its scan defers to the general path when buffers touch)."""
+    if prepared is not None:
+        return prepared.layout
+    return NO_RUNS if isinstance(manifest, BulkManifest) else host_layout(manifest.host_params)
+
+
 def _pending(expired, phase, ctx, manifest) -> list:
     """The names a timed-out wait was for: the waiting chunk's, the ring's in flight, or all."""
     if getattr(expired, "pending", None) is not None:  # the shared segment, the device pipeline
@@ -85,6 +97,84 @@ def _pending(expired, phase, ctx, manifest) -> list:
     if phase == "broadcast" and ctx is not None and ctx.pending is not None:
         return [n for label in ctx.pending() for n in label]
     return list(manifest.names)
+
+
+class _Link:
+    """mpisync's duplicate of the caller's communicator (so its traffic never matches the
+    caller's) and the facts all-reduce the choice of transport needs: both posted before this rank
+    builds its manifest, so their round trips overlap that work, and waited for under the sync's
+    deadline."""
+
+    def __init__(self, user_comm, host: HostTransports):
+        self.user, self.host = user_comm, host
+        self.comm: MPI.Intracomm | None = None
+        # (communicator, request) of an Idup posted and not yet waited for
+        self._dup: tuple[MPI.Intracomm, MPI.Request] | None = None
+        # the facts all-reduce in flight, until waited for
+        self._facts: FactsExchange | None = None
+
+    def post(self) -> None:
+        """Post the duplication (and, the first time, the facts all-reduce), once."""
+        if self.comm is None and self._dup is None:
+            self._dup = self.user.Idup()
+            if self.host.facts is None:
+                # Posted on the caller's communicator right after the Idup, in the same order on
+                # every rank.
+                self._facts = self.host.post_facts(self.user)
+
+    def ready(self, call) -> MPI.Intracomm:
+        """The duplicate, once it and the facts are complete (each waited for with ``call``)."""
+        if self.comm is None:
+            self.post()
+            assert self._dup is not None  # posted just now, or before
+            dup, request = self._dup
+            call(request)
+            self.comm, self._dup = dup, None
+        if self._facts is not None:
+            self.host.facts, self._facts = self._facts.result(call), None
+        return self.comm
+
+    def close(self, broken: bool) -> None:
+        """Free the duplicate; after a timeout (``broken``) keep what may still be pending."""
+        if broken:  # requests still pending may write into these
+            keep_alive(self._facts, self._dup)
+        elif self.comm is not None:
+            self.comm.Free()
+        self.comm = None
+
+
+class _Compiler:
+    """A syncer's programs: the channel each set takes (set up on first use, collectively) and the
+    program compiled for it, reused while the same arrays come back under the same agreed layout
+    and channel."""
+
+    def __init__(self, host: HostTransports, device, values: SettingValues):
+        self.host, self.device = host, device  # device(): the syncer's DeviceTransport
+        self.fusion = values["fusion_bytes"]
+        self.chunk_bytes = DEFAULT_CHUNK_BYTES
+        self.one_shot = False  # sync_params: one sync, nothing to recognise later
+
+    def ready(self, params, devices_key, manifest, prepared, layout, agreed, ctx) -> tuple:
+        """``(prepared, reused)`` for ``manifest`` under the ``agreed`` layout; completes ``ctx``
+        with whether every rank is on one node."""
+        if prepared is not None:
+            small, host_bytes = prepared.small, prepared.host_bytes
+        else:
+            small, host_bytes = all_smaller(manifest, self.fusion), _host_bytes(manifest)
+        channel = self.host.choose(ctx.comm, small, ctx.call) if host_bytes else MPI_CHANNEL
+        assert self.host.facts is not None  # exchanged by the link
+        ctx.one_node = self.host.facts.one_node
+        if prepared is not None and prepared.agreed == agreed and prepared.channel == channel:
+            return prepared, True
+        fusion = manifest.settings["fusion_bytes"]
+        plan = host_plan(manifest, fusion, self.chunk_bytes, agreed) if host_bytes else []
+        program = self.host.get(channel).compile(manifest, plan, fusion, ctx) if host_bytes else ()
+        device = manifest.device_params
+        device_steps = self.device().compile(device) if device else []
+        kept = None if self.one_shot else recognizer(params, manifest, devices_key)
+        fused = sum(1 for t in plan if (t[0] if isinstance(t, tuple) else t.fused))
+        steps = (program, fused, len(plan), device_steps, host_bytes, small)
+        return Prepared(kept, manifest, layout, agreed, channel, *steps), False
 
 
 class ParamSync(Reusable):
@@ -115,21 +205,16 @@ class ParamSync(Reusable):
         self._user_comm = MPI.COMM_WORLD if comm is None else comm
         self._root = root
         self._resolve_settings(max_concurrent, fusion_bytes, gpu_transport, timeout)
-        self._chunk_bytes = DEFAULT_CHUNK_BYTES
         self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
-        self._comm: MPI.Intracomm | None = None
-        # (communicator, request) of an Idup posted and not yet waited for
-        self._dup: tuple[MPI.Intracomm, MPI.Request] | None = None
-        # the facts all-reduce in flight, until waited for
-        self._facts: FactsExchange | None = None
         self._host = HostTransports(
             root, self._values["max_concurrent"], self._values["fusion_bytes"]
         )
+        self._link = _Link(self._user_comm, self._host)
+        self._compiler = _Compiler(self._host, self._device_transport, self._values)
         self._device: DeviceTransport | None = None
         self._prepared: Prepared | None = None
         self._closed = False
         self._broken: str | None = None
-        self._one_shot = False  # sync_params: one sync, then close
         # (rank, size, trace) of the caller's communicator, once it passed the check
         self._where: tuple[int, int, Trace] | None = None
 
@@ -161,11 +246,7 @@ class ParamSync(Reusable):
         After a timed-out sync the buffers are kept alive but never used again:
         collectives still pending may write into them."""
         broken = self._broken is not None
-        if broken:  # requests still pending may write into these
-            keep_alive(self._facts, self._dup)
-        if self._comm is not None and not broken:
-            self._comm.Free()
-        self._comm = None
+        self._link.close(broken)
         self._prepared = None
         self._host.close(broken)
         if self._device is not None:
@@ -207,27 +288,23 @@ class ParamSync(Reusable):
         start = _time.perf_counter()
         if self._where is None:  # until the caller's communicator passes the check
             comm = self._user_comm
-            _check_comm(comm)
+            check_comm(comm)
             # MPISYNC_TIMELINE is read once per syncer, not per sync: every lookup would add to a
             # repeated sync's fixed cost (docs/performance.md; `mpisync bench` times it).
             self._where = (comm.rank, comm.size, Trace(timeline_for(comm.rank)))
         rank, size, trace = self._where
         if size > 1:
-            self._start_dup()
+            self._link.post()
         configure_logging(rank)
         t_validate = trace.now()
         agreed = {
             "fusion_bytes": self._values["fusion_bytes"],
-            "chunk_bytes": self._chunk_bytes,
+            "chunk_bytes": self._compiler.chunk_bytes,
             "device_chunk_bytes": self._device_chunk_bytes,
             "verify": bool(verify),
             "root": self._root,
         }
-        devices_key = (
-            tuple(devices)
-            if devices is not None and isinstance(devices, _abc.Sequence)
-            else devices
-        )
+        devices_key = devices_key_of(devices)
         manifest, prepared = find_manifest(
             params,
             devices,
@@ -239,17 +316,7 @@ class ParamSync(Reusable):
             settings=agreed,
             settings_error=self._settings_error,
         )
-        report = SyncReport(
-            tensors=manifest.tensors,
-            replicas=manifest.nreplicas,
-            bytes=manifest.nbytes,
-            collectives=0,
-            seconds=0.0,
-            transport="host",
-            rank=rank,
-            size=size,
-            root=self._root,
-        )
+        report = SyncReport.of(manifest, rank=rank, size=size, root=self._root)
         if size == 1:
             _sync_alone(manifest, report, verify, trace, t_validate, self._device_transport())
         else:
@@ -281,148 +348,62 @@ class ParamSync(Reusable):
     def _sync_collective(
         self, params, devices_key, manifest, prepared, report, verify, trace, t_validate
     ):
-        values = self._values
-        deadline = Deadline(values["timeout"], report)
-        ctx = None
-        phase = "communicator duplication"
+        deadline = Deadline(self._values["timeout"], report)
+        self._phase, self._ctx = "communicator duplication", None
         try:
-            self._ensure_comm(deadline.wait)
-            phase = "validation exchange"
-            bulk = isinstance(manifest, BulkManifest)
-            layout = (
-                prepared.layout
-                if prepared is not None
-                else NO_RUNS
-                if bulk
-                else host_layout(manifest.host_params)
-            )
+            comm = self._link.ready(deadline.wait)
+            self._phase = "validation exchange"
+            layout = _layout_of(manifest, prepared)
             same_layout, anyone_fresh = agree(
-                self._comm, manifest, deadline.wait, layout.digest, prepared is None
+                comm, manifest, deadline.wait, layout.digest, prepared is None
             )
             agreed = layout if same_layout else NO_RUNS
-            phase = "transport set-up"
-            small = (
-                prepared.small
-                if prepared is not None
-                else all_smaller(manifest, values["fusion_bytes"])
+            self._phase = "transport set-up"
+            self._ctx = ctx = Context(
+                comm, self._root, deadline, report, trace, self._values["max_concurrent"], False
             )
-            host_bytes = (
-                prepared.host_bytes
-                if prepared is not None
-                else manifest.nbytes
-                if bulk
-                else sum(p.nbytes for p in manifest.host_params)
+            prepared, reused = self._compiler.ready(
+                params, devices_key, manifest, prepared, layout, agreed, ctx
             )
-            channel = (
-                self._host.choose(self._comm, small, deadline.wait) if host_bytes else MPI_CHANNEL
-            )
-            assert self._host.facts is not None  # exchanged by _ensure_comm
-            ctx = Context(
-                self._comm,
-                self._root,
-                deadline,
-                report,
-                trace,
-                values["max_concurrent"],
-                self._host.facts.one_node,
-            )
-            reused = (
-                prepared is not None and prepared.agreed == agreed and prepared.channel == channel
-            )
-            if not reused:
-                prepared = self._prepare(
-                    params, devices_key, manifest, layout, agreed, channel, host_bytes, small, ctx
-                )
-            transport = self._host.get(channel) if host_bytes else None
+            self._prepared = prepared if prepared.recognizer is not None else None
+            transport = self._host.get(prepared.channel) if prepared.host_bytes else None
             if transport is not None and (anyone_fresh or not reused):
                 # Peers copy to and from this rank's arrays: every rank binds again when any rank
                 # prepared.
-                phase = "address exchange"
+                self._phase = "address exchange"
                 transport.bind(prepared.program, ctx)
             trace.span("validate", t_validate, tensors=manifest.tensors, reused=reused)
-            report.fused_buckets, report.transfers, report.channel = (
-                prepared.fused_buckets,
-                prepared.transfers,
-                channel,
-            )
-            phase = "cross-memory copies" if channel == CROSS else "broadcast"
-            if transport is not None:
-                transport.run(prepared.program, ctx)
-            if prepared.device_steps:
-                phase = "device broadcast"
-                report.transport = self._device_transport().run(
-                    self._comm,
-                    self._root,
-                    prepared.device_steps,
-                    values["gpu_transport"],
-                    values["timeout"],
-                    report,
-                    trace,
-                )
+            self._move(prepared, transport, ctx, report, trace)
             if verify:
-                phase = "verification"
-                _verify_on(
-                    self._comm, manifest, self._root, deadline.wait, trace, self._device_transport()
-                )
+                self._phase = "verification"
+                device = self._device_transport()
+                _verify_on(comm, manifest, self._root, deadline.wait, trace, device)
                 report.verified = True
         except Expired as expired:
-            self._timed_out(phase, _pending(expired, phase, ctx, manifest), values["timeout"])
+            pending = _pending(expired, self._phase, self._ctx, manifest)
+            self._timed_out(self._phase, pending, self._values["timeout"])
 
-    def _prepare(
-        self, params, devices_key, manifest, layout, agreed, channel, host_bytes, small, ctx
-    ) -> Prepared:
-        """Plan and compile for these arrays and ``channel``; kept for the next sync when
-        eligible."""
-        fusion = manifest.settings["fusion_bytes"]
-        plan = host_plan(manifest, fusion, self._chunk_bytes, agreed) if host_bytes else []
-        program = self._host.get(channel).compile(manifest, plan, fusion, ctx) if host_bytes else ()
-        device_steps = (
-            self._device_transport().compile(manifest.device_params)
-            if manifest.device_params
-            else []
+    def _move(self, prepared, transport, ctx, report, trace) -> None:
+        """Run the host program, then the device steps: root's bytes into every replica."""
+        report.fused_buckets, report.transfers, report.channel = (
+            prepared.fused_buckets,
+            prepared.transfers,
+            prepared.channel,
         )
-        keep = not self._one_shot  # sync_params' syncer never syncs again
-        values, keys, state = keep_values(params, manifest) if keep else ((), (), None)
-        fused = sum(1 for t in plan if (t[0] if isinstance(t, tuple) else t.fused))
-        prepared = Prepared(
-            values,
-            keys,
-            devices_key,
-            state,
-            manifest,
-            layout,
-            agreed,
-            channel,
-            program,
-            fused,
-            len(plan),
-            device_steps,
-            host_bytes,
-            small,
-        )
-        self._prepared = prepared if keep and state is not None else None
-        return prepared
-
-    def _start_dup(self) -> None:
-        # The duplicate is posted before this rank builds its manifest, so the Idup's round trip
-        # overlaps that work (it is waited for, under the timeout, by _ensure_comm).
-        if self._comm is None and self._dup is None:
-            self._dup = self._user_comm.Idup()
-            if self._host.facts is None:
-                # Posted on the caller's communicator right after the Idup, in the same order on
-                # every
-                # rank, so its round trip too overlaps the manifest's construction.
-                self._facts = self._host.post_facts(self._user_comm)
-
-    def _ensure_comm(self, call) -> None:
-        if self._comm is None:
-            self._start_dup()
-            assert self._dup is not None  # posted by _start_dup
-            dup, request = self._dup
-            call(request)
-            self._comm, self._dup = dup, None
-        if self._facts is not None:
-            self._host.facts, self._facts = self._facts.result(call), None
+        self._phase = "cross-memory copies" if prepared.channel == CROSS else "broadcast"
+        if transport is not None:
+            transport.run(prepared.program, ctx)
+        if prepared.device_steps:
+            self._phase = "device broadcast"
+            report.transport = self._device_transport().run(
+                self._link.comm,
+                self._root,
+                prepared.device_steps,
+                self._values["gpu_transport"],
+                self._values["timeout"],
+                report,
+                trace,
+            )
 
     def _collective_exchange(self, phase: str, pending: list, exchange):
         """Run ``exchange(comm, call)`` on the library's communicator under this sync's timeout.
@@ -434,22 +415,15 @@ class ParamSync(Reusable):
             raise SyncError("mpisync: this ParamSync is closed or unusable")
         deadline = Deadline(self._settings.timeout.value)
         try:
-            self._ensure_comm(deadline.wait)
-            return exchange(self._comm, deadline.wait)
+            return exchange(self._link.ready(deadline.wait), deadline.wait)
         except Expired:
             self._timed_out(phase, pending, deadline.timeout)
 
     def _timed_out(self, phase: str, pending: list, timeout: float | None) -> None:
         assert timeout is not None  # only a deadline expires
         self._broken = f"a sync timed out during the {phase}; its collectives may still be pending"
-        timed_out(
-            self._user_comm,
-            phase,
-            pending,
-            timeout,
-            pending_what="pending parameter(s)",
-            call="sync",
-        )
+        what = "pending parameter(s)"
+        timed_out(self._user_comm, phase, pending, timeout, pending_what=what, call="sync")
 
 
 def sync_params(
@@ -480,5 +454,5 @@ def sync_params(
         gpu_transport=gpu_transport,
         timeout=timeout,
     ) as syncer:
-        syncer._one_shot = syncer._host.one_shot = True
+        syncer._compiler.one_shot = syncer._host.one_shot = True
         return syncer.sync(params, devices=devices, verify=verify)

@@ -3,10 +3,23 @@ context manager."""
 
 from __future__ import annotations
 
+from mpi4py import MPI
+
 from .. import config as _config
 from ..errors import InvalidParamError
+from .launch import check_launch
 
-__all__ = ["Reusable"]
+__all__ = ["Reusable", "check_comm"]
+
+
+def check_comm(comm) -> None:
+    """``InvalidParamError`` unless ``comm`` is an mpi4py intracommunicator of a real launch (see
+    :func:`mpisync._runtime.launch.check_launch`); the first call of every syncer checks."""
+    if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+        raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+    if comm.Is_inter():
+        raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
+    check_launch(comm)  # a world of one where the launcher started more
 
 
 class Reusable:

@@ -11,10 +11,8 @@ rank may start, or on the one error every rank raises.
 
 from __future__ import annotations
 
-import collections.abc as _abc
 import functools as _functools
 import json as _json
-import operator as _operator
 import time as _time
 import typing as _typing
 
@@ -22,20 +20,17 @@ from mpi4py import MPI
 
 from .._runtime.clock import Deadline
 from .._runtime.keepalive import keep_alive
-from .._runtime.launch import check_launch
-from .._runtime.lifecycle import Reusable
+from .._runtime.lifecycle import Reusable, check_comm
 from .._runtime.ring import Expired, TrackedRing
-from .._runtime.speedups import speedups as _speedups
 from .._runtime.timeouts import timed_out
-from ..errors import InvalidParamError, SyncError
+from ..errors import SyncError
 from ..params.adapters import ArrayView
 from ..params.agreement import agree, diagnose
 from ..params.bulk import BulkManifest
 from ..params.fanout import fan_out
 from ..params.manifest import Manifest, Param, build_manifest
-from ..params.recheck import Snapshot, unchanged
 from ..plan.arena import Arena
-from ..plan.prepared import keep_values
+from ..plan.prepared import Recognizer, devices_key_of, recognizer
 from ..plan.spans import host_layout
 from ..report import SyncReport
 from ..transports.selection import SHARED
@@ -50,16 +45,8 @@ __all__ = ["GradSync", "allreduce"]
 # the segment (ranks x regions) stays within what 16 buckets in flight per rank would hold.
 _SEGMENT_BUCKETS = 16
 # The fewest fused bytes the segment takes: below, one all-reduce of the bytes through MPI costs
-# less than the segment's two barriers (the crossover: docs/allreduce.md, stop 23).
+# less than the segment's two barriers (the crossover: docs/allreduce.md).
 _SEGMENT_MIN_BYTES = 24 << 10
-
-
-def _check_comm(comm) -> None:
-    if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
-        raise InvalidParamError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
-    if comm.Is_inter():
-        raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
-    check_launch(comm)  # a world of one where the launcher started more
 
 
 class _Plan(_typing.NamedTuple):
@@ -75,12 +62,9 @@ class _Plan(_typing.NamedTuple):
 class _Prepared(_typing.NamedTuple):
     """A compiled set kept for the next call, and what recognises it."""
 
-    values: tuple
-    keys: tuple
-    devices: object
+    recognizer: Recognizer | None  # None when not kept (replica lists)
     manifest: BulkManifest | Manifest
     plan: _Plan
-    state: Snapshot | None  # of the values; None when not kept (replica lists)
 
 
 class _Staging:
@@ -185,7 +169,7 @@ class GradSync(Reusable):
             raise SyncError(f"mpisync: this GradSync is unusable: {self._broken}")
         start = _time.perf_counter()
         comm = self._user_comm
-        _check_comm(comm)
+        check_comm(comm)
         rank, size = comm.rank, comm.size
         if size > 1 and self._comm is None and self._dup is None:
             self._dup = comm.Idup()  # overlaps this rank's manifest building
@@ -193,32 +177,26 @@ class GradSync(Reusable):
         manifest = (
             prepared.manifest
             if prepared is not None
-            else self._manifest(params, devices, rank, size)
+            else _reduce_manifest(
+                params,
+                devices,
+                rank,
+                size,
+                self._op,
+                self._values["fusion_bytes"],
+                self._settings_error,
+            )
         )
         timeout = self._values["timeout"]
-        report = SyncReport(
-            tensors=manifest.tensors,
-            replicas=manifest.nreplicas,
-            bytes=manifest.nbytes,
-            collectives=0,
-            seconds=0.0,
-            transport="host" if size > 1 else "local",
-            rank=rank,
-            size=size,
+        report = SyncReport.of(
+            manifest, rank=rank, size=size, transport="host" if size > 1 else "local"
         )
         phase, ring = "validation", None
         try:
             if size > 1:
                 call = Deadline(timeout).wait  # each collective its own timeout, as in the ring
-                if self._comm is None:
-                    assert self._dup is not None  # started above, on the first call with size > 1
-                    call(self._dup[1])
-                    self._comm, self._dup = self._dup[0], None
-                agree(self._comm, manifest, call)
-                self._agreed += 1
+                prepared = self._agree(manifest, prepared, call)
                 report.collectives += 1
-                if prepared is not None and self._segment_due(prepared.plan.arena):
-                    prepared = None  # on every rank: its fused buckets move onto the node's segment
             elif manifest.errors:
                 raise diagnose([_json_doc(manifest)])
             if prepared is None:
@@ -230,66 +208,49 @@ class GradSync(Reusable):
             ring = TrackedRing(self._values["max_concurrent"], timeout)
             self._run(prepared, report, size, ring, call if size > 1 else None)
         except Expired as expired:
-            pending = getattr(expired, "pending", None)
-            if pending is None:
-                pending = (
-                    [n for label in ring.pending_labels() for n in label]
-                    if ring is not None
-                    else manifest.names
-                )
-            self._broken = (
-                f"an all-reduce timed out during the {phase}; its collectives may still be pending"
-            )
-            # MPI may still write into the fusion and staging buffers: they outlive this object.
-            keep_alive(ring, prepared, self._comm)
-            assert timeout is not None  # only a deadline expires
-            timed_out(comm, f"all-reduce {phase}", pending, timeout)
+            self._timed_out(expired, phase, ring, prepared, manifest)
         report.seconds = _time.perf_counter() - start
         return report
 
-    def _manifest(self, params, devices, rank, size):
-        settings = {
-            "op": self._op if isinstance(self._op, str) else repr(self._op),
-            "fusion_bytes": self._values["fusion_bytes"],
-        }
-        manifest: BulkManifest | Manifest | None
-        if not self._settings_error:
-            manifest = scan_for_reduce(
-                params, self._op, rank=rank, size=size, devices=devices, settings=settings
+    def _agree(self, manifest, prepared, call):
+        """Wait for the duplicate (the first call), agree on the manifests (collective), and return
+        the prepared set still to use: None when its fused buckets move onto the node's segment
+        now (the same call on every rank)."""
+        if self._comm is None:
+            assert self._dup is not None  # posted on the first call with size > 1
+            call(self._dup[1])
+            self._comm, self._dup = self._dup[0], None
+        agree(self._comm, manifest, call)
+        self._agreed += 1
+        if prepared is not None and self._segment_due(prepared.plan.arena):
+            return None
+        return prepared
+
+    def _timed_out(self, expired, phase, ring, prepared, manifest) -> None:
+        pending = getattr(expired, "pending", None)
+        if pending is None:
+            pending = (
+                [n for label in ring.pending_labels() for n in label]
+                if ring is not None
+                else manifest.names
             )
-            if manifest is not None:
-                return manifest
-        manifest = build_manifest(
-            params, rank=rank, size=size, root=0, devices=devices, settings=settings
+        self._broken = (
+            f"an all-reduce timed out during the {phase}; its collectives may still be pending"
         )
-        if self._settings_error:
-            manifest.errors.append((None, self._settings_error))
-            return manifest
-        for p in manifest.params:
-            problem = _ops.check(p.master.dtype, self._op)
-            if problem is None and not all(r.writable for r in p.replicas):
-                problem = "a replica is read-only, but the all-reduce writes every replica"
-            if problem:
-                manifest.errors.append((p.name, problem))
-        _note_shared_memory(manifest)
-        return manifest
+        # MPI may still write into the fusion and staging buffers: they outlive this object.
+        keep_alive(ring, prepared, self._comm)
+        timeout = self._values["timeout"]
+        assert timeout is not None  # only a deadline expires
+        timed_out(self._user_comm, f"all-reduce {phase}", pending, timeout)
 
     def _match(self, params, devices):
+        """The prepared set when ``params`` holds exactly its arrays, each still as compiled (see
+        :class:`mpisync.plan.prepared.Recognizer`), else None."""
         prepared = self._prepared
-        if prepared is None or not isinstance(params, _abc.Mapping):
+        key = devices_key_of(devices)
+        if prepared is None or prepared.recognizer is None:
             return None
-        values, keys, devices_key, _, _, state = prepared
-        key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
-        if key != devices_key:
-            return None
-        if _speedups is not None and type(params) is dict:
-            if not _speedups.same_items(params, keys, values):
-                return None
-        elif tuple(params) != keys or not all(map(_operator.is_, params.values(), values)):
-            return None
-        # Each array still where, and as, it was compiled: ``resize(refcheck=False)`` moves a numpy
-        # array's bytes (buffer exports do not stop it), ``tensor.data = other`` a tensor's.
-        return prepared if unchanged(values, state) else None
+        return prepared if prepared.recognizer.matches(params, key) else None
 
     def _segment_due(self, arena) -> bool:
         """Whether a plan on the private ``arena`` is to be compiled again onto the node's segment:
@@ -339,10 +300,10 @@ class GradSync(Reusable):
         if self._segment is not None and arena is self._segment.arena:
             spans = self._segment.spans(steps)
         plan = _Plan(staging, steps, arena, replicated, spans)
-        key = tuple(devices) if isinstance(devices, _abc.Sequence) else devices
-        values, keys, state = keep_values(params, manifest)  # state None: replica lists, not kept
-        prepared = _Prepared(values, keys, key, manifest, plan, state)
-        if state is not None:  # a mapping of bare arrays: the same objects may come back
+        key = devices_key_of(devices)
+        kept = recognizer(params, manifest, key)  # None: replica lists, not kept
+        prepared = _Prepared(kept, manifest, plan)
+        if kept is not None:  # a mapping of bare arrays: the same objects may come back
             self._prepared = prepared
         return prepared
 
@@ -390,6 +351,36 @@ class GradSync(Reusable):
         if fused:
             report.channel = SHARED
         report.transfers = len(steps)
+
+
+def _reduce_manifest(params, devices, rank, size, op, fusion_bytes, settings_error):
+    """The manifest of an all-reduce with ``op``: the bulk scan where it applies, else the general
+    one with the reduction's own checks (dtype and op, writable replicas, shared memory)."""
+    settings = {
+        "op": op if isinstance(op, str) else repr(op),
+        "fusion_bytes": fusion_bytes,
+    }
+    manifest: BulkManifest | Manifest | None
+    if not settings_error:
+        manifest = scan_for_reduce(
+            params, op, rank=rank, size=size, devices=devices, settings=settings
+        )
+        if manifest is not None:
+            return manifest
+    manifest = build_manifest(
+        params, rank=rank, size=size, root=0, devices=devices, settings=settings
+    )
+    if settings_error:
+        manifest.errors.append((None, settings_error))
+        return manifest
+    for p in manifest.params:
+        problem = _ops.check(p.master.dtype, op)
+        if problem is None and not all(r.writable for r in p.replicas):
+            problem = "a replica is read-only, but the all-reduce writes every replica"
+        if problem:
+            manifest.errors.append((p.name, problem))
+    _note_shared_memory(manifest)
+    return manifest
 
 
 def _note_shared_memory(manifest) -> None:

@@ -12,34 +12,31 @@ from ..params.bulk import BulkManifest, scan
 from ..params.manifest import build_manifest
 from ..params.recheck import Snapshot, snapshot, unchanged
 
-__all__ = ["Prepared", "find_manifest"]
+__all__ = ["Prepared", "Recognizer", "all_smaller", "devices_key_of", "find_manifest", "recognizer"]
 
 
-@_dc.dataclass
-class Prepared:
-    """What a sync compiled for one parameter set and one transport."""
+def devices_key_of(devices):
+    """``devices`` as a recognizer compares it: a sequence as a tuple, anything else as it is."""
+    if devices is not None and isinstance(devices, _abc.Sequence):
+        return tuple(devices)
+    return devices
 
-    values: tuple  # the arrays prepared, compared by identity (held, so never recycled)
-    keys: tuple
-    devices: object
-    state: Snapshot | None  # each array's address, shape, strides, dtype, writability (see recheck)
-    manifest: object
-    layout: object  # this rank's (plan.spans.Layout)
-    agreed: (
-        object  # the layout the plan follows: this rank's when every rank's agreed, else NO_RUNS
-    )
-    channel: str  # the host transport the program is for
-    program: object  # that transport's compiled program
-    fused_buckets: int
-    transfers: int  # host plan steps; device steps are added when they run
-    device_steps: list
-    host_bytes: int
-    small: bool  # every host tensor smaller than fusion_bytes
-    version: tuple = (None, -1)  # (the dict last matched, its version tag): see matches
+
+class Recognizer:
+    """What recognises a prepared parameter set when it comes back: the same keys and the same
+    array objects (held, so never recycled), under the same ``devices``, each array still at the
+    address and with the shape, strides, dtype and writability it was prepared with (see
+    :mod:`mpisync.params.recheck`). ``ParamSync`` and ``GradSync`` both reuse through it."""
+
+    __slots__ = ("values", "keys", "devices", "state", "version")
+
+    def __init__(self, values: tuple, keys: tuple, devices, state: Snapshot):
+        self.values, self.keys, self.devices, self.state = values, keys, devices, state
+        self.version: tuple = (None, -1)  # (the dict last matched, its version tag)
 
     def matches(self, params, devices) -> bool:
         """Whether ``params`` holds exactly the arrays prepared, each still as it was prepared."""
-        if devices != self.devices:
+        if devices != self.devices or not isinstance(params, _abc.Mapping):
             return False
         if _speedups is not None and type(params) is dict:
             # An unchanged version tag means no entry changed: the walk over the entries is skipped.
@@ -55,16 +52,31 @@ class Prepared:
         return unchanged(self.values, self.state)
 
 
+@_dc.dataclass
+class Prepared:
+    """What a sync compiled for one parameter set and one transport."""
+
+    recognizer: Recognizer | None  # None: not kept (replica lists, a one-shot sync)
+    manifest: object
+    layout: object  # this rank's (plan.spans.Layout)
+    # the layout the plan follows: this rank's when every rank's agreed, else NO_RUNS
+    agreed: object
+    channel: str  # the host transport the program is for
+    program: object  # that transport's compiled program
+    fused_buckets: int
+    transfers: int  # host plan steps; device steps are added when they run
+    device_steps: list
+    host_bytes: int
+    small: bool  # every host tensor smaller than fusion_bytes
+
+
 def find_manifest(
     params, devices, devices_key, prepared, *, rank, size, root, settings, settings_error
 ):
     """``(manifest, prepared)``: the prepared set when ``params`` still matches it, else a fresh
     manifest (the bulk scan for plain numpy dicts, else the general one) and ``None``."""
-    if (
-        prepared is not None
-        and isinstance(params, _abc.Mapping)
-        and prepared.matches(params, devices_key)
-    ):
+    recognizer = getattr(prepared, "recognizer", None)
+    if recognizer is not None and recognizer.matches(params, devices_key):
         manifest = prepared.manifest
         if manifest.settings != settings:
             manifest.settings = settings
@@ -92,14 +104,14 @@ def all_smaller(manifest, fusion_bytes: int) -> bool:
     return bool(host) and all(p.nbytes < fusion_bytes for p in host)
 
 
-def keep_values(params, manifest) -> tuple:
-    """``(values, keys, state)`` to recognise ``params`` next time (empty when it holds replica
-    lists)."""
+def recognizer(params, manifest, devices) -> Recognizer | None:
+    """What recognises ``params`` next time (prepared as ``manifest`` under ``devices``), or None
+    when it holds replica lists (their containers are rebuilt every time: nothing to recognise)."""
     if not manifest.leaves_only:
-        return (), (), None
+        return None
     if not isinstance(manifest, BulkManifest):
         values = tuple(params.values())
-        return values, tuple(params), snapshot(values)
+        return Recognizer(values, tuple(params), devices, snapshot(values))
     # The scan read the states when the dict is in sorted order: its sorted lists are then the
     # dict's.
     in_order = manifest.states is not None
@@ -110,8 +122,5 @@ def keep_values(params, manifest) -> tuple:
     values = tuple(arrays) if in_order and not manifest.through_torch else tuple(params.values())
     keys = tuple(manifest.names) if in_order else tuple(params)
     views = arrays if manifest.through_torch else None
-    return (
-        values,
-        keys,
-        snapshot(values, dtypes=manifest.dtypes, views=views, words=manifest.states),
-    )
+    state = snapshot(values, dtypes=manifest.dtypes, views=views, words=manifest.states)
+    return Recognizer(values, keys, devices, state)

@@ -140,6 +140,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _create(path: str, token: bytes, nbytes: int) -> tuple:
+    """``(fd, mapping)`` of a new file of ``nbytes`` at ``path`` (created exclusively, its pages
+    reserved), starting with ``token``; nothing left open when it fails (the caller unlinks)."""
+    fd = _os.open(path, _os.O_RDWR | _os.O_CREAT | _os.O_EXCL | getattr(_os, "O_CLOEXEC", 0), 0o600)
+    try:
+        _os.ftruncate(fd, nbytes)
+        # Reserve the pages now: a full /dev/shm then fails here (ENOSPC, and every rank keeps
+        # MPI) instead of killing a rank with SIGBUS at its first write.
+        _os.posix_fallocate(fd, 0, nbytes)
+        mapping = _mmap.mmap(fd, nbytes)
+    except BaseException:
+        _os.close(fd)
+        raise
+    mapping[:16] = token
+    return fd, mapping
+
+
 def _header_bytes(slots: int, size: int) -> int:
     raw = _LINE * (1 + slots + size)  # token line, one line per slot sequence, one per rank's ack
     return -(-raw // _mmap.PAGESIZE) * _mmap.PAGESIZE
@@ -188,18 +205,7 @@ class NodeSegment:
                 remove_stale_segments()
                 token = _secrets.token_bytes(16)
                 path = f"{_SHM}/{_owner_prefix()}{_os.getpid()}-{token[:6].hex()}"
-                fd = _os.open(
-                    path,
-                    _os.O_RDWR | _os.O_CREAT | _os.O_EXCL | getattr(_os, "O_CLOEXEC", 0),
-                    0o600,
-                )
-                nbytes = _header_bytes(slots, size) + slots * slot_bytes
-                _os.ftruncate(fd, nbytes)
-                # Reserve the pages now: a full /dev/shm then fails here (ENOSPC, and every rank
-                # keeps MPI) instead of killing a rank with SIGBUS at its first write.
-                _os.posix_fallocate(fd, 0, nbytes)
-                mapping = _mmap.mmap(fd, nbytes)
-                mapping[:16] = token
+                fd, mapping = _create(path, token, _header_bytes(slots, size) + slots * slot_bytes)
                 name = path.encode()
                 geometry[:] = (len(name), slots, slot_bytes)
                 message[: len(name)] = _np.frombuffer(name, _np.uint8)

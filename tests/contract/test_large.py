@@ -73,10 +73,10 @@ def test_1000_repeated_syncs_hold_memory_and_communicators_flat(comm):
     with mpisync.ParamSync(comm, root=0) as syncer:
         for _ in range(100):
             syncer.sync(params)
-        rss_100, dup = _rss(), syncer._comm
+        rss_100, dup = _rss(), syncer._link.comm
         for step in range(900):
             report = syncer.sync(params, verify=(step % 100 == 0))
-            assert syncer._comm is dup  # one duplicated communicator for the ParamSync's life
+            assert syncer._link.comm is dup  # one duplicated communicator for the ParamSync's life
         rss_1000 = _rss()
     assert report.tensors == 50
     for n, (s, d) in shapes.items():

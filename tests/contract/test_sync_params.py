@@ -136,14 +136,16 @@ def test_many_small_tensors_fused_and_not(comm, fusion_bytes, max_concurrent):
 def test_param_sync_reuses_communicator_plan_and_buffers(comm):
     shapes = {f"w{i}": ((50 + i,), "float32") for i in range(20)}
     with mpisync.ParamSync(comm, root=0, fusion_bytes=512, max_concurrent=2) as syncer:
-        syncer._chunk_bytes = 96  # every rank sets it: exercises chunking without 2 GiB tensors
+        syncer._compiler.chunk_bytes = (
+            96  # every rank sets it: exercises chunking without 2 GiB tensors
+        )
         seen = set()
         for step in range(4):
             params = {n: values(n, comm.rank + 10 * step, s, d) for n, (s, d) in shapes.items()}
             report = syncer.sync(params, verify=(step % 2 == 0))
             for n, (s, d) in shapes.items():
                 assert same_bytes(params[n], values(n, 10 * step, s, d)), (step, n)
-            seen.add(id(syncer._comm))
+            seen.add(id(syncer._link.comm))
             # max_concurrent x fusion_bytes plus a constant (a shared segment's header), never the
             # model's
             # size; MPISYNC_SHARED_MEMORY=1 puts every set through the segment, in slots of at least
@@ -154,7 +156,7 @@ def test_param_sync_reuses_communicator_plan_and_buffers(comm):
             assert syncer.buffer_bytes <= (2 << 20 if every_set else 2 * 512) + 8192
             assert (syncer._prepared is not None) == (comm.size > 1)
         assert len(seen) == 1
-    assert syncer._comm is None
+    assert syncer._link.comm is None
     with pytest.raises(mpisync.SyncError):
         syncer.sync(params)
 
@@ -180,7 +182,7 @@ def test_arrays_replaced_in_the_same_dict_are_synced(comm):
                     reference = np.full(array.shape, 7, np.float32)
                 assert same_bytes(array, reference), (step, name)
             if comm.size > 1:
-                assert syncer._prepared.values == tuple(params.values())
+                assert syncer._prepared.recognizer.values == tuple(params.values())
 
 
 @pytest.mark.parametrize("form", ["bare arrays", "replica lists"])

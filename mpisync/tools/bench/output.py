@@ -30,34 +30,48 @@ def table(results: dict) -> str:
             "`mpiexec -n 2` or more to measure broadcasts"
         )
     if results["osu"]:
-        lines += [
-            "",
-            "OSU-style Bcast sweep (latency us: min / avg / max; Ibcast overlap %)",
-            f"{'size':>10} {'min':>10} {'avg':>10} {'max':>10} {'GB/s':>7} {'Ibcast':>10} "
-            f"{'overlap':>8}",
-        ]
-        for r in results["osu"]:
-            lines.append(
-                f"{_size(r['bytes']):>10} {r['lat_min_us']:10.2f} {r['lat_avg_us']:10.2f} "
-                f"{r['lat_max_us']:10.2f} {r['gbps']:7.2f} {r.get('ibcast_avg_us', 0):10.2f} "
-                f"{r.get('overlap_pct', 0):7.1f}%"
-            )
+        lines += _osu_lines(results["osu"])
     for w in results["workloads"]:
-        lines += [
-            "",
-            f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB",
-            f"  {'strategy':<26} {'ms':>9} {'GB/s':>7} {'vs flat':>8} {'vs per-tensor':>14}  "
-            "channel",
-        ]
-        for r in w["results"]:
-            lines.append(
-                f"  {r['strategy']:<26} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
-                f"{r['bandwidth_vs_flat']:8.3f} {r['speedup_vs_per_tensor']:13.2f}x  "
-                f"{r.get('channel') or ''}".rstrip()
-            )
-        m = w["memory"]
-        if m is None:  # not measured (torch sets)
-            continue
+        lines += _workload_lines(w)
+    if results["sweeps"]:
+        lines += _sweep_lines(results["sweeps"])
+    if results.get("allreduce"):
+        from .allreduce import table as allreduce_table
+
+        lines += ["", allreduce_table(results["allreduce"])]
+    return "\n".join(lines)
+
+
+def _osu_lines(rows: list) -> list:
+    lines = [
+        "",
+        "OSU-style Bcast sweep (latency us: min / avg / max; Ibcast overlap %)",
+        f"{'size':>10} {'min':>10} {'avg':>10} {'max':>10} {'GB/s':>7} {'Ibcast':>10} "
+        f"{'overlap':>8}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{_size(r['bytes']):>10} {r['lat_min_us']:10.2f} {r['lat_avg_us']:10.2f} "
+            f"{r['lat_max_us']:10.2f} {r['gbps']:7.2f} {r.get('ibcast_avg_us', 0):10.2f} "
+            f"{r.get('overlap_pct', 0):7.1f}%"
+        )
+    return lines
+
+
+def _workload_lines(w: dict) -> list:
+    lines = [
+        "",
+        f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB",
+        f"  {'strategy':<26} {'ms':>9} {'GB/s':>7} {'vs flat':>8} {'vs per-tensor':>14}  channel",
+    ]
+    for r in w["results"]:
+        lines.append(
+            f"  {r['strategy']:<26} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
+            f"{r['bandwidth_vs_flat']:8.3f} {r['speedup_vs_per_tensor']:13.2f}x  "
+            f"{r.get('channel') or ''}".rstrip()
+        )
+    m = w["memory"]
+    if m is not None:  # None: not measured (torch sets)
         lines.append(
             "  memory held by mpisync during a sync (traced peak + its buffers, max over ranks): "
             "repeated "
@@ -65,24 +79,23 @@ def table(results: dict) -> str:
             f"(bound max_concurrent x fusion_bytes = {m['bound_bytes'] / 1e6:.2f} MB); "
             f"peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB"
         )
-    if results["sweeps"]:
-        lines += [
-            "",
-            "Sweeps of repeated ParamSync.sync (other settings at their defaults)",
-            f"  {'workload':<12} {'setting':<15} {'value':>9} {'ms':>9} {'GB/s':>7} {'vs flat':>8} "
-            " channel",
-        ]
-        for r in results["sweeps"]:
-            lines.append(
-                f"  {r['workload']:<12} {r['param']:<15} {r['value']:>9} "
-                f"{r['median_s'] * 1e3:9.3f} "
-                f"{r['gbps']:7.2f} {r['bandwidth_vs_flat']:8.3f}  {r.get('channel') or ''}".rstrip()
-            )
-    if results.get("allreduce"):
-        from .allreduce import table as allreduce_table
+    return lines
 
-        lines += ["", allreduce_table(results["allreduce"])]
-    return "\n".join(lines)
+
+def _sweep_lines(rows: list) -> list:
+    lines = [
+        "",
+        "Sweeps of repeated ParamSync.sync (other settings at their defaults)",
+        f"  {'workload':<12} {'setting':<15} {'value':>9} {'ms':>9} {'GB/s':>7} {'vs flat':>8} "
+        " channel",
+    ]
+    for r in rows:
+        lines.append(
+            f"  {r['workload']:<12} {r['param']:<15} {r['value']:>9} "
+            f"{r['median_s'] * 1e3:9.3f} "
+            f"{r['gbps']:7.2f} {r['bandwidth_vs_flat']:8.3f}  {r.get('channel') or ''}".rstrip()
+        )
+    return lines
 
 
 def write_json(results: dict, path: str) -> None:
