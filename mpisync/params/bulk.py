@@ -30,7 +30,7 @@ from .._runtime.speedups import speedups as _speedups
 from .adapters import UnsupportedArray, _dtype_name, torch_cpu_views
 from .manifest import Manifest, build_manifest, params_digest, settings_digest
 
-__all__ = ["BulkManifest", "scan"]
+__all__ = ["BulkManifest", "scan", "shares_or_touches"]
 
 # A torch ``state_dict()`` is an OrderedDict; subclasses that override lookups take the general
 # path.
@@ -116,16 +116,26 @@ class BulkManifest:
         return self.full().encode()
 
 
-def _shares_or_touches(held) -> bool:
-    """Whether some non-empty buffer of ``held`` starts where another ends (the two could travel as
-    one span) or shares memory with another (tied weights: one region under two names)."""
-    sizes = _np.frombuffer(held.lengths(), dtype=_np.int64)
-    starts = _np.frombuffer(held.addresses(), dtype=_np.int64)[sizes > 0]
+def shares_or_touches(lengths: bytes, addresses: bytes) -> bool:
+    """Whether some non-empty buffer starts where another ends (the two could travel as one span)
+    or shares memory with another (tied weights: one region under two names).
+
+    ``lengths`` and ``addresses`` are native int64 words, one per buffer (``BufferList.lengths()``
+    and ``addresses()``).
+    """
+    sizes = _np.frombuffer(lengths, dtype=_np.int64)
+    starts = _np.frombuffer(addresses, dtype=_np.int64)
+    if not sizes.all():
+        starts, sizes = starts[sizes > 0], sizes[sizes > 0]
     if len(starts) < 2:
         return False
-    order = _np.argsort(starts)
-    starts, ends = starts[order], starts[order] + sizes[sizes > 0][order]
-    return bool((starts[1:] <= _np.maximum.accumulate(ends)[:-1]).any())
+    ends = starts + sizes
+    # Each starting past the previous one's end means address order with gaps: no sort needed.
+    if (starts[1:] > ends[:-1]).all():
+        return False
+    # Disjoint regions with gaps between them, and only those, alternate start < end < start ...
+    # once the starts and the ends are each sorted.
+    return bool((_np.sort(starts)[1:] <= _np.sort(ends)[:-1]).any())
 
 
 def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> BulkManifest | None:
@@ -156,7 +166,7 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
         held, dtype_runs, states = _speedups.array_list(values, _np.ndarray)
     except (ValueError, TypeError, BufferError):
         return None
-    if (held.readonly and rank != root) or _shares_or_touches(held):
+    if (held.readonly and rank != root) or shares_or_touches(held.lengths(), held.addresses()):
         return None  # an error to word, spans or aliases to find: the general path does all three
     runs: list = []  # [[dtype name, how many in a row]], as manifest.runs gives them
     try:
