@@ -1,7 +1,8 @@
 """Only the optional C extension lives here; everything else is in setup.cfg and pyproject.toml.
 
 ``mpisync._speedups`` (the per-tensor loops of a repeated sync) is optional:
-without a C compiler the install goes on and mpisync uses its Python paths.
+without a C compiler (or numpy's headers) the install goes on and mpisync runs the same program
+with the Python form of each loop (mpisync/_runtime/pyloops.py).
 Nothing from an earlier build is reused: a ``build/`` folder left by another
 install (another version, another compiler) is emptied of mpisync's files
 first, and the extension is always compiled afresh or left out.
@@ -38,7 +39,23 @@ class FreshBuildExt(build_ext):
         super().build_extension(ext)
 
 
+def _extensions() -> list:
+    """The C loops, built against numpy's headers; none where numpy is not importable here."""
+    try:
+        import numpy
+    except ImportError:
+        return []
+    return [
+        Extension(
+            "mpisync._speedups",
+            ["mpisync/_speedups.c"],
+            include_dirs=[numpy.get_include()],
+            optional=True,
+        )
+    ]
+
+
 setup(
-    ext_modules=[Extension("mpisync._speedups", ["mpisync/_speedups.c"], optional=True)],
+    ext_modules=_extensions(),
     cmdclass={"build_py": FreshBuildPy, "build_ext": FreshBuildExt},
 )

@@ -1,6 +1,7 @@
 """Two checkouts of mpisync, benchmarked side by side: ``mpisync bench`` alternating between them.
 
     python benchmarks/side_by_side.py OLD_CHECKOUT NEW_CHECKOUT --rounds 3 -- --quick --allreduce
+    python benchmarks/side_by_side.py . . --new-env MPISYNC_SPEEDUPS_WITHOUT=array_list -- --quick
 
 Each round runs ``mpiexec -n RANKS python -m mpisync bench --json F ARGS`` once with the old
 checkout first on ``PYTHONPATH``, then once with the new one (the next round starts with the
@@ -8,7 +9,9 @@ new one, so neither always runs first on a machine whose load comes and goes). E
 needs its C extension built in place (``python setup.py build_ext --inplace``). The table
 gives, per bench row, the median over rounds of each checkout's time and the ratio new/old
 (above 1: the new checkout is slower); rows are the bench's timed results: OSU latencies,
-each workload's strategies, the sweeps and the all-reduce rows.
+each workload's strategies, the sweeps and the all-reduce rows. ``--old-env``/``--new-env``
+``NAME=VALUE`` set environment variables for one side only: one checkout with and without a C
+loop, side by side.
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ def _rows(doc: dict) -> dict:
     return rows
 
 
-def _run(checkout: str, ranks: int, bench_args: list, out: Path) -> dict:
+def _run(checkout: str, ranks: int, bench_args: list, out: Path, extra_env: list) -> dict:
     env = dict(os.environ, PYTHONPATH=checkout, HYDRA_LAUNCHER="fork")
+    env.update(item.split("=", 1) for item in extra_env)
     env.setdefault("MPIEXEC_TIMEOUT", "1800")
     cmd = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "mpisync", "bench", "--no-progress"]
     subprocess.run(
@@ -71,6 +75,10 @@ def main(argv=None) -> int:
     parser.add_argument("new")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=2)
+    for side in ("old", "new"):
+        parser.add_argument(
+            f"--{side}-env", action="append", default=[], metavar="NAME=VALUE", help=f"{side} only"
+        )
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     opt = parser.parse_args(argv[:split])
@@ -81,7 +89,8 @@ def main(argv=None) -> int:
             order = ("old", "new") if k % 2 == 0 else ("new", "old")
             for which in order:
                 checkout = str(Path(getattr(opt, which)).resolve())
-                rows = _run(checkout, opt.ranks, opt.bench_args, Path(tmp) / f"{which}{k}.json")
+                out, extra = Path(tmp) / f"{which}{k}.json", getattr(opt, f"{which}_env")
+                rows = _run(checkout, opt.ranks, opt.bench_args, out, extra)
                 for name, seconds in rows.items():
                     times[which].setdefault(name, []).append(seconds)
             print(f"round {k + 1}/{opt.rounds} done", file=sys.stderr, flush=True)

@@ -37,7 +37,7 @@ echo "== 3 ranks, MPISYNC_SHARED_MEMORY=1"
 MPISYNC_SHARED_MEMORY=1 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 3 python ci/mpi_pytest.py -q
 echo "== 2 ranks, MPISYNC_CROSS_MEMORY=0 MPISYNC_SHARED_MEMORY=0 (repeated syncs stay on MPI collectives)"
 MPISYNC_CROSS_MEMORY=0 MPISYNC_SHARED_MEMORY=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q
-echo "== 2 ranks, MPISYNC_SPEEDUPS=0 (no C loops: the general path and kernel copies, as without a compiler)"
+echo "== 2 ranks, MPISYNC_SPEEDUPS=0 (the Python form of every C loop: the same program, as without a compiler)"
 MPISYNC_SPEEDUPS=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q
 # The passes above ran with the C loops: fail if the optional extension was quietly not built here.
 python -c "import mpisync._runtime.speedups as s; assert s.enabled(), 'mpisync._speedups was not built'"

@@ -7,10 +7,14 @@
  * export keeps the memory in place), so no raw address crosses from Python,
  * and every copy is checked against the arena's bounds. Optional: mpisync
  * falls back to its Python and kernel paths when this module is not built
- * (see mpisync/speedups.py).
+ * (mpisync/_runtime/speedups.py picks each loop; mpisync/_runtime/pyloops.py is
+ * the Python form of every function here). Built against numpy's headers: arrays are read through
+ * numpy's own accessors.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__SSE2__)
@@ -305,7 +309,14 @@ static PyMethodDef BufferList_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *
+BufferList_get_compiled(BufferList *self, void *closure)
+{
+    Py_RETURN_TRUE;
+}
+
 static PyGetSetDef BufferList_getset[] = {
+    {"compiled", (getter)BufferList_get_compiled, NULL, "True: the C loops copy this list.", NULL},
     {"nbytes", (getter)BufferList_get_nbytes, NULL, "Bytes of all the buffers together.", NULL},
     {"readonly", (getter)BufferList_get_readonly, NULL, "Whether some buffer is read-only.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -348,40 +359,19 @@ same_items(PyObject *module, PyObject *args)
     return PyBool_FromLong(i == n);
 }
 
-/* The dict's version tag (PEP 509): it changes with every change to the dict and is never shared
- * by two dicts (one global counter), so an equal tag means the same dict with the same entries.
- * -1 from Python 3.12 on, where the tag is deprecated, and on PyPy: callers then compare the entries. */
-static PyObject *
-dict_version(PyObject *module, PyObject *mapping)
-{
-    if (!PyDict_Check(mapping)) {
-        PyErr_SetString(PyExc_TypeError, "dict_version() takes a dict");
-        return NULL;
-    }
-#if PY_VERSION_HEX < 0x030C0000 && !defined(PYPY_VERSION)
-    return PyLong_FromUnsignedLongLong(((PyDictObject *)mapping)->ma_version_tag);
-#else
-    return PyLong_FromLong(-1);
-#endif
-}
-
 /* array_states / same_states: what a prepared sync relies on about each numpy array (data address,
- * dtype object, writability, ndim, shape, strides), read from the array's public struct fields
- * (numpy's PyArrayObject_fields, the same in numpy 1.x and 2.x) without numpy's headers, far cheaper
- * than a buffer export. Items that are not exactly of
- * ``array_type`` (torch tensors, ...) get one zero word and are checked by the caller. */
-typedef struct {
-    PyObject_HEAD
-    char *data;
-    int nd;
-    Py_ssize_t *dimensions;
-    Py_ssize_t *strides;
-    PyObject *base;
-    PyObject *descr;
-    int flags;
-} ArrayFields;
-
-#define ARRAY_WRITEABLE 0x0400
+ * dtype object, writability, ndim, shape, strides), read through numpy's accessors, far cheaper
+ * than a buffer export. Items that are not exactly of ``array_type`` (torch tensors, ...) get one
+ * zero word and are checked by the caller. */
+/* The array_type argument must be numpy.ndarray: the loops read its items as numpy arrays. */
+static int
+check_array_type(PyObject *type)
+{
+    if (type == (PyObject *)&PyArray_Type)
+        return 0;
+    PyErr_SetString(PyExc_TypeError, "array_type must be numpy.ndarray");
+    return -1;
+}
 
 static Py_ssize_t
 state_words(PyObject *item, PyTypeObject *type, int64_t *out)
@@ -391,16 +381,17 @@ state_words(PyObject *item, PyTypeObject *type, int64_t *out)
             out[0] = 0;
         return 1;
     }
-    ArrayFields *a = (ArrayFields *)item;
-    Py_ssize_t nd = a->nd < 0 ? 0 : a->nd;
+    PyArrayObject *a = (PyArrayObject *)item;
+    Py_ssize_t nd = PyArray_NDIM(a);
     if (out) {
+        const npy_intp *dims = PyArray_DIMS(a), *strides = PyArray_STRIDES(a);
         out[0] = 1 + nd;
-        out[1] = (int64_t)(intptr_t)a->data;
-        out[2] = (int64_t)(intptr_t)a->descr;
-        out[3] = (a->flags & ARRAY_WRITEABLE) ? 1 : 0;
+        out[1] = (int64_t)(intptr_t)PyArray_DATA(a);
+        out[2] = (int64_t)(intptr_t)PyArray_DESCR(a);
+        out[3] = PyArray_ISWRITEABLE(a) ? 1 : 0;
         for (Py_ssize_t k = 0; k < nd; k++) {
-            out[4 + 2 * k] = a->dimensions[k];
-            out[5 + 2 * k] = a->strides[k];
+            out[4 + 2 * k] = dims[k];
+            out[5 + 2 * k] = strides[k];
         }
     }
     return 4 + 2 * nd;
@@ -410,7 +401,7 @@ static PyObject *
 array_states(PyObject *module, PyObject *args)
 {
     PyObject *items, *type;
-    if (!PyArg_ParseTuple(args, "OO!", &items, &PyType_Type, &type))
+    if (!PyArg_ParseTuple(args, "OO!", &items, &PyType_Type, &type) || check_array_type(type) < 0)
         return NULL;
     PyObject *seq = PySequence_Fast(items, "array_states() takes a sequence");
     if (seq == NULL)
@@ -438,6 +429,10 @@ same_states(PyObject *module, PyObject *args)
     Py_buffer states;
     if (!PyArg_ParseTuple(args, "OO!y*", &items, &PyType_Type, &type, &states))
         return NULL;
+    if (check_array_type(type) < 0) {
+        PyBuffer_Release(&states);
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(items, "same_states() takes a sequence");
     if (seq == NULL) {
         PyBuffer_Release(&states);
@@ -462,15 +457,16 @@ same_states(PyObject *module, PyObject *args)
             left--;
             continue;
         }
-        ArrayFields *a = (ArrayFields *)item;
-        Py_ssize_t nd = a->nd < 0 ? 0 : a->nd;
-        if (w[0] != 1 + nd || left < 4 + 2 * nd || w[1] != (int64_t)(intptr_t)a->data
-            || w[2] != (int64_t)(intptr_t)a->descr || w[3] != ((a->flags & ARRAY_WRITEABLE) ? 1 : 0)) {
+        PyArrayObject *a = (PyArrayObject *)item;
+        Py_ssize_t nd = PyArray_NDIM(a);
+        const npy_intp *dims = PyArray_DIMS(a), *strides = PyArray_STRIDES(a);
+        if (w[0] != 1 + nd || left < 4 + 2 * nd || w[1] != (int64_t)(intptr_t)PyArray_DATA(a)
+            || w[2] != (int64_t)(intptr_t)PyArray_DESCR(a) || w[3] != (PyArray_ISWRITEABLE(a) ? 1 : 0)) {
             same = 0;
             break;
         }
         for (Py_ssize_t k = 0; k < nd; k++) {
-            if (w[4 + 2 * k] != a->dimensions[k] || w[5 + 2 * k] != a->strides[k]) {
+            if (w[4 + 2 * k] != dims[k] || w[5 + 2 * k] != strides[k]) {
                 same = 0;
                 break;
             }
@@ -491,9 +487,8 @@ same_states(PyObject *module, PyObject *args)
  * one pass over numpy's struct fields, exporting no buffer (taking and releasing an export per array
  * was most of a cold scan of thousands of small arrays: docs/performance.md). It holds the arrays
  * instead, so their memory cannot be freed, and a resize needs refcheck=False; a later sync
- * re-checks every address (see mpisync/recheck.py) before it copies. Each array must be C-contiguous, as a PyBUF_ND export
+ * re-checks every address (see mpisync/params/recheck.py) before it copies. Each array must be C-contiguous, as a PyBUF_ND export
  * requires; its byte length is its dtype's itemsize times its extents. */
-#define ARRAY_C_CONTIGUOUS 0x0001
 /* On a cold sync each array's header and extents are cache misses: ask for them a few arrays ahead. */
 #define PREFETCH_AHEAD 16
 #if defined(__GNUC__)
@@ -503,37 +498,24 @@ same_states(PyObject *module, PyObject *args)
 #endif
 
 static int
-array_entry(BufferList *list, Py_ssize_t i, PyObject *item, PyObject **descr, Py_ssize_t *itemsize,
-            int64_t **shape, int64_t **state)
+array_entry(BufferList *list, Py_ssize_t i, PyObject *item, int64_t **shape, int64_t **state)
 {
-    ArrayFields *a = (ArrayFields *)item;
-    if (!(a->flags & ARRAY_C_CONTIGUOUS)) {
+    PyArrayObject *a = (PyArrayObject *)item;
+    if (!PyArray_IS_C_CONTIGUOUS(a)) {
         PyErr_Format(PyExc_BufferError, "array_list: item %zd is not C-contiguous", i);
         return -1;
     }
-    if (a->descr != *descr) {
-        PyObject *size = PyObject_GetAttrString(a->descr, "itemsize");
-        if (size == NULL)
-            return -1;
-        *itemsize = PyLong_AsSsize_t(size);
-        Py_DECREF(size);
-        if (*itemsize < 0) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "array_list: item %zd has a negative itemsize", i);
-            return -1;
-        }
-        *descr = a->descr;
-    }
-    Py_ssize_t nd = a->nd < 0 ? 0 : a->nd, len = *itemsize;
+    Py_ssize_t nd = PyArray_NDIM(a), len = PyArray_ITEMSIZE(a);
+    const npy_intp *dims = PyArray_DIMS(a);
     *(*shape)++ = nd;
     for (Py_ssize_t k = 0; k < nd; k++) {
-        len *= a->dimensions[k];
-        *(*shape)++ = a->dimensions[k];
+        len *= dims[k];
+        *(*shape)++ = dims[k];
     }
     *state += state_words(item, Py_TYPE(item), *state);
-    list->spans[i].at = a->data;
+    list->spans[i].at = PyArray_DATA(a);
     list->spans[i].len = len;
-    list->ro[i] = (a->flags & ARRAY_WRITEABLE) ? 0 : 1;
+    list->ro[i] = PyArray_ISWRITEABLE(a) ? 0 : 1;
     list->nbytes += len;
     list->readonly |= list->ro[i];
     return 0;
@@ -545,11 +527,11 @@ descr_runs(PyObject *const *objs, Py_ssize_t n)
 {
     PyObject *runs = PyList_New(0);
     for (Py_ssize_t i = 0; runs != NULL && i < n;) {
-        PyObject *descr = ((ArrayFields *)objs[i])->descr;
+        PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)objs[i]);
         Py_ssize_t j = i + 1;
-        while (j < n && ((ArrayFields *)objs[j])->descr == descr)
+        while (j < n && PyArray_DESCR((PyArrayObject *)objs[j]) == descr)
             j++;
-        PyObject *run = Py_BuildValue("[On]", descr, j - i);
+        PyObject *run = Py_BuildValue("[On]", (PyObject *)descr, j - i);
         if (run == NULL || PyList_Append(runs, run) < 0) {
             Py_XDECREF(run);
             Py_CLEAR(runs);
@@ -565,7 +547,7 @@ static PyObject *
 array_list(PyObject *module, PyObject *args)
 {
     PyObject *items, *type;
-    if (!PyArg_ParseTuple(args, "OO!", &items, &PyType_Type, &type))
+    if (!PyArg_ParseTuple(args, "OO!", &items, &PyType_Type, &type) || check_array_type(type) < 0)
         return NULL;
     PyObject *owners = PySequence_Tuple(items); /* its own tuple: the caller's list may change */
     if (owners == NULL)
@@ -581,8 +563,7 @@ array_list(PyObject *module, PyObject *args)
             Py_DECREF(owners);
             return NULL;
         }
-        Py_ssize_t nd = ((ArrayFields *)objs[i])->nd;
-        shape_words += nd < 0 ? 0 : nd;
+        shape_words += PyArray_NDIM((PyArrayObject *)objs[i]);
         state_total += state_words(objs[i], (PyTypeObject *)type, NULL);
     }
     BufferList *list = (BufferList *)BufferListType.tp_alloc(&BufferListType, 0);
@@ -604,12 +585,10 @@ array_list(PyObject *module, PyObject *args)
     list->count = n;
     int64_t *shape = (int64_t *)PyBytes_AS_STRING(list->shape_bytes);
     int64_t *state = (int64_t *)PyBytes_AS_STRING(states);
-    PyObject *descr = NULL;
-    Py_ssize_t itemsize = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n) /* its header was read above: fetch the extents and strides */
-            PREFETCH(((ArrayFields *)objs[i + PREFETCH_AHEAD])->dimensions);
-        if (array_entry(list, i, objs[i], &descr, &itemsize, &shape, &state) < 0)
+            PREFETCH(PyArray_DIMS((PyArrayObject *)objs[i + PREFETCH_AHEAD]));
+        if (array_entry(list, i, objs[i], &shape, &state) < 0)
             goto fail;
     }
     runs = descr_runs(objs, n);
@@ -721,9 +700,6 @@ static PyMethodDef methods[] = {
     {"same_states", same_states, METH_VARARGS,
      "same_states(items, array_type, states) -> bool: array_states(items, array_type) == states, without "
      "building it."},
-    {"dict_version", dict_version, METH_O,
-     "dict_version(dict) -> int: changes with every change to the dict, never equal for two dicts; "
-     "-1 where the interpreter has no version tag (3.12 on)."},
     {"same_items", same_items, METH_VARARGS,
      "same_items(dict, keys, values) -> bool: the dict holds exactly these objects, in order."},
     {NULL, NULL, 0, NULL},
@@ -735,6 +711,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "mpisync._speedups",
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
+    import_array();
     if (PyType_Ready(&BufferListType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);

@@ -69,6 +69,8 @@ _OFF = ("0", "false", "no", "off")
 #: ``MPISYNC_LOG``'s levels (any case); unset or empty: no log handler.
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _PATHS = ("MPISYNC_TIMELINE", "MPISYNC_TUNING")
+#: For the with/without figures: C loops to replace with their Python form (comma-separated names).
+_BENCH = ("MPISYNC_SPEEDUPS_WITHOUT",)
 #: Read by the project's own CI scripts and tests, never by the package: known, not warned about.
 _TOOLING = (
     "MPISYNC_TEST_LOGS",
@@ -83,7 +85,7 @@ _TOOLING = (
     "MPISYNC_EXPECT_NODES",
 )
 #: Every ``MPISYNC_*`` name that means something; any other is reported as unknown.
-KNOWN_ENV = frozenset([*ENV_NAMES.values(), *SWITCHES, "MPISYNC_LOG", *_PATHS, *_TOOLING])
+KNOWN_ENV = frozenset([*ENV_NAMES.values(), *SWITCHES, "MPISYNC_LOG", *_PATHS, *_BENCH, *_TOOLING])
 
 
 _T = TypeVar("_T")

@@ -19,6 +19,17 @@ def speedups_or_skip():
     return speedups
 
 
+#: The two forms of the loops (mpisync._runtime.speedups): tests run each function both ways.
+LOOP_FORMS = ("C", "Python")
+
+
+def loops_of(form):
+    """The loops of ``form`` (``"C"``: skips where the C loops are not built, or are off)."""
+    from mpisync._runtime.speedups import choose
+
+    return choose(speedups_or_skip() if form == "C" else None)
+
+
 def arena_path(path):
     """The arena settings of ``path`` (skips the compiled path where the C loops are not built)."""
     if path == "compiled":

@@ -1,15 +1,24 @@
-"""The optional C loops (``mpisync._speedups``), or ``None`` where they are not built or are off.
+"""The loops of the cold and repeated sync, each in C (``mpisync._speedups``) where it is built and
+on, else in Python (:mod:`mpisync._runtime.pyloops`): the same functions, so every build runs the
+same program.
 
-Callers keep a Python or kernel path for every function, so the package works
-without a compiler; ``MPISYNC_SPEEDUPS=0`` turns the C loops off (the tests run
-both ways and compare bytes).
+``MPISYNC_SPEEDUPS=0`` takes the Python form of all of them, as an install without a C compiler
+does; ``MPISYNC_SPEEDUPS_WITHOUT=array_list,same_states`` of the named ones only (for the
+with/without figures in docs/performance.md).
 """
 
 from __future__ import annotations
 
-from ..config import env_switch
+import os as _os
+import types as _types
 
-__all__ = ["speedups", "enabled"]
+from ..config import env_switch
+from . import pyloops as _pyloops
+
+__all__ = ["loops", "speedups", "enabled", "compiled_lists", "NAMES"]
+
+#: Every loop, by name: each is ``mpisync._speedups``'s or :mod:`mpisync._runtime.pyloops`'s.
+NAMES = tuple(_pyloops.__all__)
 
 
 def _load(requested: bool | None = None):
@@ -25,8 +34,28 @@ def _load(requested: bool | None = None):
     return _speedups
 
 
-#: The ``mpisync._speedups`` module (``BufferList``, ``same_items``), or ``None``.
+def choose(compiled, without: frozenset = frozenset()) -> _types.SimpleNamespace:
+    """The loops: ``compiled``'s (the C module, or None) except those named in ``without``."""
+    chosen = {
+        name: getattr(_pyloops if compiled is None or name in without else compiled, name)
+        for name in NAMES
+    }
+    return _types.SimpleNamespace(**chosen)
+
+
+#: The ``mpisync._speedups`` module, or ``None`` (not built, or ``MPISYNC_SPEEDUPS=0``).
 speedups = _load()
+
+#: C loops replaced by their Python form for the with/without figures (``MPISYNC_SPEEDUPS_WITHOUT``)
+_WITHOUT = frozenset(
+    name.strip() for name in _os.environ.get("MPISYNC_SPEEDUPS_WITHOUT", "").split(",") if name
+)
+
+#: The loops every path calls (see the module doc).
+loops = choose(speedups, _WITHOUT)
+
+#: Whether copy lists are C ``BufferList`` objects (the arena then copies them with their loops).
+compiled_lists = loops.BufferList is not _pyloops.BufferList
 
 
 def enabled(requested: bool | None = None) -> bool:

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import numpy as _np
 
-from .._runtime.speedups import speedups as _speedups
+from .._runtime.speedups import loops
 from ..params.adapters import UnsupportedArray, _byte_view, _dtype_name
 from ..params.bulk import BulkManifest, scan
+from ..plan.arena import part_copies
 from ..plan.transfers import bulk_plan
 from . import ops as _ops
 from .plan import CHUNK_BYTES, ReduceStep, aligned, fused_arena
@@ -67,7 +68,7 @@ def scan_for_reduce(
 
 
 def _fused(held, names, first: int, last: int, buffer, arena, offset: int, divide) -> ReduceStep:
-    copies = ((offset, (), buffer.nbytes, held.part(first, last)),)
+    copies = part_copies(offset, held, first, last)
 
     def store():
         if divide is not None:
@@ -94,7 +95,7 @@ def _group_plans(manifest: BulkManifest, op: str, fusion_bytes: int) -> list:
         else:
             values = [manifest.values[i] for i in members]
             names = [manifest.names[i] for i in members]
-            held, sizes = _speedups.array_list(values, _np.ndarray)[0], manifest.sizes[members]
+            held, sizes = loops.array_list(values, _np.ndarray)[0], manifest.sizes[members]
         out.append((dtype, held, names, values, bulk_plan(sizes, fusion_bytes, CHUNK_BYTES)))
     return out
 
@@ -118,8 +119,10 @@ def compile_bulk_steps(
             if fused:
                 arena_bytes += aligned(nbytes)
     arena, base = fused_arena(arena_bytes, arena_for)
-    if not arena.compiled:  # its copy groups are BufferList parts alone: only the C loops copy them
-        raise ValueError("compile_bulk_steps needs an arena that copies with mpisync._speedups")
+    if getattr(manifest.held, "compiled", False) and not arena.compiled:
+        raise ValueError(
+            "compile_bulk_steps: C buffer lists need an arena that copies with their loops"
+        )
     count = size if op == "avg" else 1  # one replica of each array on every rank
     steps, next_offsets = [], iter(offsets)
     for dtype, held, names, values, plan in groups:

@@ -26,7 +26,7 @@ import collections as _collections
 
 import numpy as _np
 
-from .._runtime.speedups import speedups as _speedups
+from .._runtime.speedups import loops
 from .adapters import UnsupportedArray, _dtype_name, torch_cpu_views
 from .manifest import Manifest, build_manifest, params_digest, settings_digest
 
@@ -142,15 +142,14 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
     """The bulk manifest of ``params``, or ``None`` when it does not qualify (see the module
     doc)."""
     if (
-        _speedups is None
-        or devices is not None
+        devices is not None
         or type(params) not in _PLAIN_DICTS
         or not params
         or type(root) is not int
         or not 0 <= root < size
     ):
         return None
-    sorted_names = _speedups.sorted_names(params)
+    sorted_names = loops.sorted_names(params)
     if sorted_names is None:
         return None  # a name that is not a str: the general path words the error
     names, in_dict_order = sorted_names
@@ -163,7 +162,7 @@ def scan(params, *, rank: int, size: int, root, devices, settings: dict) -> Bulk
         # Exactly numpy.ndarray, C-contiguous: else the general path says why not. One pass over the
         # arrays' struct fields gives their buffers, dtype runs (heads: every dtype object held) and
         # the states the re-check of the next sync compares.
-        held, dtype_runs, states = _speedups.array_list(values, _np.ndarray)
+        held, dtype_runs, states = loops.array_list(values, _np.ndarray)
     except (ValueError, TypeError, BufferError):
         return None
     if (held.readonly and rank != root) or shares_or_touches(held.lengths(), held.addresses()):

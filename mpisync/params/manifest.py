@@ -16,7 +16,7 @@ import struct as _struct
 
 import numpy as _np
 
-from .._runtime.speedups import speedups as _speedups
+from .._runtime.speedups import loops
 from .adapters import UnsupportedArray, as_array_view, is_array_like, numpy_view
 
 __all__ = [
@@ -145,7 +145,7 @@ def _names_encoding(names: list) -> tuple:
     holds
     a NUL (built in C where it can be), else ``b"L"`` with each name's length, and the names
     joined."""
-    joined = _speedups.joined_names(names) if _speedups is not None else None
+    joined = loops.joined_names(names)
     if joined is not None:
         return b"J", joined
     text = "\x00".join(names)

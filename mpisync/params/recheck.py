@@ -3,9 +3,9 @@
 A :class:`~mpisync.ParamSync` that gets the same array objects back reuses
 its compiled copies, which hold addresses. Before each such sync every
 array's data address, shape, strides, dtype and writability are compared
-with what was prepared (a C loop over numpy's struct fields where
-:mod:`mpisync._speedups` is built, over the numpy views of torch CPU tensors
-when the bulk path prepared them; the rest in Python). Any
+with what was prepared (one loop of :mod:`mpisync._runtime.speedups` over the numpy arrays, or
+over the numpy views of torch CPU tensors when the bulk path prepared them; the rest one by
+one). Any
 difference makes the rank prepare again, and the validation exchange tells
 every rank that someone did, so nothing is written at an address an array
 no longer owns.
@@ -17,15 +17,15 @@ import sys as _sys
 
 import numpy as _np
 
-from .._runtime.speedups import speedups as _speedups
+from .._runtime.speedups import loops
 from .adapters import torch_cpu_views
 
 __all__ = ["snapshot", "unchanged"]
 
 
 def _state(value) -> tuple:
-    """The Python form of one array's state (torch tensors, cupy arrays, numpy without the C
-    loops)."""
+    """One array's state as a tuple (torch tensors, cupy arrays: what the loops' words leave
+    out)."""
     if isinstance(value, _np.ndarray):
         return (
             value.__array_interface__["data"][0],
@@ -66,7 +66,7 @@ class Snapshot:
     def __init__(
         self, words: bytes | None, others: tuple, dtypes: tuple = (), through_torch: bool = False
     ):
-        self.words = words  # C form for exact numpy arrays (None without the C loops)
+        self.words = words  # the loops' words for exact numpy arrays (one zero word for others)
         self.others = others  # (index, state) for everything the C loop does not read
         # The C form compares dtypes by address: holding them keeps a new dtype from taking the
         # address.
@@ -92,15 +92,13 @@ def snapshot(
     ``words``: those states, already read (``mpisync._speedups.array_list`` gives them with the
     buffers), in the order of ``values``.
     """
-    if _speedups is not None and dtypes is not None:
+    if dtypes is not None:
         if words is None:
-            words = _speedups.array_states(values if views is None else views, _np.ndarray)
+            words = loops.array_states(values if views is None else views, _np.ndarray)
         return Snapshot(words, (), dtypes, views is not None)
-    if _speedups is not None:
-        words = _speedups.array_states(values, _np.ndarray)
-        others = tuple((i, _state(v)) for i, v in enumerate(values) if type(v) is not _np.ndarray)
-        return Snapshot(words, others, tuple(getattr(v, "dtype", None) for v in values))
-    return Snapshot(None, tuple((i, _state(v)) for i, v in enumerate(values)))
+    words = loops.array_states(values, _np.ndarray)
+    others = tuple((i, _state(v)) for i, v in enumerate(values) if type(v) is not _np.ndarray)
+    return Snapshot(words, others, tuple(getattr(v, "dtype", None) for v in values))
 
 
 def unchanged(values: tuple, prepared: Snapshot | None) -> bool:
@@ -114,8 +112,8 @@ def unchanged(values: tuple, prepared: Snapshot | None) -> bool:
     try:
         if prepared.through_torch:
             views = torch_cpu_views(values)
-            return views is not None and _speedups.same_states(views, _np.ndarray, prepared.words)
-        if prepared.words is not None and not _speedups.same_states(
+            return views is not None and loops.same_states(views, _np.ndarray, prepared.words)
+        if prepared.words is not None and not loops.same_states(
             values, _np.ndarray, prepared.words
         ):
             return False

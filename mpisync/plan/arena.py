@@ -20,9 +20,9 @@ import weakref as _weakref
 
 import numpy as _np
 
-from .._runtime.speedups import speedups as _speedups
+from .._runtime.speedups import compiled_lists, loops
 
-__all__ = ["Arena", "copy_list", "vectored_io_available"]
+__all__ = ["Arena", "copy_list", "part_copies", "vectored_io_available"]
 
 try:
     _IOV_MAX = max(16, min(_os.sysconf("SC_IOV_MAX"), 1024))
@@ -38,7 +38,7 @@ def vectored_io_available() -> bool:
 def copy_list(offset: int, views) -> tuple:
     """Byte ``views`` laid end to end in the arena from ``offset``, as ``(offset, views, nbytes,
     held)`` groups small enough for one ``preadv``/``pwritev`` each; ``held`` is the group as a
-    C ``BufferList`` where :mod:`mpisync._runtime.speedups` is built, else ``None``."""
+    C ``BufferList`` where :mod:`mpisync._runtime.speedups` has the C loops, else ``None``."""
     groups, position = [], offset
     views = [v for v in views if v.nbytes]
     for start in range(0, len(views), _IOV_MAX):
@@ -49,11 +49,21 @@ def copy_list(offset: int, views) -> tuple:
                 position,
                 group,
                 nbytes,
-                _speedups.BufferList(group) if _speedups is not None else None,
+                loops.BufferList(group) if compiled_lists else None,
             )
         )
         position += nbytes
     return tuple(groups)
+
+
+def part_copies(offset: int, held, first: int, last: int) -> tuple:
+    """Copy groups for buffers ``first:last`` of ``held`` (a ``BufferList``) laid end to end in the
+    arena from ``offset``: the C list's part as one group, or the Python list's buffers as
+    :func:`copy_list` groups (the kernel's or Python's copies)."""
+    part = held.part(first, last)
+    if getattr(part, "compiled", False):
+        return ((offset, (), part.nbytes, part),)
+    return copy_list(offset, part.views)
 
 
 class Arena:
@@ -112,7 +122,7 @@ class Arena:
     def compiled(self) -> bool:
         """Whether copy groups that carry a C ``BufferList`` are copied by it (see
         :func:`copy_list`)."""
-        return self._compiled and _speedups is not None
+        return self._compiled
 
     @property
     def mapped(self) -> bool:

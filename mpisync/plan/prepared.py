@@ -7,7 +7,7 @@ import collections.abc as _abc
 import dataclasses as _dc
 import operator as _operator
 
-from .._runtime.speedups import speedups as _speedups
+from .._runtime.speedups import loops
 from ..params.bulk import BulkManifest, scan
 from ..params.manifest import build_manifest
 from ..params.recheck import Snapshot, snapshot, unchanged
@@ -28,23 +28,18 @@ class Recognizer:
     address and with the shape, strides, dtype and writability it was prepared with (see
     :mod:`mpisync.params.recheck`). ``ParamSync`` and ``GradSync`` both reuse through it."""
 
-    __slots__ = ("values", "keys", "devices", "state", "version")
+    __slots__ = ("values", "keys", "devices", "state")
 
     def __init__(self, values: tuple, keys: tuple, devices, state: Snapshot):
         self.values, self.keys, self.devices, self.state = values, keys, devices, state
-        self.version: tuple = (None, -1)  # (the dict last matched, its version tag)
 
     def matches(self, params, devices) -> bool:
         """Whether ``params`` holds exactly the arrays prepared, each still as it was prepared."""
         if devices != self.devices or not isinstance(params, _abc.Mapping):
             return False
-        if _speedups is not None and type(params) is dict:
-            # An unchanged version tag means no entry changed: the walk over the entries is skipped.
-            version = _speedups.dict_version(params)
-            if version == -1 or version != self.version[1] or params is not self.version[0]:
-                if not _speedups.same_items(params, self.keys, self.values):
-                    return False
-                self.version = (params, version)
+        if type(params) is dict:
+            if not loops.same_items(params, self.keys, self.values):
+                return False
         elif tuple(params) != self.keys or not all(
             map(_operator.is_, params.values(), self.values)
         ):

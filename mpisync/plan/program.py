@@ -17,7 +17,7 @@ from mpi4py import MPI
 from ..params.adapters import _byte_view
 from ..params.bulk import BulkManifest
 from ..params.fanout import copy_host, replica_copies
-from .arena import Arena, copy_list
+from .arena import Arena, copy_list, part_copies
 from .spans import span_buffer
 
 __all__ = [
@@ -188,8 +188,8 @@ def compile_bulk(
     each
     bucket packed (root) or unpacked (receivers) by one ``BufferList``, large tensors sent in
     place."""
-    if not arena.compiled:
-        raise ValueError("compile_bulk needs an arena that copies with mpisync._speedups")
+    if getattr(manifest.held, "compiled", False) and not arena.compiled:
+        raise ValueError("compile_bulk: C buffer lists need an arena that copies with their loops")
     slots = len(arena) // fusion_bytes if fusion_bytes else 0
     names, values = manifest.names, manifest.values
     steps: list[Step]
@@ -198,7 +198,7 @@ def compile_bulk(
     for fused, first, last, nbytes in plan:
         if fused:
             base = (bucket % slots) * fusion_bytes
-            copies = ((base, (), nbytes, manifest.held.part(first, last)),)
+            copies = part_copies(base, manifest.held, first, last)
             steps.append(
                 Step(
                     [arena.view[base : base + nbytes], MPI.BYTE],

@@ -9,7 +9,7 @@ import logging as _logging
 from .._runtime.keepalive import keep_alive
 from .._runtime.observe import logger
 from .._runtime.ring import TrackedRing
-from .._runtime.speedups import speedups as _speedups
+from .._runtime.speedups import compiled_lists
 from ..params.bulk import BulkManifest
 from ..plan.arena import Arena
 from ..plan.program import arena_slots, compile_bulk, compile_program, fused_slots
@@ -39,7 +39,7 @@ class MpiTransport(Transport):
         """An arena of at least ``needed`` bytes; True when a new one replaced the old."""
         if len(self.arena) >= needed:
             return False
-        self.arena = Arena(needed, vectored=False if _speedups is not None else None)
+        self.arena = Arena(needed, vectored=False if compiled_lists else None)
         return True
 
     def compile(self, manifest, plan: list, fusion: int, ctx: Context):

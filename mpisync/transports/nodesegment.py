@@ -39,7 +39,7 @@ from ..config import switch
 from ..params.adapters import _byte_view
 from ..params.bulk import BulkManifest
 from ..params.fanout import copy_host, replica_copies
-from ..plan.arena import Arena, vectored_io_available
+from ..plan.arena import Arena, part_copies, vectored_io_available
 from ..plan.program import bucket_pack, bucket_unpack, transfer_buffer
 
 __all__ = [
@@ -415,7 +415,7 @@ def compile_bulk_chunks(
     for fused, first, last, nbytes in plan:
         offset = (len(chunks) % slots) * slot_bytes
         if fused:
-            copies = ((offset, (), nbytes, manifest.held.part(first, last)),)
+            copies = part_copies(offset, manifest.held, first, last)
             chunks.append(
                 Chunk(
                     offset,

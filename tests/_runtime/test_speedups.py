@@ -1,13 +1,17 @@
-"""Unit tests of the C loops module mpisync._speedups (through mpisync._runtime.speedups)."""
+"""Unit tests of the loops (mpisync._runtime.speedups): the C module and its Python form, each
+to the same contract."""
 
 import numpy as np
 import pytest
 
-from unitutil import speedups_or_skip
+from unitutil import LOOP_FORMS, loops_of
+
+forms = pytest.mark.parametrize("form", LOOP_FORMS)
 
 
-def test_buffer_list_copies_within_the_arena_and_refuses_what_would_not_fit():
-    speedups = speedups_or_skip()
+@forms
+def test_buffer_list_copies_within_the_arena_and_refuses_what_would_not_fit(form):
+    speedups = loops_of(form)
     sources = [np.arange(n, dtype=np.uint8) + n for n in (5, 0, 3)]
     held = speedups.BufferList([memoryview(a) for a in sources])
     assert len(held) == 3 and held.nbytes == 8
@@ -30,8 +34,9 @@ def test_buffer_list_copies_within_the_arena_and_refuses_what_would_not_fit():
     assert [t.tolist() for t in targets] == [s.tolist() for s in sources]
 
 
-def test_buffer_list_streaming_gather_gives_the_same_bytes_at_every_alignment():
-    speedups = speedups_or_skip()
+@forms
+def test_buffer_list_streaming_gather_gives_the_same_bytes_at_every_alignment(form):
+    speedups = loops_of(form)
     rng = np.random.default_rng(5)
     sources = [
         rng.integers(0, 256, n, dtype=np.uint8)
@@ -51,8 +56,9 @@ def test_buffer_list_streaming_gather_gives_the_same_bytes_at_every_alignment():
         held.gather(np.zeros(packed.size, np.uint8), 1, True)
 
 
-def test_same_items_is_identity_of_keys_and_values_in_order():
-    speedups = speedups_or_skip()
+@forms
+def test_same_items_is_identity_of_keys_and_values_in_order(form):
+    speedups = loops_of(form)
     a, b = np.zeros(1), np.zeros(1)
     params = {"a": a, "b": b}
     assert speedups.same_items(params, ("a", "b"), (a, b))
@@ -63,27 +69,9 @@ def test_same_items_is_identity_of_keys_and_values_in_order():
     assert not speedups.same_items({"a": a, "b": b, "c": a}, ("a", "b"), (a, b))
 
 
-def test_dict_version_changes_with_every_change_and_differs_between_dicts():
-    speedups = speedups_or_skip()
-    a = np.zeros(1)
-    params = {"a": a}
-    version = speedups.dict_version(params)
-    if version == -1:
-        pytest.skip("no dict version tag in this Python (3.12 on): same_items alone decides")
-    params["a"] = a  # the same object again: nothing changed
-    assert speedups.dict_version(params) == version
-    params["a"] = np.zeros(1)
-    changed = speedups.dict_version(params)
-    assert changed != version
-    params["a"] = a  # back to the first array: still a new version
-    assert speedups.dict_version(params) not in (version, changed)
-    assert speedups.dict_version({"a": a}) != speedups.dict_version({"a": a})
-    with pytest.raises(TypeError):
-        speedups.dict_version([])
-
-
-def test_array_list_reads_what_buffer_exports_give_in_one_pass_and_holds_the_arrays():
-    speedups = speedups_or_skip()
+@forms
+def test_array_list_reads_what_buffer_exports_give_in_one_pass_and_holds_the_arrays(form):
+    speedups = loops_of(form)
     rng = np.random.default_rng(3)
     dtypes = [np.float32, np.float32, np.int16, np.float64, np.float64, np.uint8, np.complex64]
     arrays = [
@@ -129,8 +117,9 @@ def test_array_list_reads_what_buffer_exports_give_in_one_pass_and_holds_the_arr
         held.part(0, 2).shapes()
 
 
-def test_array_list_refuses_what_a_buffer_export_refuses():
-    speedups = speedups_or_skip()
+@forms
+def test_array_list_refuses_what_a_buffer_export_refuses(form):
+    speedups = loops_of(form)
     with pytest.raises(BufferError, match="item 1 is not C-contiguous"):
         speedups.array_list([np.zeros(3), np.zeros((3, 3))[:, 0]], np.ndarray)
     with pytest.raises(TypeError, match="item 1 is a list, not exactly a numpy.ndarray"):
@@ -145,8 +134,9 @@ def test_array_list_refuses_what_a_buffer_export_refuses():
     assert (len(held), runs, states, held.nbytes) == (0, [], b"", 0)
 
 
-def test_sorted_names_sorts_as_sorted_does_and_says_whether_the_dict_was_in_order():
-    speedups = speedups_or_skip()
+@forms
+def test_sorted_names_sorts_as_sorted_does_and_says_whether_the_dict_was_in_order(form):
+    speedups = loops_of(form)
     ordered = {f"p{i:03d}": i for i in range(50)}
     names, in_order = speedups.sorted_names(ordered)
     assert names == sorted(ordered) and in_order is True
@@ -170,10 +160,27 @@ def test_sorted_names_sorts_as_sorted_does_and_says_whether_the_dict_was_in_orde
     assert speedups.sorted_names({Name("a"): 0}) is None
 
 
-def test_joined_names_is_the_nul_joined_utf8_or_none():
-    speedups = speedups_or_skip()
+@forms
+def test_joined_names_is_the_nul_joined_utf8_or_none(form):
+    speedups = loops_of(form)
     names = ["a", "bé", "", "名"]
     assert speedups.joined_names(names) == "\x00".join(names).encode()
     assert speedups.joined_names([]) == b"" and speedups.joined_names(("x",)) == b"x"
     assert speedups.joined_names(["a\x00b"]) is None and speedups.joined_names(["\udc80"]) is None
     assert speedups.joined_names(["a", 1]) is None
+
+
+def test_the_c_and_python_loops_give_the_same_words():
+    # A snapshot taken by one form is compared by the other (MPISYNC_SPEEDUPS_WITHOUT mixes them).
+    c, py = loops_of("C"), loops_of("Python")
+    arrays = [np.zeros((2, 3), np.float32), np.arange(4.0)[::2], np.array(1, np.int8), [1.0]]
+    arrays[0].flags.writeable = False
+    assert c.array_states(arrays, np.ndarray) == py.array_states(arrays, np.ndarray)
+    contiguous = arrays[:1] + [np.ones(5, np.complex64), np.zeros(0)]
+    for left, right in ((c, py), (py, c)):
+        held, runs, states = left.array_list(contiguous, np.ndarray)
+        assert right.same_states(contiguous, np.ndarray, states)
+        assert held.lengths() == right.array_list(contiguous, np.ndarray)[0].lengths()
+        assert held.shapes() == right.array_list(contiguous, np.ndarray)[0].shapes()
+    with pytest.raises(TypeError, match="numpy.ndarray"):
+        c.array_states(arrays, list)

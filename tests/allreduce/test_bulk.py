@@ -7,7 +7,20 @@ import random
 import numpy as np
 import pytest
 
-from unitutil import speedups_or_skip
+from unitutil import LOOP_FORMS, loops_of
+
+
+@pytest.fixture(autouse=True, params=LOOP_FORMS)
+def loops(request, monkeypatch):
+    """Every test runs with the C loops (where built) and with their Python form."""
+    from mpisync.allreduce import bulk as reduce_bulk
+    from mpisync.params import bulk
+
+    chosen = loops_of(request.param)
+    monkeypatch.setattr(bulk, "loops", chosen)
+    monkeypatch.setattr(reduce_bulk, "loops", chosen)
+    return chosen
+
 
 _SETTINGS = {"op": "sum", "fusion_bytes": 256}
 
@@ -21,7 +34,6 @@ def _scan(params, op="sum", rank=0, size=2, devices=None):
 
 
 def test_sets_of_dtypes_mpi_reduces_as_they_are_take_the_bulk_path():
-    speedups_or_skip()
     ok = {f"g{i:02d}": np.zeros(i % 7, np.float32) for i in range(20)}
     assert _scan(ok) is not None and _scan(ok, "max", rank=1) is not None
     assert _scan({"a": np.zeros(3, np.int32)}, "avg") is None  # narrow integers: summed in int64
@@ -48,7 +60,6 @@ def test_bulk_steps_are_the_general_plans_steps(op, dtype):
     from mpisync.allreduce.plan import compile_steps
     from mpisync.params.manifest import build_manifest
 
-    speedups_or_skip()
     rng = random.Random(f"{op}{dtype}")
     for trial in range(20):
         sizes = [
@@ -115,7 +126,6 @@ def test_torch_cpu_tensors_take_the_bulk_path_through_their_numpy_views():
     from mpisync.allreduce.plan import compile_steps
     from mpisync.params.manifest import build_manifest
 
-    speedups_or_skip()
     grads = collections.OrderedDict(
         (f"w{i}", torch.full((i * 30 + 1,), float(i))) for i in (3, 1, 2, 0)
     )
@@ -142,7 +152,6 @@ def test_an_arena_from_arena_for_holds_the_buckets_from_its_base():
     from mpisync.allreduce.bulk import compile_bulk_steps
     from mpisync.plan.arena import Arena
 
-    speedups_or_skip()
     # 40 B each: buckets of 3, 3, 3, 1
     params = {f"t{i}": np.full(10, i, np.float32) for i in range(10)}
     shared = Arena(4096, vectored=False)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from unitutil import speedups_or_skip
+from unitutil import loops_of, speedups_or_skip
 
 NAME_SETS = [
     [],
@@ -29,7 +29,7 @@ def test_params_digest_is_the_same_with_and_without_the_c_join(names, monkeypatc
         [["h", len(names)]],
     )
     with_c = manifest.params_digest(*args)
-    monkeypatch.setattr(manifest, "_speedups", None)
+    monkeypatch.setattr(manifest, "loops", loops_of("Python"))
     assert manifest.params_digest(*args) == with_c
 
 

@@ -7,13 +7,12 @@ import pytest
 from mpisync.params import recheck
 from mpisync.params.manifest import build_manifest, params_digest
 
+from unitutil import LOOP_FORMS, loops_of
 
-@pytest.fixture(params=["C loop", "Python"])
+
+@pytest.fixture(params=LOOP_FORMS)
 def path(request, monkeypatch):
-    if request.param == "Python":
-        monkeypatch.setattr(recheck, "_speedups", None)
-    elif recheck._speedups is None:
-        pytest.skip("mpisync._speedups is not built")
+    monkeypatch.setattr(recheck, "loops", loops_of(request.param))
     return request.param
 
 
@@ -119,11 +118,9 @@ def _torch_snapshot(values):
 @pytest.mark.parametrize(
     "change", ["re-pointed", "transposed", "conj", "neg", "resized", "dtype", "not a tensor"]
 )
-def test_torch_tensors_checked_through_their_numpy_views(change):
-    # A bulk-prepared torch set is recorded and re-checked through Tensor.numpy() views (C loop).
+def test_torch_tensors_checked_through_their_numpy_views(path, change):
+    # A bulk-prepared torch set is recorded and re-checked through Tensor.numpy() views.
     torch = pytest.importorskip("torch")
-    if recheck._speedups is None:
-        pytest.skip("mpisync._speedups is not built")
     t = torch.zeros(4, 4, dtype=torch.complex64)
     grad = torch.nn.Parameter(torch.zeros(3))
     values = (t, grad)

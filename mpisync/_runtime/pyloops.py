@@ -1,0 +1,203 @@
+"""The Python form of every loop of ``mpisync._speedups``: the same functions, arguments, results
+and errors, so a build without a C compiler (or ``MPISYNC_SPEEDUPS=0``) runs the same program.
+
+:mod:`mpisync._runtime.speedups` picks, function by function, the C loop or this one. States
+are the same int64 words in both (a dtype's word is its object's ``id``, the address C reads),
+so a snapshot taken by one is compared by the other.
+"""
+
+from __future__ import annotations
+
+import array as _array
+import operator as _operator
+
+import numpy as _np
+
+__all__ = [
+    "BufferList",
+    "array_list",
+    "array_states",
+    "joined_names",
+    "same_items",
+    "same_states",
+    "sorted_names",
+]
+
+
+def _bytes(item) -> memoryview:
+    """``item``'s C-contiguous bytes (``BufferError`` otherwise), as a byte memoryview."""
+    view = memoryview(item)
+    if not view.c_contiguous:
+        raise BufferError("memoryview: underlying buffer is not C-contiguous")
+    try:
+        return view.cast("B")
+    except (
+        TypeError,
+        ValueError,
+        NotImplementedError,
+    ):  # a format the cast refuses (numpy's complex, records): numpy's own bytes
+        # ignore[arg-type]: numpy's stubs declare ndarray's buffer protocol for Python >= 3.12 only
+        return memoryview(_np.asarray(item).reshape(-1).view(_np.uint8))  # type: ignore[arg-type]
+
+
+class BufferList:
+    """C-contiguous buffers held for gather/scatter against one arena (``mpisync._speedups``'s
+    ``BufferList``, as slice copies)."""
+
+    compiled = False  # the arena copies it with the kernel or a Python loop (plan.arena)
+
+    def __init__(self, buffers, exact_type=None, *, _parts=None):
+        if _parts is not None:
+            self.views, self._shapes = _parts
+        else:
+            items = list(buffers)
+            if exact_type is not None:
+                for i, item in enumerate(items):
+                    if type(item) is not exact_type:
+                        raise TypeError(
+                            f"BufferList: item {i} is a {type(item).__name__}, not exactly a "
+                            f"{exact_type.__name__}"
+                        )
+            self.views = [_bytes(item) for item in items]
+            self._shapes = [tuple(memoryview(item).shape or ()) for item in items]
+        self.nbytes = sum(v.nbytes for v in self.views)
+        self.readonly = any(v.readonly for v in self.views)
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def _fits(self, arena: memoryview, offset: int) -> None:
+        if offset < 0 or self.nbytes > len(arena) - offset:
+            raise ValueError(
+                f"BufferList: {self.nbytes} bytes do not fit at offset {offset} of {len(arena)}"
+            )
+
+    def gather(self, arena, offset: int = 0, streaming: bool = False) -> int:
+        """Copy every buffer, end to end, into ``arena`` from ``offset``."""
+        arena = memoryview(arena).cast("B")
+        self._fits(arena, offset)
+        for view in self.views:
+            end = offset + view.nbytes
+            arena[offset:end] = view
+            offset = end
+        return self.nbytes
+
+    def scatter(self, arena, offset: int = 0) -> int:
+        """Fill every buffer, end to end, from ``arena`` at ``offset``."""
+        if self.readonly:
+            raise ValueError("BufferList.scatter: a buffer of the list is read-only")
+        arena = memoryview(arena).cast("B")
+        self._fits(arena, offset)
+        for view in self.views:
+            end = offset + view.nbytes
+            view[:] = arena[offset:end]
+            offset = end
+        return self.nbytes
+
+    def lengths(self) -> bytes:
+        """Every buffer's length as native int64."""
+        return _array.array("q", [v.nbytes for v in self.views]).tobytes()
+
+    def addresses(self) -> bytes:
+        """Every buffer's start address as native int64."""
+        return _np.array(
+            [_np.frombuffer(v, _np.uint8).ctypes.data if v.nbytes else 0 for v in self.views]
+            if self.views
+            else [],
+            dtype=_np.int64,
+        ).tobytes()
+
+    def shapes(self) -> bytes:
+        """Per buffer, its ndim then its extents, as native int64 words."""
+        if self._shapes is None:
+            raise ValueError("BufferList.shapes: a part of an array_list() keeps no shapes")
+        return _array.array("q", [w for s in self._shapes for w in (len(s), *s)]).tobytes()
+
+    def part(self, first: int, last: int) -> BufferList:
+        """Buffers ``first..last-1`` as a list of their own."""
+        if first < 0 or last < first or last > len(self.views):
+            raise IndexError(f"BufferList.part({first}, {last}) of {len(self.views)} buffers")
+        return BufferList((), _parts=(self.views[first:last], None))
+
+
+def _state(item, array_type) -> list:
+    if type(item) is not array_type:
+        return [0]
+    words = [
+        1 + item.ndim,
+        item.__array_interface__["data"][0],
+        id(item.dtype),
+        1 if item.flags.writeable else 0,
+    ]
+    for extent, stride in zip(item.shape, item.strides):
+        words += (extent, stride)
+    return words
+
+
+def array_states(items, array_type) -> bytes:
+    """Each exact ``array_type`` item's address, dtype, writability, shape and strides (one zero
+    word for other items), as native int64 words."""
+    return _array.array("q", [w for item in items for w in _state(item, array_type)]).tobytes()
+
+
+def same_states(items, array_type, states) -> bool:
+    """``array_states(items, array_type) == states``."""
+    return array_states(items, array_type) == bytes(states)
+
+
+def array_list(items, array_type) -> tuple:
+    """``(BufferList, dtype runs, states)`` of exact, C-contiguous ``array_type`` items."""
+    owners = tuple(items)
+    for i, item in enumerate(owners):
+        if type(item) is not array_type:
+            raise TypeError(
+                f"array_list: item {i} is a {type(item).__name__}, not exactly a "
+                f"{array_type.__module__}.{array_type.__name__}"
+            )
+        if not item.flags.c_contiguous:
+            raise BufferError(f"array_list: item {i} is not C-contiguous")
+    held = BufferList(owners)
+    held.owners = owners  # type: ignore[attr-defined]  # as the C list, it holds the arrays
+    runs: list = []
+    for item in owners:
+        if runs and runs[-1][0] is item.dtype:
+            runs[-1][1] += 1
+        else:
+            runs.append([item.dtype, 1])
+    return held, runs, array_states(owners, array_type)
+
+
+def same_items(mapping: dict, keys: tuple, values: tuple) -> bool:
+    """Whether dict ``mapping`` holds exactly ``keys`` -> ``values``, in that order, by
+    identity."""
+    if not isinstance(mapping, dict):
+        raise TypeError("same_items() takes a dict")
+    return (
+        len(mapping) == len(keys) == len(values)
+        and all(map(_operator.is_, mapping, keys))
+        and all(map(_operator.is_, mapping.values(), values))
+    )
+
+
+def sorted_names(mapping: dict):
+    """``(sorted(mapping), whether the dict held its keys in that order)``; None when a key is not
+    exactly a str."""
+    if not isinstance(mapping, dict):
+        raise TypeError("sorted_names() takes a dict")
+    names = list(mapping)
+    if any(type(name) is not str for name in names):
+        return None
+    in_order = all(map(_operator.lt, names, names[1:]))
+    return (names if in_order else sorted(names)), in_order
+
+
+def joined_names(items):
+    """The UTF-8 of ``"\\0".join(items)``; None when an item is not a str, holds a NUL or does not
+    encode (a lone surrogate)."""
+    names = list(items)
+    if any(not isinstance(name, str) or "\x00" in name for name in names):
+        return None
+    try:
+        return "\x00".join(names).encode("utf-8")
+    except UnicodeEncodeError:
+        return None
