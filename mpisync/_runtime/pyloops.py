@@ -12,6 +12,7 @@ import array as _array
 import operator as _operator
 
 import numpy as _np
+from mpi4py import MPI as _MPI
 
 __all__ = [
     "BufferList",
@@ -60,8 +61,8 @@ class BufferList:
                         )
             self.views = [_bytes(item) for item in items]
             self._shapes = [tuple(memoryview(item).shape or ()) for item in items]
-        self.nbytes = sum(v.nbytes for v in self.views)
-        self.readonly = any(v.readonly for v in self.views)
+        self.nbytes = sum(map(_operator.attrgetter("nbytes"), self.views))
+        self.readonly = any(map(_operator.attrgetter("readonly"), self.views))
 
     def __len__(self) -> int:
         return len(self.views)
@@ -100,12 +101,7 @@ class BufferList:
 
     def addresses(self) -> bytes:
         """Every buffer's start address as native int64."""
-        return _np.array(
-            [_np.frombuffer(v, _np.uint8).ctypes.data if v.nbytes else 0 for v in self.views]
-            if self.views
-            else [],
-            dtype=_np.int64,
-        ).tobytes()
+        return _array.array("q", [_MPI.Get_address(v) for v in self.views]).tobytes()
 
     def shapes(self) -> bytes:
         """Per buffer, its ndim then its extents, as native int64 words."""
@@ -120,24 +116,34 @@ class BufferList:
         return BufferList((), _parts=(self.views[first:last], None))
 
 
-def _state(item, array_type) -> list:
-    if type(item) is not array_type:
-        return [0]
-    words = [
-        1 + item.ndim,
-        item.__array_interface__["data"][0],
-        id(item.dtype),
-        1 if item.flags.writeable else 0,
-    ]
-    for extent, stride in zip(item.shape, item.strides):
-        words += (extent, stride)
-    return words
+def _address(array) -> int:
+    """The array's data address: MPI's lookup of its buffer (one export, far cheaper than
+    ``__array_interface__``), numpy's own where the buffer is not contiguous."""
+    try:
+        return _MPI.Get_address(array)
+    except (BufferError, TypeError, ValueError):
+        return array.__array_interface__["data"][0]
+
+
+def _states_into(words: list, items, array_type) -> None:
+    extend = words.extend
+    for item in items:
+        if type(item) is not array_type:
+            words.append(0)
+            continue
+        shape = item.shape
+        extend((1 + len(shape), _address(item), id(item.dtype), 1 if item.flags.writeable else 0))
+        for pair in zip(shape, item.strides):
+            extend(pair)
 
 
 def array_states(items, array_type) -> bytes:
     """Each exact ``array_type`` item's address, dtype, writability, shape and strides (one zero
     word for other items), as native int64 words."""
-    return _array.array("q", [w for item in items for w in _state(item, array_type)]).tobytes()
+    _check_array_type(array_type)
+    words: list = []
+    _states_into(words, items, array_type)
+    return _array.array("q", words).tobytes()
 
 
 def same_states(items, array_type, states) -> bool:
@@ -147,24 +153,36 @@ def same_states(items, array_type, states) -> bool:
 
 def array_list(items, array_type) -> tuple:
     """``(BufferList, dtype runs, states)`` of exact, C-contiguous ``array_type`` items."""
+    _check_array_type(array_type)
     owners = tuple(items)
+    views: list = []
+    shapes: list = []
+    runs: list = []
     for i, item in enumerate(owners):
         if type(item) is not array_type:
             raise TypeError(
                 f"array_list: item {i} is a {type(item).__name__}, not exactly a "
                 f"{array_type.__module__}.{array_type.__name__}"
             )
-        if not item.flags.c_contiguous:
-            raise BufferError(f"array_list: item {i} is not C-contiguous")
-    held = BufferList(owners)
-    held.owners = owners  # type: ignore[attr-defined]  # as the C list, it holds the arrays
-    runs: list = []
-    for item in owners:
+        try:
+            views.append(_bytes(item))
+        except BufferError:
+            raise BufferError(f"array_list: item {i} is not C-contiguous") from None
+        shapes.append(item.shape)
         if runs and runs[-1][0] is item.dtype:
             runs[-1][1] += 1
         else:
             runs.append([item.dtype, 1])
-    return held, runs, array_states(owners, array_type)
+    held = BufferList((), _parts=(views, shapes))
+    held.owners = owners  # type: ignore[attr-defined]  # as the C list, it holds the arrays
+    words: list = []
+    _states_into(words, owners, array_type)
+    return held, runs, _array.array("q", words).tobytes()
+
+
+def _check_array_type(array_type) -> None:
+    if array_type is not _np.ndarray:
+        raise TypeError("array_type must be numpy.ndarray")
 
 
 def same_items(mapping: dict, keys: tuple, values: tuple) -> bool:
@@ -185,7 +203,7 @@ def sorted_names(mapping: dict):
     if not isinstance(mapping, dict):
         raise TypeError("sorted_names() takes a dict")
     names = list(mapping)
-    if any(type(name) is not str for name in names):
+    if not set(map(type, names)) <= {str}:
         return None
     in_order = all(map(_operator.lt, names, names[1:]))
     return (names if in_order else sorted(names)), in_order
