@@ -29,8 +29,8 @@ from ._runtime.timeouts import timed_out
 from .config import SettingValues
 from .errors import SyncError
 from .params.agreement import agree, diagnose
-from .params.bulk import BulkManifest
 from .params.fanout import fan_out
+from .params.layout import NO_RUNS
 from .params.verify import verify as _verify
 from .plan.prepared import (
     Prepared,
@@ -39,7 +39,6 @@ from .plan.prepared import (
     find_manifest,
     recognizer,
 )
-from .plan.spans import NO_RUNS, host_layout
 from .plan.transfers import DEFAULT_CHUNK_BYTES
 from .report import SyncReport
 from .transports.base import Context, host_plan
@@ -58,8 +57,7 @@ def _sync_alone(manifest, report, verify, trace, t_validate, device) -> None:
         raise diagnose([_json.loads(manifest.encode())])
     trace.span("validate", t_validate, tensors=manifest.tensors)
     t_fan_out = trace.now()
-    # a bulk set holds one host replica per name: nothing to copy
-    if not isinstance(manifest, BulkManifest):
+    if manifest.nreplicas > manifest.tensors:  # some name has replicas to fill
         fan_out(manifest.host_params)
     if manifest.device_params:
         device.fan_out_local(manifest.device_params)
@@ -75,19 +73,9 @@ def _verify_on(comm, manifest, root, call, trace, device) -> None:
     trace.span("verify", start, tensors=manifest.tensors)
 
 
-def _host_bytes(manifest) -> int:
-    """Bytes of the host masters (a bulk set is all host memory)."""
-    if isinstance(manifest, BulkManifest):
-        return manifest.nbytes
-    return sum(p.nbytes for p in manifest.host_params)
-
-
 def _layout_of(manifest, prepared):
-    """This rank's memory layout of the host masters: kept with a prepared set; a bulk set has
-    neither runs nor aliases (its scan defers to the general path when buffers touch)."""
-    if prepared is not None:
-        return prepared.layout
-    return NO_RUNS if isinstance(manifest, BulkManifest) else host_layout(manifest.host_params)
+    """This rank's memory layout of the host masters: kept with a prepared set."""
+    return prepared.layout if prepared is not None else manifest.host_layout()
 
 
 def _pending(expired, phase, ctx, manifest) -> list:
@@ -160,19 +148,23 @@ class _Compiler:
         if prepared is not None:
             small, host_bytes = prepared.small, prepared.host_bytes
         else:
-            small, host_bytes = all_smaller(manifest, self.fusion), _host_bytes(manifest)
+            small, host_bytes = all_smaller(manifest, self.fusion), manifest.host_nbytes
         channel = self.host.choose(ctx.comm, small, ctx.call) if host_bytes else MPI_CHANNEL
         assert self.host.facts is not None  # exchanged by the link
         ctx.one_node = self.host.facts.one_node
         if prepared is not None and prepared.agreed == agreed and prepared.channel == channel:
             return prepared, True
         fusion = manifest.settings["fusion_bytes"]
-        plan = host_plan(manifest, fusion, self.chunk_bytes, agreed) if host_bytes else []
-        program = self.host.get(channel).compile(manifest, plan, fusion, ctx) if host_bytes else ()
+        plan: list = []
+        program: object = ()
+        if host_bytes:
+            columns = manifest.host_columns(agreed, fusion)
+            plan = host_plan(columns, fusion, self.chunk_bytes)
+            program = self.host.get(channel).compile(columns, plan, fusion, ctx)
         device = manifest.device_params
         device_steps = self.device().compile(device) if device else []
         kept = None if self.one_shot else recognizer(params, manifest, devices_key)
-        fused = sum(1 for t in plan if (t[0] if isinstance(t, tuple) else t.fused))
+        fused = sum(1 for step in plan if step[0])
         steps = (program, fused, len(plan), device_steps, host_bytes, small)
         return Prepared(kept, manifest, layout, agreed, channel, *steps), False
 

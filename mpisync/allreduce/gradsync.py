@@ -28,10 +28,10 @@ from ..params.adapters import ArrayView
 from ..params.agreement import agree, diagnose
 from ..params.bulk import BulkManifest
 from ..params.fanout import fan_out
+from ..params.layout import host_layout
 from ..params.manifest import Manifest, Param, build_manifest
 from ..plan.arena import Arena
 from ..plan.prepared import Recognizer, devices_key_of, recognizer
-from ..plan.spans import host_layout
 from ..report import SyncReport
 from ..transports.selection import SHARED
 from . import ops as _ops

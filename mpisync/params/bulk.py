@@ -28,7 +28,10 @@ import numpy as _np
 
 from .._runtime.speedups import loops
 from .adapters import UnsupportedArray, _dtype_name, torch_cpu_views
+from .columns import HostColumns, bulk_columns
+from .layout import NO_RUNS, Layout
 from .manifest import Manifest, build_manifest, params_digest, settings_digest
+from .recheck import snapshot
 
 __all__ = ["BulkManifest", "scan", "shares_or_touches"]
 
@@ -114,6 +117,45 @@ class BulkManifest:
     def encode(self) -> bytes:
         """The full manifest's JSON, for a diagnosis."""
         return self.full().encode()
+
+    @property
+    def host_nbytes(self) -> int:
+        """Bytes of the host masters: every parameter's."""
+        return self.nbytes
+
+    @property
+    def host_sizes(self) -> _np.ndarray:
+        """Bytes of each host master, in sorted order (int64)."""
+        return self.sizes
+
+    def replica_bytes(self, to_host=None):
+        """Per name, in sorted order: ``(master, other replicas)`` as host buffers (here the
+        array, and none)."""
+        return ((value, ()) for value in self.values)
+
+    def recorded(self, params) -> tuple:
+        """``(values, keys, snapshot)``: ``params`` (the dict this manifest was scanned from) as a
+        :class:`~mpisync.plan.prepared.Recognizer` compares it next time."""
+        # The scan read the states when the dict is in sorted order: its sorted lists are then the
+        # dict's.
+        in_order = self.states is not None
+        # numpy arrays, or the torch tensors' numpy views (their states are recorded)
+        arrays = self.values
+        if not in_order and self.through_torch:
+            arrays = list(map(dict(zip(self.names, arrays)).__getitem__, params))
+        values = tuple(arrays) if in_order and not self.through_torch else tuple(params.values())
+        keys = tuple(self.names) if in_order else tuple(params)
+        views = arrays if self.through_torch else None
+        return values, keys, snapshot(values, dtypes=self.dtypes, views=views, words=self.states)
+
+    def host_layout(self) -> Layout:
+        """No runs, no aliases: the scan left sets whose buffers touch to the general manifest."""
+        return NO_RUNS
+
+    def host_columns(self, layout, fusion: int) -> HostColumns:
+        """The host masters as columns; ``layout`` is the scan's own: no runs, no aliases (it left
+        sets whose buffers touch to the general manifest)."""
+        return bulk_columns(self.names, self.values, self.sizes, self.held)
 
 
 def shares_or_touches(lengths: bytes, addresses: bytes) -> bool:

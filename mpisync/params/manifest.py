@@ -18,6 +18,9 @@ import numpy as _np
 
 from .._runtime.speedups import loops
 from .adapters import UnsupportedArray, as_array_view, is_array_like, numpy_view
+from .columns import HostColumns, general_columns
+from .layout import Layout, host_layout
+from .recheck import snapshot
 
 __all__ = [
     "Param",
@@ -111,6 +114,41 @@ class Manifest:
     def device_params(self) -> list:
         """Parameters whose replicas are on devices, in sorted order."""
         return [p for p in self.params if p.master.kind == "device"]
+
+    @_functools.cached_property
+    def host_nbytes(self) -> int:
+        """Bytes of the host masters."""
+        return sum(p.nbytes for p in self.host_params)
+
+    @_functools.cached_property
+    def host_sizes(self) -> _np.ndarray:
+        """Bytes of each host master, in sorted order (int64)."""
+        return _np.array([p.nbytes for p in self.host_params], dtype=_np.int64)
+
+    def replica_bytes(self, to_host=None):
+        """Per name, in sorted order: ``(master, other replicas)`` as host buffers;
+        ``to_host(view)`` copies a device replica's bytes to host memory (lazily, one at a time)."""
+
+        def host(view):
+            return view.data if view.kind == "host" else to_host(view)
+
+        return ((host(p.master), map(host, p.replicas[1:])) for p in self.params)
+
+    def recorded(self, params) -> tuple:
+        """``(values, keys, snapshot)``: ``params`` (a mapping of bare arrays, the one this
+        manifest was built from) as a :class:`~mpisync.plan.prepared.Recognizer` compares it next
+        time."""
+        values = tuple(params.values())
+        return values, tuple(params), snapshot(values)
+
+    def host_layout(self) -> Layout:
+        """Where the host masters sit: runs end to end, aliases, overlaps."""
+        return host_layout(self.host_params)
+
+    def host_columns(self, layout, fusion: int) -> HostColumns:
+        """The host masters as columns under the agreed ``layout`` (its runs of at least
+        ``fusion`` bytes travel as spans, its one-replica aliases not at all)."""
+        return general_columns(self.host_params, layout.runs, layout.aliases, fusion)
 
     @_functools.cached_property
     def nreplicas(self) -> int:

@@ -8,7 +8,6 @@ import numpy as _np
 
 from ..errors import VerificationError
 from .agreement import all_equal
-from .bulk import BulkManifest
 
 __all__ = ["param_digests", "verify"]
 
@@ -23,20 +22,11 @@ def param_digests(manifest, to_host=None) -> _np.ndarray:
 
     ``to_host(view)`` copies a device replica's bytes to host memory.
     """
-    if isinstance(manifest, BulkManifest):  # one C-contiguous host replica per name, the master
-        rows = _np.ones((len(manifest.values), 3), dtype=_np.int64)
-        for i, array in enumerate(manifest.values):
-            rows[i, :2] = _np.frombuffer(_digest(array), dtype=_np.int64)
-        return rows
-
-    def digest_of(view):
-        return _digest(view.data if view.kind == "host" else to_host(view))
-
-    rows = _np.empty((len(manifest.params), 3), dtype=_np.int64)
-    for i, param in enumerate(manifest.params):
-        digest = digest_of(param.master)
+    rows = _np.empty((manifest.tensors, 3), dtype=_np.int64)
+    for i, (master, others) in enumerate(manifest.replica_bytes(to_host)):
+        digest = _digest(master)
         rows[i, :2] = _np.frombuffer(digest, dtype=_np.int64)
-        rows[i, 2] = all(digest_of(r) == digest for r in param.replicas[1:])
+        rows[i, 2] = all(_digest(other) == digest for other in others)
     return rows
 
 
@@ -47,7 +37,7 @@ def verify(comm, manifest, root: int, call, to_host=None) -> int:
     ``comm=None`` checks only this rank's replicas. With peers it costs one
     all-reduce when all agree, and an all-gather of the digests to name differences.
     """
-    if comm is None and isinstance(manifest, BulkManifest):
+    if comm is None and manifest.nreplicas == manifest.tensors:
         return 0  # one replica per name, the master: nothing to compare
     rows = param_digests(manifest, to_host)
     collectives = 0

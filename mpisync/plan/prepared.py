@@ -8,9 +8,9 @@ import dataclasses as _dc
 import operator as _operator
 
 from .._runtime.speedups import loops
-from ..params.bulk import BulkManifest, scan
+from ..params.bulk import scan
 from ..params.manifest import build_manifest
-from ..params.recheck import Snapshot, snapshot, unchanged
+from ..params.recheck import Snapshot, unchanged
 
 __all__ = ["Prepared", "Recognizer", "all_smaller", "devices_key_of", "find_manifest", "recognizer"]
 
@@ -53,7 +53,7 @@ class Prepared:
 
     recognizer: Recognizer | None  # None: not kept (replica lists, a one-shot sync)
     manifest: object
-    layout: object  # this rank's (plan.spans.Layout)
+    layout: object  # this rank's (params.layout.Layout)
     # the layout the plan follows: this rank's when every rank's agreed, else NO_RUNS
     agreed: object
     channel: str  # the host transport the program is for
@@ -93,10 +93,8 @@ def find_manifest(
 def all_smaller(manifest, fusion_bytes: int) -> bool:
     """Whether every host tensor of ``manifest`` is smaller than ``fusion_bytes`` (there is one at
     least)."""
-    if isinstance(manifest, BulkManifest):
-        return bool(len(manifest.sizes)) and int(manifest.sizes.max()) < fusion_bytes
-    host = manifest.host_params
-    return bool(host) and all(p.nbytes < fusion_bytes for p in host)
+    sizes = manifest.host_sizes
+    return bool(len(sizes)) and int(sizes.max()) < fusion_bytes
 
 
 def recognizer(params, manifest, devices) -> Recognizer | None:
@@ -104,18 +102,5 @@ def recognizer(params, manifest, devices) -> Recognizer | None:
     when it holds replica lists (their containers are rebuilt every time: nothing to recognise)."""
     if not manifest.leaves_only:
         return None
-    if not isinstance(manifest, BulkManifest):
-        values = tuple(params.values())
-        return Recognizer(values, tuple(params), devices, snapshot(values))
-    # The scan read the states when the dict is in sorted order: its sorted lists are then the
-    # dict's.
-    in_order = manifest.states is not None
-    # numpy arrays, or the torch tensors' numpy views (their states are recorded)
-    arrays = manifest.values
-    if not in_order and manifest.through_torch:
-        arrays = list(map(dict(zip(manifest.names, arrays)).__getitem__, params))
-    values = tuple(arrays) if in_order and not manifest.through_torch else tuple(params.values())
-    keys = tuple(manifest.names) if in_order else tuple(params)
-    views = arrays if manifest.through_torch else None
-    state = snapshot(values, dtypes=manifest.dtypes, views=views, words=manifest.states)
+    values, keys, state = manifest.recorded(params)
     return Recognizer(values, keys, devices, state)

@@ -14,22 +14,11 @@ import dataclasses as _dc
 
 from mpi4py import MPI
 
-from ..params.adapters import _byte_view
-from ..params.bulk import BulkManifest
-from ..params.fanout import copy_host, replica_copies
+from ..params.columns import HostColumns
+from ..params.fanout import copy_host
 from .arena import Arena, copy_list, part_copies
-from .spans import span_buffer
 
-__all__ = [
-    "Step",
-    "compile_program",
-    "arena_slots",
-    "fused_slots",
-    "bucket_pack",
-    "bucket_unpack",
-    "transfer_buffer",
-    "FUSED_SLOTS",
-]
+__all__ = ["Step", "bucket_copies", "compile_program", "fused_slots", "FUSED_SLOTS"]
 
 
 @_dc.dataclass
@@ -98,113 +87,42 @@ def fused_slots(capacity: int, fused: int, one_node: bool) -> int:
     return min(capacity, FUSED_SLOTS if one_node else capacity, fused)
 
 
-def arena_slots(plan: list, capacity: int, one_node: bool = True) -> int:
-    """How many fusion buffers ``plan`` needs with ``capacity`` collectives in flight."""
-    return fused_slots(capacity, sum(1 for t in plan if t.fused), one_node)
-
-
-def bucket_pack(params: list, pieces: tuple, base: int) -> tuple:
-    """Copy groups putting root's masters of a bucket's ``pieces`` into the arena from offset
-    ``base``."""
-    return copy_list(base, [params[i].master.data for i, _, _, _ in pieces])
-
-
-def bucket_unpack(params: list, pieces: tuple, base: int, receiving: bool) -> tuple:
-    """Copy groups filling, from a bucket at arena offset ``base``, the receivers' masters and every
-    rank's other replicas: one run of consecutive pieces per replica index."""
-    groups: list = []
-    depth = max(len(params[i].replicas) for i, _, _, _ in pieces)
-    for r in range(0 if receiving else 1, depth):
-        run_offset = 0  # set by the run's first piece
-        run: list = []
-        for index, _, offset, _ in pieces:
-            replicas = params[index].replicas
-            if r < len(replicas):
-                if not run:
-                    run_offset = base + offset
-                run.append(replicas[r].data)
-            elif run:
-                groups.extend(copy_list(run_offset, run))
-                run = []
-        if run:
-            groups.extend(copy_list(run_offset, run))
-    return tuple(groups)
+def bucket_copies(columns: HostColumns, offset: int, first: int, last: int) -> tuple:
+    """Copy groups laying the masters of bucket ``first:last`` end to end in the arena from
+    ``offset``: a part of the set's one buffer list where it has one, else copy lists of their
+    own."""
+    if columns.held is not None:
+        return part_copies(offset, columns.held, first, last)
+    return copy_list(offset, columns.masters(first, last))
 
 
 def compile_program(
-    params: list, plan: list, *, receiving: bool, arena: Arena, fusion_bytes: int
+    columns: HostColumns, plan: list, *, receiving: bool, arena, fusion_bytes: int
 ) -> list:
-    """The steps that carry out ``plan`` (made for ``params``, host memory) on this rank's replicas.
+    """The :class:`Step` list carrying out ``plan`` (:func:`~mpisync.plan.transfers.bulk_plan`'s
+    tuples over ``columns.sizes``) on this rank's masters: each bucket packed (root) or unpacked
+    (receivers) by a part of ``columns.held``, large tensors and spans sent in place; then each
+    name's other replicas filled from its master.
 
     ``arena`` holds at least ``slots * fusion_bytes`` bytes.
     """
+    if getattr(columns.held, "compiled", False) and not arena.compiled:
+        raise ValueError("compile_program: C buffer lists need an arena that copies with C loops")
     slots = len(arena) // fusion_bytes if fusion_bytes else 0
-    steps: list[Step]
-    fused_steps: list[int]  # the index in ``steps`` of each fused bucket's step
-    steps, bucket, fused_steps = [], 0, []
-    for transfer in plan:
-        label = tuple(params[p[0]].name for p in transfer.pieces)
-        if transfer.fused:
-            base = (bucket % slots) * fusion_bytes
-            view = arena.view[base : base + transfer.nbytes]
-            pack = () if receiving else bucket_pack(params, transfer.pieces, base)
-            unpack = bucket_unpack(params, transfer.pieces, base, receiving)
-            steps.append(
-                Step(
-                    [view, MPI.BYTE],
-                    pack,
-                    unpack,
-                    (),
-                    label,
-                    True,
-                    arena,
-                    fused_steps[bucket - slots] if bucket >= slots else -1,
-                )
-            )
-            fused_steps.append(len(steps) - 1)
-            bucket += 1
-        else:
-            if transfer.run:
-                label = tuple(params[i].name for i in transfer.run)
-            fan_out = tuple(replica_copies(params, transfer.completes))
-            steps.append(
-                Step([transfer_buffer(params, transfer), MPI.BYTE], (), (), fan_out, label, False)
-            )
-    return steps
-
-
-def transfer_buffer(params: list, transfer):
-    """The bytes of direct ``transfer`` on this rank: a slice of one master, or a span of a run."""
-    index, start, _, n = transfer.pieces[0]
-    if transfer.run:  # parameters end to end in memory: one span from the first one's address
-        return span_buffer(params[index].master.data, start, n)
-    return params[index].master.data[start : start + n]
-
-
-def compile_bulk(
-    manifest: BulkManifest, plan: list, *, receiving: bool, arena, fusion_bytes: int
-) -> list:
-    """The :class:`~mpisync.plan.program.Step` list carrying out ``plan`` on ``manifest``'s arrays:
-    each
-    bucket packed (root) or unpacked (receivers) by one ``BufferList``, large tensors sent in
-    place."""
-    if getattr(manifest.held, "compiled", False) and not arena.compiled:
-        raise ValueError("compile_bulk: C buffer lists need an arena that copies with their loops")
-    slots = len(arena) // fusion_bytes if fusion_bytes else 0
-    names, values = manifest.names, manifest.values
+    names = columns.names
     steps: list[Step]
     fused_steps: list[int]  # the index in ``steps`` of each fused bucket's step
     steps, bucket, fused_steps = [], 0, []
     for fused, first, last, nbytes in plan:
         if fused:
             base = (bucket % slots) * fusion_bytes
-            copies = part_copies(base, manifest.held, first, last)
+            copies = bucket_copies(columns, base, first, last)
             steps.append(
                 Step(
                     [arena.view[base : base + nbytes], MPI.BYTE],
                     () if receiving else copies,
                     copies if receiving else (),
-                    (),
+                    columns.fan_out(range(first, last)),
                     tuple(names[first:last]),
                     True,
                     arena,
@@ -214,6 +132,8 @@ def compile_bulk(
             fused_steps.append(len(steps) - 1)
             bucket += 1
         else:
-            view = _byte_view(values[first])[last : last + nbytes]
-            steps.append(Step([view, MPI.BYTE], (), (), (), (names[first],), False))
+            view = columns.view(first)[last : last + nbytes]
+            done = last + nbytes == columns.sizes[first]  # the transfer's last chunk
+            fan_out = columns.fan_out((first,)) if done else ()
+            steps.append(Step([view, MPI.BYTE], (), (), fan_out, columns.label(first), False))
     return steps

@@ -5,7 +5,7 @@ match one to one. Tensors smaller than ``fusion_bytes`` are packed into shared
 buckets of at most ``fusion_bytes``; larger ones travel straight from their
 own memory, split into chunks of at most ``chunk_bytes`` so no count exceeds
 what a C ``int`` holds. A run of parameters that sit end to end in memory
-(see :mod:`mpisync.plan.spans`) is one unit: it travels like one large tensor.
+(see :mod:`mpisync.params.layout`) is one unit: it travels like one large tensor.
 """
 
 from __future__ import annotations

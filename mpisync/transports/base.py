@@ -19,9 +19,8 @@ from __future__ import annotations
 import abc as _abc
 import typing as _typing
 
-from ..params.bulk import BulkManifest
-from ..plan.spans import NO_RUNS, Layout
-from ..plan.transfers import build_plan, bulk_plan
+from ..params.columns import HostColumns
+from ..plan.transfers import bulk_plan
 
 __all__ = ["Transport", "Context", "host_plan", "names_of"]
 
@@ -54,19 +53,11 @@ class Context:
         self.pending: _typing.Callable[[], list] | None = None
 
 
-def host_plan(manifest, fusion: int, chunk: int, layout: Layout = NO_RUNS) -> list:
-    """The host plan of ``manifest``: ``bulk_plan`` tuples for a bulk manifest, else
-    ``build_plan``'s with the runs of the agreed ``layout`` as spans. A one-replica alias of an
-    earlier parameter (the same memory under two names) is left out: its bytes arrive with its
-    representative's."""
-    if isinstance(manifest, BulkManifest):
-        return bulk_plan(manifest.sizes, fusion, chunk)
-    params = manifest.host_params
-    sizes = [p.nbytes for p in params]
-    for index, _ in layout.aliases:
-        if len(params[index].replicas) == 1:
-            sizes[index] = 0
-    return build_plan(sizes, fusion, chunk, layout.runs)
+def host_plan(columns: HostColumns, fusion: int, chunk: int) -> list:
+    """The host plan of a parameter set's ``columns``: ``(fused, first, last, nbytes)`` per
+    collective (:func:`~mpisync.plan.transfers.bulk_plan`), the same on every rank that agreed on
+    the manifest and layout."""
+    return bulk_plan(columns.sizes, fusion, chunk)
 
 
 class Transport(_abc.ABC):
@@ -84,8 +75,8 @@ class Transport(_abc.ABC):
         return 0
 
     @_abc.abstractmethod
-    def compile(self, manifest, plan: list, fusion: int, ctx: Context):
-        """This rank's program for ``plan`` over ``manifest``'s host arrays (local, no
+    def compile(self, columns: HostColumns, plan: list, fusion: int, ctx: Context):
+        """This rank's program for ``plan`` over a parameter set's host ``columns`` (local, no
         communication)."""
 
     def bind(self, program, ctx: Context) -> None:

@@ -8,10 +8,7 @@ import numpy as _np
 from mpi4py import MPI
 
 from .._runtime.observe import logger
-from ..params.adapters import _byte_view
-from ..params.bulk import BulkManifest
-from ..params.fanout import copy_host, replica_copies
-from ..plan.program import transfer_buffer
+from ..params.fanout import copy_host
 from .base import Context, Transport
 from .cma import CrossMemory
 from .mpi import MpiTransport
@@ -34,34 +31,20 @@ class CrossTransport(Transport):
         cross = CrossMemory.open(comm, root, call, None)
         return cls(comm, root, cross, fallback) if cross is not None else None
 
-    def compile(self, manifest, plan: list, fusion: int, ctx: Context):
-        # Every rank's lists must have the same lengths (bind all-gathers them with one count), and
-        # ranks may hold the same set on different paths: empty tensors are left out on both.
-        if isinstance(manifest, BulkManifest):
-            values, sizes = manifest.values, manifest.sizes
-            direct = [
-                _byte_view(values[i])[off : off + n] for fused, i, off, n in plan if not fused and n
-            ]
-            small = [
-                _byte_view(values[i])
-                for fused, first, last, _ in plan
-                if fused
-                for i in range(first, last)
-                if sizes[i]
-            ]
-            return _CrossProgram(manifest, plan, fusion, direct, small, ())
-        host = manifest.host_params
-        direct = [b for b in (transfer_buffer(host, t) for t in plan if not t.fused) if len(b)]
+    def compile(self, columns, plan: list, fusion: int, ctx: Context):
+        # Every rank's lists must have the same lengths (bind all-gathers them with one count):
+        # what the plan moves no bytes for is left out.
+        sizes = columns.sizes
+        direct = [columns.view(i)[off : off + n] for fused, i, off, n in plan if not fused and n]
         small = [
-            host[i].master.data
-            for t in plan
-            if t.fused
-            for i, _, _, _ in t.pieces
-            if host[i].nbytes
+            columns.view(i)
+            for fused, first, last, _ in plan
+            if fused
+            for i in range(first, last)
+            if sizes[i]
         ]
-        return _CrossProgram(
-            manifest, plan, fusion, direct, small, replica_copies(host, range(len(host)))
-        )
+        fan_out = columns.fan_out(range(len(columns)))
+        return _CrossProgram(columns, plan, fusion, direct, small, fan_out)
 
     def bind(self, program, ctx: Context) -> None:
         program.copies = self.cross.bind(self.comm, program.direct, program.small, ctx.call)
@@ -96,7 +79,7 @@ class CrossTransport(Transport):
             self.comm.rank,
         )
         self.failed = True
-        steps = self.fallback.compile(program.manifest, program.plan, program.fusion, ctx)
+        steps = self.fallback.compile(program.columns, program.plan, program.fusion, ctx)
         self.fallback.run(steps, ctx)
 
     def close(self, broken: bool = False) -> None:
@@ -105,8 +88,8 @@ class CrossTransport(Transport):
 
 
 class _CrossProgram:
-    __slots__ = ("manifest", "plan", "fusion", "direct", "small", "fan_out", "copies")
+    __slots__ = ("columns", "plan", "fusion", "direct", "small", "fan_out", "copies")
 
-    def __init__(self, manifest, plan, fusion, direct, small, fan_out):
-        self.manifest, self.plan, self.fusion = manifest, plan, fusion
+    def __init__(self, columns, plan, fusion, direct, small, fan_out):
+        self.columns, self.plan, self.fusion = columns, plan, fusion
         self.direct, self.small, self.fan_out, self.copies = direct, small, fan_out, None

@@ -10,15 +10,10 @@ from .._runtime.keepalive import keep_alive
 from .._runtime.observe import logger
 from .._runtime.ring import TrackedRing
 from .._runtime.speedups import compiled_lists
-from ..params.bulk import BulkManifest
 from ..plan.arena import Arena
-from ..plan.program import arena_slots, compile_bulk, compile_program, fused_slots
+from ..plan.program import compile_program, fused_slots
 from .base import Context, Transport, names_of
 from .selection import MPI as MPI_NAME
-
-
-def _fused_count(plan: list) -> int:
-    return sum(1 for t in plan if (t[0] if isinstance(t, tuple) else t.fused))
 
 
 class MpiTransport(Transport):
@@ -42,19 +37,11 @@ class MpiTransport(Transport):
         self.arena = Arena(needed, vectored=False if compiled_lists else None)
         return True
 
-    def compile(self, manifest, plan: list, fusion: int, ctx: Context):
-        if isinstance(manifest, BulkManifest):
-            self._ensure_arena(fused_slots(ctx.capacity, _fused_count(plan), ctx.one_node) * fusion)
-            return compile_bulk(
-                manifest, plan, receiving=self.receiving, arena=self.arena, fusion_bytes=fusion
-            )
-        self._ensure_arena(arena_slots(plan, ctx.capacity, ctx.one_node) * fusion)
+    def compile(self, columns, plan: list, fusion: int, ctx: Context):
+        fused = sum(1 for step in plan if step[0])
+        self._ensure_arena(fused_slots(ctx.capacity, fused, ctx.one_node) * fusion)
         return compile_program(
-            manifest.host_params,
-            plan,
-            receiving=self.receiving,
-            arena=self.arena,
-            fusion_bytes=fusion,
+            columns, plan, receiving=self.receiving, arena=self.arena, fusion_bytes=fusion
         )
 
     def run(self, program, ctx: Context) -> None:

@@ -36,11 +36,10 @@ from mpi4py import MPI
 
 from .._runtime.ring import Expired
 from ..config import switch
-from ..params.adapters import _byte_view
-from ..params.bulk import BulkManifest
-from ..params.fanout import copy_host, replica_copies
-from ..plan.arena import Arena, part_copies, vectored_io_available
-from ..plan.program import bucket_pack, bucket_unpack, transfer_buffer
+from ..params.columns import HostColumns
+from ..params.fanout import copy_host
+from ..plan.arena import Arena, vectored_io_available
+from ..plan.program import bucket_copies
 
 __all__ = [
     "remove_stale_segments",
@@ -365,77 +364,42 @@ class Chunk:
 
 
 def compile_chunks(
-    plan: list, params: list, *, receiving: bool, slots: int, slot_bytes: int = SLOT_BYTES
+    columns: HostColumns, plan: list, *, receiving: bool, slots: int, slot_bytes: int
 ) -> list:
-    """The chunks that carry out host ``plan`` (made for ``params``) through ``slots`` slots."""
-    chunks: list[Chunk] = []
-    for transfer in plan:
-        if transfer.fused:
-            offset = (len(chunks) % slots) * slot_bytes
-            pieces = transfer.pieces
-            pack = () if receiving else bucket_pack(params, pieces, offset)
-            chunks.append(
-                Chunk(
-                    offset,
-                    transfer.nbytes,
-                    pack=pack,
-                    unpack=bucket_unpack(params, pieces, offset, receiving),
-                    label=tuple(params[p[0]].name for p in pieces),
-                )
-            )
-            continue
-        view = memoryview(transfer_buffer(params, transfer)).cast("B")
-        names = tuple(params[i].name for i in (transfer.run or (transfer.pieces[0][0],)))
-        fan_out = tuple(replica_copies(params, transfer.completes))
-        for start in range(0, transfer.nbytes, slot_bytes):
-            piece = view[start : start + slot_bytes]
-            last = start + slot_bytes >= transfer.nbytes
-            chunks.append(
-                Chunk(
-                    (len(chunks) % slots) * slot_bytes,
-                    piece.nbytes,
-                    source=None if receiving else piece,
-                    target=piece if receiving else None,
-                    fan_out=fan_out if last else (),
-                    label=names,
-                )
-            )
-    return chunks
-
-
-def compile_bulk_chunks(
-    manifest: BulkManifest, plan: list, *, receiving: bool, slots: int, slot_bytes: int
-) -> list:
-    """The :class:`~mpisync.transports.nodesegment.Chunk` list carrying out ``plan`` on
-    ``manifest``'s arrays through
-    a shared segment of ``slots`` slots: buckets copied by ``BufferList`` parts, large tensors in
-    pieces."""
+    """The :class:`Chunk` list carrying out ``plan`` (:func:`~mpisync.plan.transfers.bulk_plan`'s
+    tuples over ``columns.sizes``) through a shared segment of ``slots`` slots: buckets copied by
+    parts of ``columns.held``, large tensors and spans in pieces; each name's other replicas filled
+    once its master holds the bytes."""
     chunks: list[Chunk]
-    names, values, chunks = manifest.names, manifest.values, []
+    names, chunks = columns.names, []
     for fused, first, last, nbytes in plan:
         offset = (len(chunks) % slots) * slot_bytes
         if fused:
-            copies = part_copies(offset, manifest.held, first, last)
+            copies = bucket_copies(columns, offset, first, last)
             chunks.append(
                 Chunk(
                     offset,
                     nbytes,
                     pack=() if receiving else copies,
                     unpack=copies if receiving else (),
+                    fan_out=columns.fan_out(range(first, last)),
                     label=tuple(names[first:last]),
                 )
             )
             continue
-        view = memoryview(_byte_view(values[first])).cast("B")
-        for start in range(last, last + nbytes, slot_bytes):
-            piece = view[start : min(start + slot_bytes, last + nbytes)]
+        view = columns.view(first)
+        label, end = columns.label(first), last + nbytes
+        fan_out = columns.fan_out((first,)) if end == columns.sizes[first] else ()
+        for start in range(last, end, slot_bytes):
+            piece = view[start : min(start + slot_bytes, end)]
             chunks.append(
                 Chunk(
                     (len(chunks) % slots) * slot_bytes,
                     piece.nbytes,
                     source=None if receiving else piece,
                     target=piece if receiving else None,
-                    label=(names[first],),
+                    fan_out=fan_out if start + slot_bytes >= end else (),
+                    label=label,
                 )
             )
     return chunks

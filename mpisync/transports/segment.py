@@ -8,10 +8,9 @@ import logging as _logging
 
 from .._runtime.keepalive import keep_alive
 from .._runtime.observe import logger
-from ..params.bulk import BulkManifest
 from . import spares
 from .base import Context, Transport, names_of
-from .nodesegment import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_bulk_chunks, compile_chunks
+from .nodesegment import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_chunks
 from .selection import SHARED
 
 
@@ -67,22 +66,10 @@ class SegmentTransport(Transport):
     def nbytes(self) -> int:
         return self.segment.nbytes
 
-    def compile(self, manifest, plan: list, fusion: int, ctx: Context):
+    def compile(self, columns, plan: list, fusion: int, ctx: Context):
         node = self.segment
-        if isinstance(manifest, BulkManifest):
-            return compile_bulk_chunks(
-                manifest,
-                plan,
-                receiving=self.receiving,
-                slots=node.slots,
-                slot_bytes=node.slot_bytes,
-            )
         return compile_chunks(
-            plan,
-            manifest.host_params,
-            receiving=self.receiving,
-            slots=node.slots,
-            slot_bytes=node.slot_bytes,
+            columns, plan, receiving=self.receiving, slots=node.slots, slot_bytes=node.slot_bytes
         )
 
     def run(self, program, ctx: Context) -> None:

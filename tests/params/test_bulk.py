@@ -129,8 +129,9 @@ def test_bulk_scan_leaves_everything_but_plain_numpy_to_the_full_manifest():
 
 
 def test_bulk_steps_pack_and_unpack_every_tensor_through_the_arena():
+    from mpisync.params.layout import NO_RUNS
     from mpisync.plan.arena import Arena
-    from mpisync.plan.program import compile_bulk
+    from mpisync.plan.program import compile_program
     from mpisync.plan.transfers import bulk_plan
 
     sizes = [3, 0, 10, 40, 7, 7, 0, 2]
@@ -140,8 +141,9 @@ def test_bulk_steps_pack_and_unpack_every_tensor_through_the_arena():
     plan = bulk_plan(send.sizes, 16, 1 << 30)
     assert [(f, n) for f, _, _, n in plan] == [(True, 13), (False, 40), (True, 16)]
     arenas = [Arena(32, vectored=False), Arena(32, vectored=False)]
-    sent = compile_bulk(send, plan, receiving=False, arena=arenas[0], fusion_bytes=16)
-    got = compile_bulk(recv, plan, receiving=True, arena=arenas[1], fusion_bytes=16)
+    send, recv = send.host_columns(NO_RUNS, 16), recv.host_columns(NO_RUNS, 16)
+    sent = compile_program(send, plan, receiving=False, arena=arenas[0], fusion_bytes=16)
+    got = compile_program(recv, plan, receiving=True, arena=arenas[1], fusion_bytes=16)
     for a, b in zip(sent, got):  # the "broadcast": root's step buffer into the receiver's
         a.start()
         b.buffer[0][:] = a.buffer[0]
@@ -150,7 +152,7 @@ def test_bulk_steps_pack_and_unpack_every_tensor_through_the_arena():
         assert receiver[name].tobytes() == root[name].tobytes(), name
     if getattr(send.held, "compiled", False):  # C lists: only an arena with the C loops copies them
         with pytest.raises(ValueError, match="C buffer lists"):
-            compile_bulk(
+            compile_program(
                 send, plan, receiving=False, arena=Arena(32, compiled=False), fusion_bytes=16
             )
 

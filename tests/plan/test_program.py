@@ -4,7 +4,8 @@ take."""
 import numpy as np
 import pytest
 
-from mpisync.plan.transfers import build_plan
+from mpisync.params.layout import NO_RUNS
+from mpisync.plan.transfers import bulk_plan
 
 from unitutil import ARENA_PATHS, arena_path
 
@@ -19,16 +20,19 @@ def test_compiled_bucket_fills_masters_and_every_replica_from_the_arena(path):
     params = {f"p{i}": [np.zeros(5 + i, np.int16) for _ in range(c)] for i, c in enumerate(counts)}
     manifest = build_manifest(params, rank=1, size=2, root=0)
     host = manifest.host_params
-    plan = build_plan([p.nbytes for p in host], 1 << 10)
-    assert len(plan) == 1 and plan[0].fused
+    columns = manifest.host_columns(NO_RUNS, 1 << 10)
+    plan = bulk_plan(columns.sizes, 1 << 10, 1 << 30)
+    assert plan == [(True, 0, len(counts), sum(p.nbytes for p in host))]
     arena = Arena(1 << 10, **arena_path(path))
-    (step,) = compile_program(host, plan, receiving=True, arena=arena, fusion_bytes=1 << 10)
+    (step,) = compile_program(columns, plan, receiving=True, arena=arena, fusion_bytes=1 << 10)
     assert step.pack == ()
-    arena.view[: plan[0].nbytes] = np.arange(plan[0].nbytes, dtype=np.uint8).tobytes()
+    arena.view[: plan[0][3]] = np.arange(plan[0][3], dtype=np.uint8).tobytes()
     step.finish()
-    for param, (_, _, offset, n) in zip(host, plan[0].pieces):
+    offset = 0
+    for param in host:
         for replica in param.replicas:
-            assert bytes(replica.data) == bytes(range(offset, offset + n))
+            assert bytes(replica.data) == bytes(range(offset, offset + param.nbytes))
+        offset += param.nbytes
 
 
 def test_fused_buckets_take_two_slots_on_one_node_and_one_per_collective_across_nodes():

@@ -1,4 +1,5 @@
-"""Parameters that sit end to end in memory travel as one span, without packing.
+"""Where the host masters sit in memory: parameters end to end travel as one span, without
+packing; one region under two names (tied weights) travels once.
 
 Models that keep their parameters in one flat buffer (views into it, in any
 order) then cost one broadcast of the whole buffer instead of one per tensor
