@@ -1,8 +1,9 @@
 """``ParamSync`` and ``sync_params``: validate -> plan -> move -> fan out -> verify.
 
 Each step is a module: :mod:`~mpisync.plan.prepared` and :mod:`~mpisync.params.manifest`
-(what this rank holds), :mod:`~mpisync.params.agreement` (one all-reduce), the plan
-(:mod:`~mpisync.plan.transfers`, :mod:`~mpisync.params.bulk`), a transport chosen by
+(what this rank holds), :mod:`~mpisync.params.agreement` (one all-reduce), the plan over the
+host masters' columns (:mod:`~mpisync.params.columns`, :mod:`~mpisync.plan.transfers`), a
+transport chosen by
 :mod:`~mpisync.transports.selection` (:mod:`~mpisync.transports.base`,
 :mod:`~mpisync.transports.device`),
 and :mod:`~mpisync.params.verify`. The replicas' fan-out runs inside each program,

@@ -2,22 +2,22 @@
 no object per tensor.
 
 A general manifest (:mod:`mpisync.params.manifest`) builds a few Python objects per
-tensor and its plan and copy lists more, which on sets of thousands of small
-tensors costs more than moving their bytes (figures: docs/performance.md).
+tensor, which on sets of thousands of small tensors costs more than moving their bytes
+(figures: docs/performance.md).
 When every value is a C-contiguous ``numpy.ndarray``, or every value a
 contiguous torch CPU tensor (a ``state_dict()``, seen through the numpy views
 ``Tensor.numpy()`` gives), this path takes the set
-whole: one sort of the names, one C pass over the arrays' struct fields
-(``mpisync._speedups.array_list``: exact type, contiguity, size, writability,
-shape, the dtypes in runs, the states a re-check compares), the plan cut with
-``numpy.searchsorted``, and each fusion bucket a part of that one
-``BufferList``. Anything else (mixed or GPU arrays, bfloat16, replica lists,
-views that sit end to end, a read-only array on a receiver, a bad setting)
-takes the general path, which also words the errors.
+whole: one sort of the names, one pass over the arrays (``array_list`` of
+:mod:`mpisync._runtime.speedups`, in C where built: exact type, contiguity, size,
+writability, shape, the dtypes in runs, the states a re-check compares), and each fusion
+bucket a part of that one ``BufferList``. Anything else (mixed or GPU arrays, bfloat16, replica
+lists, views that sit end to end, a read-only array on a receiver, a bad setting) takes the
+general path, which also words the errors.
 
-Both paths compute the same digest (:func:`~mpisync.params.manifest.params_digest`)
-and the same sequence of collectives (``bulk_plan`` equals ``build_plan``), so
-ranks on different paths still agree and match message for message.
+Both paths compute the same digest (:func:`~mpisync.params.manifest.params_digest`) and give
+their host masters in one form (:class:`~mpisync.params.columns.HostColumns`), which the one
+plan and each transport's one program are built from: ranks on different paths agree and match
+message for message.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ buckets of at most ``fusion_bytes``; larger ones travel straight from their
 own memory, split into chunks of at most ``chunk_bytes`` so no count exceeds
 what a C ``int`` holds. A run of parameters that sit end to end in memory
 (see :mod:`mpisync.params.layout`) is one unit: it travels like one large tensor.
+
+:func:`bulk_plan` is the host plan of every parameter set: it cuts a set's
+:class:`~mpisync.params.columns.HostColumns` sizes (a span's bytes at its lowest index). The
+per-piece :func:`build_plan` gives the same sequence; the device steps and the all-reduce's
+general plan use its pieces.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import dataclasses as _dc
 
 import numpy as _np
 
-__all__ = ["Transfer", "build_plan", "DEFAULT_CHUNK_BYTES"]
+__all__ = ["Transfer", "build_plan", "bulk_plan", "DEFAULT_CHUNK_BYTES"]
 
 #: Largest single collective: 1 GiB keeps every MPI count far below 2**31.
 DEFAULT_CHUNK_BYTES = 1 << 30
