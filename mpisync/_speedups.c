@@ -359,6 +359,25 @@ same_items(PyObject *module, PyObject *args)
     return PyBool_FromLong(i == n);
 }
 
+/* The dict's version tag (PEP 509): it changes with every change to the dict and is never shared
+ * by two dicts (one global counter), so an equal tag means the same dict with the same entries.
+ * -1 from Python 3.12 on, where the tag is deprecated, and on PyPy: callers then compare the entries
+ * (with the caches cold, that walk is most of what a repeated sync of 5000 tensors adds:
+ * docs/performance.md, "The C loops, with and without"). */
+static PyObject *
+dict_version(PyObject *module, PyObject *mapping)
+{
+    if (!PyDict_Check(mapping)) {
+        PyErr_SetString(PyExc_TypeError, "dict_version() takes a dict");
+        return NULL;
+    }
+#if PY_VERSION_HEX < 0x030C0000 && !defined(PYPY_VERSION)
+    return PyLong_FromUnsignedLongLong(((PyDictObject *)mapping)->ma_version_tag);
+#else
+    return PyLong_FromLong(-1);
+#endif
+}
+
 /* array_states / same_states: what a prepared sync relies on about each numpy array (data address,
  * dtype object, writability, ndim, shape, strides), read through numpy's accessors, far cheaper
  * than a buffer export. Items that are not exactly of ``array_type`` (torch tensors, ...) get one
@@ -700,6 +719,9 @@ static PyMethodDef methods[] = {
     {"same_states", same_states, METH_VARARGS,
      "same_states(items, array_type, states) -> bool: array_states(items, array_type) == states, without "
      "building it."},
+    {"dict_version", dict_version, METH_O,
+     "dict_version(dict) -> int: changes with every change to the dict, never equal for two dicts; "
+     "-1 where the interpreter has no version tag (3.12 on)."},
     {"same_items", same_items, METH_VARARGS,
      "same_items(dict, keys, values) -> bool: the dict holds exactly these objects, in order."},
     {NULL, NULL, 0, NULL},

@@ -18,6 +18,7 @@ __all__ = [
     "BufferList",
     "array_list",
     "array_states",
+    "dict_version",
     "joined_names",
     "same_items",
     "same_states",
@@ -183,6 +184,13 @@ def array_list(items, array_type) -> tuple:
 def _check_array_type(array_type) -> None:
     if array_type is not _np.ndarray:
         raise TypeError("array_type must be numpy.ndarray")
+
+
+def dict_version(mapping: dict) -> int:
+    """-1: Python has no view of the dict's version tag (callers compare the entries)."""
+    if not isinstance(mapping, dict):
+        raise TypeError("dict_version() takes a dict")
+    return -1
 
 
 def same_items(mapping: dict, keys: tuple, values: tuple) -> bool:

@@ -28,18 +28,23 @@ class Recognizer:
     address and with the shape, strides, dtype and writability it was prepared with (see
     :mod:`mpisync.params.recheck`). ``ParamSync`` and ``GradSync`` both reuse through it."""
 
-    __slots__ = ("values", "keys", "devices", "state")
+    __slots__ = ("values", "keys", "devices", "state", "version")
 
     def __init__(self, values: tuple, keys: tuple, devices, state: Snapshot):
         self.values, self.keys, self.devices, self.state = values, keys, devices, state
+        self.version: tuple = (None, -1)  # (the dict last matched, its version tag)
 
     def matches(self, params, devices) -> bool:
         """Whether ``params`` holds exactly the arrays prepared, each still as it was prepared."""
         if devices != self.devices or not isinstance(params, _abc.Mapping):
             return False
         if type(params) is dict:
-            if not loops.same_items(params, self.keys, self.values):
-                return False
+            # An unchanged version tag means no entry changed: the walk over the entries is skipped.
+            version = loops.dict_version(params)
+            if version == -1 or version != self.version[1] or params is not self.version[0]:
+                if not loops.same_items(params, self.keys, self.values):
+                    return False
+                self.version = (params, version)
         elif tuple(params) != self.keys or not all(
             map(_operator.is_, params.values(), self.values)
         ):

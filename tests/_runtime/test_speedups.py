@@ -4,7 +4,7 @@ to the same contract."""
 import numpy as np
 import pytest
 
-from unitutil import LOOP_FORMS, loops_of
+from unitutil import LOOP_FORMS, loops_of, speedups_or_skip
 
 forms = pytest.mark.parametrize("form", LOOP_FORMS)
 
@@ -184,3 +184,29 @@ def test_the_c_and_python_loops_give_the_same_words():
         assert held.shapes() == right.array_list(contiguous, np.ndarray)[0].shapes()
     with pytest.raises(TypeError, match="numpy.ndarray"):
         c.array_states(arrays, list)
+
+
+def test_dict_version_changes_with_every_change_and_differs_between_dicts():
+    speedups = speedups_or_skip()
+    a = np.zeros(1)
+    params = {"a": a}
+    version = speedups.dict_version(params)
+    if version == -1:
+        pytest.skip("no dict version tag in this Python (3.12 on): same_items alone decides")
+    params["a"] = a  # the same object again: nothing changed
+    assert speedups.dict_version(params) == version
+    params["a"] = np.zeros(1)
+    changed = speedups.dict_version(params)
+    assert changed != version
+    params["a"] = a  # back to the first array: still a new version
+    assert speedups.dict_version(params) not in (version, changed)
+    assert speedups.dict_version({"a": a}) != speedups.dict_version({"a": a})
+    with pytest.raises(TypeError):
+        speedups.dict_version([])
+
+
+def test_the_python_form_has_no_dict_version_so_the_entries_are_compared():
+    py = loops_of("Python")
+    assert py.dict_version({"a": 1}) == -1
+    with pytest.raises(TypeError):
+        py.dict_version([])
