@@ -114,9 +114,10 @@ def _speedups_line() -> str:
     return _switch_line(
         enabled,
         "on (MPISYNC_SPEEDUPS=0 turns them off): C loops pack and unpack fusion buckets, check "
-        "a reused parameter set, and take first syncs of plain numpy sets whole",
-        "off (MPISYNC_SPEEDUPS=0)",
-        "not built (no C compiler when mpisync was installed): Python and kernel copies",
+        "a reused parameter set, and read first syncs of plain numpy sets in one pass",
+        "off (MPISYNC_SPEEDUPS=0): the Python form of every loop, the same program",
+        "not built (no C compiler when mpisync was installed): the Python form of every loop, "
+        "the same program",
     )
 
 
