@@ -40,7 +40,7 @@ from .plan.prepared import (
     find_manifest,
     recognizer,
 )
-from .plan.transfers import DEFAULT_CHUNK_BYTES
+from .plan.transfers import DEFAULT_CHUNK_BYTES, fused_count
 from .report import SyncReport
 from .transports.base import Context, host_plan
 from .transports.device import DeviceTransport
@@ -165,7 +165,7 @@ class _Compiler:
         device = manifest.device_params
         device_steps = self.device().compile(device) if device else []
         kept = None if self.one_shot else recognizer(params, manifest, devices_key)
-        fused = sum(1 for step in plan if step[0])
+        fused = fused_count(plan)
         steps = (program, fused, len(plan), device_steps, host_bytes, small)
         return Prepared(kept, manifest, layout, agreed, channel, *steps), False
 

@@ -24,7 +24,7 @@ import numpy as _np
 from .._runtime.speedups import loops
 from ..params.adapters import UnsupportedArray, _byte_view, _dtype_name
 from ..params.bulk import BulkManifest, scan
-from ..plan.arena import part_copies
+from ..plan.arena import check_copier, part_copies
 from ..plan.transfers import bulk_plan
 from . import ops as _ops
 from .plan import CHUNK_BYTES, ReduceStep, aligned, fused_arena
@@ -119,10 +119,7 @@ def compile_bulk_steps(
             if fused:
                 arena_bytes += aligned(nbytes)
     arena, base = fused_arena(arena_bytes, arena_for)
-    if getattr(manifest.held, "compiled", False) and not arena.compiled:
-        raise ValueError(
-            "compile_bulk_steps: C buffer lists need an arena that copies with their loops"
-        )
+    check_copier(manifest.held, arena, "compile_bulk_steps")
     count = size if op == "avg" else 1  # one replica of each array on every rank
     steps, next_offsets = [], iter(offsets)
     for dtype, held, names, values, plan in groups:

@@ -22,7 +22,7 @@ import numpy as _np
 
 from .._runtime.speedups import compiled_lists, loops
 
-__all__ = ["Arena", "copy_list", "part_copies", "vectored_io_available"]
+__all__ = ["Arena", "check_copier", "copy_list", "part_copies", "vectored_io_available"]
 
 try:
     _IOV_MAX = max(16, min(_os.sysconf("SC_IOV_MAX"), 1024))
@@ -64,6 +64,14 @@ def part_copies(offset: int, held, first: int, last: int) -> tuple:
     if getattr(part, "compiled", False):
         return ((offset, (), part.nbytes, part),)
     return copy_list(offset, part.views)
+
+
+def check_copier(held, arena, what: str) -> None:
+    """``ValueError`` unless ``arena`` copies the parts of ``held`` (a ``BufferList`` or None):
+    a C list's parts carry no buffers of their own, so only an arena with the C loops copies
+    them."""
+    if held is not None and getattr(held, "compiled", False) and not arena.compiled:
+        raise ValueError(f"{what}: C buffer lists need an arena that copies with their loops")
 
 
 class Arena:

@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from ..params.columns import HostColumns
 from ..params.fanout import copy_host
-from .arena import Arena, copy_list, part_copies
+from .arena import Arena, check_copier, copy_list, part_copies
 
 __all__ = ["Step", "bucket_copies", "compile_program", "fused_slots", "FUSED_SLOTS"]
 
@@ -106,8 +106,7 @@ def compile_program(
 
     ``arena`` holds at least ``slots * fusion_bytes`` bytes.
     """
-    if getattr(columns.held, "compiled", False) and not arena.compiled:
-        raise ValueError("compile_program: C buffer lists need an arena that copies with C loops")
+    check_copier(columns.held, arena, "compile_program")
     slots = len(arena) // fusion_bytes if fusion_bytes else 0
     names = columns.names
     steps: list[Step]

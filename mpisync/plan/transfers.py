@@ -19,7 +19,7 @@ import dataclasses as _dc
 
 import numpy as _np
 
-__all__ = ["Transfer", "build_plan", "bulk_plan", "DEFAULT_CHUNK_BYTES"]
+__all__ = ["Transfer", "build_plan", "bulk_plan", "fused_count", "DEFAULT_CHUNK_BYTES"]
 
 #: Largest single collective: 1 GiB keeps every MPI count far below 2**31.
 DEFAULT_CHUNK_BYTES = 1 << 30
@@ -132,3 +132,8 @@ def bulk_plan(sizes: _np.ndarray, fusion_bytes: int, chunk_bytes: int) -> list:
             )
         start = stop + 1
     return plan
+
+
+def fused_count(plan: list) -> int:
+    """How many fused buckets a :func:`bulk_plan` holds."""
+    return sum(1 for fused, _, _, _ in plan if fused)

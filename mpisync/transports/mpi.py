@@ -12,6 +12,7 @@ from .._runtime.ring import TrackedRing
 from .._runtime.speedups import compiled_lists
 from ..plan.arena import Arena
 from ..plan.program import compile_program, fused_slots
+from ..plan.transfers import fused_count
 from .base import Context, Transport, names_of
 from .selection import MPI as MPI_NAME
 
@@ -38,8 +39,7 @@ class MpiTransport(Transport):
         return True
 
     def compile(self, columns, plan: list, fusion: int, ctx: Context):
-        fused = sum(1 for step in plan if step[0])
-        self._ensure_arena(fused_slots(ctx.capacity, fused, ctx.one_node) * fusion)
+        self._ensure_arena(fused_slots(ctx.capacity, fused_count(plan), ctx.one_node) * fusion)
         return compile_program(
             columns, plan, receiving=self.receiving, arena=self.arena, fusion_bytes=fusion
         )
