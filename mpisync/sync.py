@@ -42,7 +42,7 @@ from .plan.prepared import (
 )
 from .plan.transfers import DEFAULT_CHUNK_BYTES, fused_count
 from .report import SyncReport
-from .transports.base import Context, host_plan
+from .transports.base import Context, host_plan, pending_names
 from .transports.device import DeviceTransport
 from .transports.device_pipeline import DEFAULT_DEVICE_CHUNK_BYTES
 from .transports.host import HostTransports
@@ -77,15 +77,6 @@ def _verify_on(comm, manifest, root, call, trace, device) -> None:
 def _layout_of(manifest, prepared):
     """This rank's memory layout of the host masters: kept with a prepared set."""
     return prepared.layout if prepared is not None else manifest.host_layout()
-
-
-def _pending(expired, phase, ctx, manifest) -> list:
-    """The names a timed-out wait was for: the waiting chunk's, the ring's in flight, or all."""
-    if getattr(expired, "pending", None) is not None:  # the shared segment, the device pipeline
-        return list(dict.fromkeys(expired.pending))
-    if phase == "broadcast" and ctx is not None and ctx.pending is not None:
-        return [n for label in ctx.pending() for n in label]
-    return list(manifest.names)
 
 
 class _Link:
@@ -373,7 +364,7 @@ class ParamSync(Reusable):
                 _verify_on(comm, manifest, self._root, deadline.wait, trace, device)
                 report.verified = True
         except Expired as expired:
-            pending = _pending(expired, self._phase, self._ctx, manifest)
+            pending = pending_names(expired, self._ctx, manifest.names)
             self._timed_out(self._phase, pending, self._values["timeout"])
 
     def _move(self, prepared, transport, ctx, report, trace) -> None:

@@ -27,9 +27,15 @@ from ..params.bulk import BulkManifest, scan
 from ..plan.arena import check_copier, part_copies
 from ..plan.transfers import bulk_plan
 from . import ops as _ops
-from .plan import CHUNK_BYTES, ReduceStep, aligned, fused_arena
+from .plan import CHUNK_BYTES, ReducePlan, ReduceStep, aligned, fused_arena
 
-__all__ = ["scan_for_reduce", "dtype_groups", "compile_bulk_steps"]
+__all__ = [
+    "scan_for_reduce",
+    "dtype_groups",
+    "compile_bulk_steps",
+    "plan_bulk_steps",
+    "build_bulk_steps",
+]
 
 
 def dtype_groups(manifest: BulkManifest, op: str) -> list | None:
@@ -100,39 +106,49 @@ def _group_plans(manifest: BulkManifest, op: str, fusion_bytes: int) -> list:
     return out
 
 
+def plan_bulk_steps(manifest: BulkManifest, op: str, fusion_bytes: int) -> ReducePlan:
+    """The plan :func:`mpisync.allreduce.plan.plan_steps` gives for the same set: per dtype group,
+    :func:`mpisync.plan.transfers.bulk_plan` (the sequence ``build_plan`` gives; empty arrays add
+    nothing to a bucket), the buckets end to end from aligned offsets. A transfer is ``(dtype,
+    buffer list, names, arrays, (fused, first, last, nbytes), offset)``."""
+    transfers, arena_bytes = [], 0
+    for dtype, held, names, values, plan in _group_plans(manifest, op, fusion_bytes):
+        for transfer in plan:
+            offset = -1
+            if transfer[0]:
+                offset, arena_bytes = arena_bytes, arena_bytes + aligned(transfer[3])
+            transfers.append((dtype, held, names, values, transfer, offset))
+    return ReducePlan(transfers, arena_bytes)
+
+
+def build_bulk_steps(
+    manifest: BulkManifest, op: str, size: int, plan: ReducePlan, arena, base: int
+) -> list:
+    """The steps of ``plan`` over ``size`` ranks, its fused buckets from byte ``base`` of
+    ``arena``."""
+    check_copier(manifest.held, arena, "compile_bulk_steps")
+    count = size if op == "avg" else 1  # one replica of each array on every rank
+    steps = []
+    for dtype, held, names, values, (fused, first, last, nbytes), offset in plan.transfers:
+        if fused:
+            buffer = _np.frombuffer(arena.view, dtype, nbytes // dtype.itemsize, base + offset)
+        else:  # bytes last:last + nbytes of array ``first``, reduced in place
+            buffer = _np.frombuffer(
+                _byte_view(values[first]), dtype, nbytes // dtype.itemsize, last
+            )
+        divide = (lambda b=buffer: _ops.divide(b, count)) if count > 1 else None
+        if fused:
+            steps.append(_fused(held, names, first, last, buffer, arena, base + offset, divide))
+        else:
+            steps.append(ReduceStep(buffer, (names[first],), None, divide, False))
+    return steps
+
+
 def compile_bulk_steps(
     manifest: BulkManifest, op: str, fusion_bytes: int, size: int, arena_for=None
 ) -> tuple:
     """``(steps, arena)`` as :func:`mpisync.allreduce.plan.compile_steps` gives them for the same
-    set.
-
-    Per dtype group, the plan is :func:`mpisync.plan.transfers.bulk_plan` (the sequence
-    ``build_plan`` gives;
-    empty arrays add nothing to a bucket) and the buckets lie end to end from aligned offsets,
-    placed
-    by :func:`mpisync.allreduce.plan.fused_arena` as there."""
-    groups = _group_plans(manifest, op, fusion_bytes)
-    offsets, arena_bytes = [], 0
-    for _, _, _, _, plan in groups:
-        for fused, _, _, nbytes in plan:
-            offsets.append(arena_bytes if fused else -1)
-            if fused:
-                arena_bytes += aligned(nbytes)
-    arena, base = fused_arena(arena_bytes, arena_for)
-    check_copier(manifest.held, arena, "compile_bulk_steps")
-    count = size if op == "avg" else 1  # one replica of each array on every rank
-    steps, next_offsets = [], iter(offsets)
-    for dtype, held, names, values, plan in groups:
-        for (fused, first, last, nbytes), offset in zip(plan, next_offsets):
-            if fused:
-                buffer = _np.frombuffer(arena.view, dtype, nbytes // dtype.itemsize, base + offset)
-            else:  # bytes last:last + nbytes of array ``first``, reduced in place
-                buffer = _np.frombuffer(
-                    _byte_view(values[first]), dtype, nbytes // dtype.itemsize, last
-                )
-            divide = (lambda b=buffer: _ops.divide(b, count)) if count > 1 else None
-            if fused:
-                steps.append(_fused(held, names, first, last, buffer, arena, base + offset, divide))
-            else:
-                steps.append(ReduceStep(buffer, (names[first],), None, divide, False))
-    return steps, arena
+    set, the buckets placed by :func:`mpisync.allreduce.plan.fused_arena` as there."""
+    plan = plan_bulk_steps(manifest, op, fusion_bytes)
+    arena, base = fused_arena(plan.arena_bytes, arena_for)
+    return build_bulk_steps(manifest, op, size, plan, arena, base), arena

@@ -12,6 +12,8 @@ in place in their own memory. Half-precision values travel as ``float32``
 
 from __future__ import annotations
 
+import typing as _typing
+
 import numpy as _np
 
 from ..plan.arena import Arena, copy_list
@@ -21,12 +23,15 @@ from . import ops as _ops
 __all__ = [
     "BUCKET_ALIGN",
     "CHUNK_BYTES",
+    "ReducePlan",
     "ReduceStep",
+    "build_steps",
     "aligned",
     "compile_steps",
     "fused_arena",
     "local_reduce",
     "ordered",
+    "plan_steps",
 ]
 
 # : Bytes every fused bucket starts on (a multiple of every itemsize): buckets of one dtype lie end
@@ -161,31 +166,42 @@ def _direct_step(params, dtype, op, piece, rdtype, divide_for, label) -> ReduceS
     )
 
 
-def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for=None) -> tuple:
-    """``(steps, arena)`` reducing the masters of ``params`` (in their agreed order) over ``size``
-    ranks.
+class ReducePlan(_typing.NamedTuple):
+    """Which bytes every rank reduces in which collective: per transfer, its dtype, the dtype MPI
+    reduces in, the parameters' indices it draws from and its fused bucket's offset (-1: reduced
+    in place), with ``arena_bytes`` of fused buckets laid end to end. The same on every rank that
+    agreed on the manifest."""
 
-    The fused buckets lie end to end in a private arena, or from byte ``base`` of the arena that
-    ``arena_for(nbytes)`` returns as ``(arena, base)`` (None: a private one)."""
+    transfers: list  # (dtype, reduce dtype, member indices, Transfer, offset)
+    arena_bytes: int
+
+
+def plan_steps(params: list, op: str, fusion_bytes: int) -> ReducePlan:
+    """The plan reducing the masters of ``params`` (in their agreed order) with ``op``: grouped by
+    dtype, tensors under ``fusion_bytes`` packed into buckets (:func:`build_plan`)."""
     groups: dict = {}
     for index, p in enumerate(params):
         if p.nbytes:
             groups.setdefault(p.master.dtype, []).append(index)
-    layouts = []
+    transfers = []
     arena_bytes = 0
     for dtype, members in groups.items():
         rdtype = _ops.reduce_dtype(dtype, op)
         scale = rdtype.itemsize / _ops.itemsize(dtype)
         sizes = [int(params[i].nbytes * scale) for i in members]
-        plan = build_plan(sizes, fusion_bytes, CHUNK_BYTES)
-        for transfer in plan:
+        for transfer in build_plan(sizes, fusion_bytes, CHUNK_BYTES):
             offset = -1
             if transfer.fused:
                 offset, arena_bytes = arena_bytes, arena_bytes + aligned(transfer.nbytes)
-            layouts.append((dtype, rdtype, members, transfer, offset))
-    arena, base = fused_arena(arena_bytes, arena_for)
+            transfers.append((dtype, rdtype, members, transfer, offset))
+    return ReducePlan(transfers, arena_bytes)
+
+
+def build_steps(params: list, op: str, size: int, plan: ReducePlan, arena, base: int) -> list:
+    """The steps of ``plan`` over ``size`` ranks, its fused buckets from byte ``base`` of
+    ``arena``."""
     steps = []
-    for dtype, rdtype, members, transfer, offset in layouts:
+    for dtype, rdtype, members, transfer, offset in plan.transfers:
         pieces = tuple((members[i], o, b, n) for i, o, b, n in transfer.pieces)
         label = tuple(params[i].name for i, _, _, _ in pieces)
         if transfer.fused:
@@ -211,7 +227,18 @@ def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for
                     label,
                 )
             )
-    return steps, arena
+    return steps
+
+
+def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for=None) -> tuple:
+    """``(steps, arena)`` reducing the masters of ``params`` (in their agreed order) over ``size``
+    ranks.
+
+    The fused buckets lie end to end in a private arena, or from byte ``base`` of the arena that
+    ``arena_for(nbytes)`` returns as ``(arena, base)`` (None: a private one)."""
+    plan = plan_steps(params, op, fusion_bytes)
+    arena, base = fused_arena(plan.arena_bytes, arena_for)
+    return build_steps(params, op, size, plan, arena, base), arena
 
 
 def ordered(step: ReduceStep, op: str) -> ReduceStep:

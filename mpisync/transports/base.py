@@ -22,7 +22,10 @@ import typing as _typing
 from ..params.columns import HostColumns
 from ..plan.transfers import bulk_plan
 
-__all__ = ["Transport", "Context", "host_plan", "names_of"]
+__all__ = ["Transport", "Context", "host_plan", "names_of", "pending_names"]
+
+Source = _typing.TypeVar("Source")
+Plan = _typing.TypeVar("Plan")
 
 
 class Context:
@@ -49,8 +52,19 @@ class Context:
             capacity,
             one_node,
         )
-        # names in flight when a wait expires: a callable, set by the running transport
+        # the labels in flight when a wait expires: a callable, set by a transport while it runs
         self.pending: _typing.Callable[[], list] | None = None
+
+
+def pending_names(expired, ctx: Context | None, everything) -> list:
+    """The names a timed-out wait was for: the waiter's own (``expired.pending``: the shared
+    segments, the device pipeline), those in flight in the running transport's ring, or
+    ``everything``."""
+    if getattr(expired, "pending", None) is not None:
+        return list(dict.fromkeys(expired.pending))
+    if ctx is not None and ctx.pending is not None:
+        return [n for label in ctx.pending() for n in label]
+    return list(everything)
 
 
 def host_plan(columns: HostColumns, fusion: int, chunk: int) -> list:
@@ -60,8 +74,14 @@ def host_plan(columns: HostColumns, fusion: int, chunk: int) -> list:
     return bulk_plan(columns.sizes, fusion, chunk)
 
 
-class Transport(_abc.ABC):
-    """Set up for a syncer, compile per parameter set, run per sync, close once."""
+class Transport(_abc.ABC, _typing.Generic[Source, Plan]):
+    """Set up for a syncer, compile per parameter set, run per sync, close once.
+
+    ``Source`` is what a program is compiled over and ``Plan`` which bytes each collective moves:
+    a parameter set's :class:`~mpisync.params.columns.HostColumns` and :func:`host_plan` for the
+    broadcasts, a :class:`~mpisync.allreduce.reduceset.ReduceSet` and its
+    :class:`~mpisync.allreduce.plan.ReducePlan` for the all-reduce
+    (:class:`~mpisync.allreduce.transport.ReduceTransport`)."""
 
     name = ""
 
@@ -75,9 +95,9 @@ class Transport(_abc.ABC):
         return 0
 
     @_abc.abstractmethod
-    def compile(self, columns: HostColumns, plan: list, fusion: int, ctx: Context):
-        """This rank's program for ``plan`` over a parameter set's host ``columns`` (local, no
-        communication)."""
+    def compile(self, columns: Source, plan: Plan, fusion: int, ctx: Context):
+        """This rank's program for ``plan`` over ``columns`` (local, no communication, except
+        where a transport sets up shared buffers on first use, on every rank alike)."""
 
     def bind(self, program, ctx: Context) -> None:
         """Exchange what peers need about a fresh program (collective; most transports need

@@ -8,6 +8,7 @@ import numpy as _np
 from mpi4py import MPI
 
 from .._runtime.observe import logger
+from ..params.columns import HostColumns
 from ..params.fanout import copy_host
 from .base import Context, Transport
 from .cma import CrossMemory
@@ -15,7 +16,7 @@ from .mpi import MpiTransport
 from .selection import CROSS
 
 
-class CrossTransport(Transport):
+class CrossTransport(Transport[HostColumns, list]):
     """Tensors copied process to process; a failed copy on any rank redoes the sync through MPI."""
 
     name = CROSS

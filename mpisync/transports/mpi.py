@@ -10,6 +10,7 @@ from .._runtime.keepalive import keep_alive
 from .._runtime.observe import logger
 from .._runtime.ring import TrackedRing
 from .._runtime.speedups import compiled_lists
+from ..params.columns import HostColumns
 from ..plan.arena import Arena
 from ..plan.program import compile_program, fused_slots
 from ..plan.transfers import fused_count
@@ -17,7 +18,7 @@ from .base import Context, Transport, names_of
 from .selection import MPI as MPI_NAME
 
 
-class MpiTransport(Transport):
+class MpiTransport(Transport[HostColumns, list]):
     """Nonblocking broadcasts through the request ring; small tensors packed in an arena's
     buckets."""
 
@@ -74,6 +75,7 @@ class MpiTransport(Transport):
                 done = step.finish
             ring.push(request, done, step.label)
         ring.drain()
+        ctx.pending = None
         timeline.span(
             "broadcast",
             start,

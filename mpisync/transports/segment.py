@@ -8,6 +8,7 @@ import logging as _logging
 
 from .._runtime.keepalive import keep_alive
 from .._runtime.observe import logger
+from ..params.columns import HostColumns
 from . import spares
 from .base import Context, Transport, names_of
 from .nodesegment import SLOT_BYTES, SMALL_SLOTS, NodeSegment, compile_chunks
@@ -43,7 +44,7 @@ def spare_words(segment, comm, root: int, geometry: tuple) -> tuple:
     )
 
 
-class SegmentTransport(Transport):
+class SegmentTransport(Transport[HostColumns, list]):
     """The node's shared segment: root copies into slots, the others copy out (no MPI data
     movement)."""
 

@@ -525,3 +525,48 @@ def test_nan_wins_min_and_max_with_the_same_bytes_on_every_rank_and_channel(comm
     assert len(set(seen)) == 1  # every call and channel gave the same bytes
     assert len(set(comm.allgather(seen[0]))) == 1  # and so did every rank
     assert not np.signbit(got[np.isnan(got)]).any()  # NaN results are positive NaNs
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_the_reduce_transport_runs_a_set_behind_the_transport_interface(comm, replicas):
+    # The path GradSync takes, step by step: a ReduceSet (the bulk scan's with one replica each,
+    # the general manifest's with replica lists), its plan, the transport's program, its run.
+    from mpisync._runtime.clock import Deadline, Trace
+    from mpisync.allreduce.gradsync import _reduce_manifest
+    from mpisync.allreduce.reduceset import ReduceSet
+    from mpisync.allreduce.transport import ReduceTransport
+    from mpisync.params.bulk import BulkManifest
+    from mpisync.report import SyncReport
+    from mpisync.transports.base import Context, Transport
+
+    shapes = {f"p{i}": (10 + i, "float32") for i in range(6)} | {"big": (5000, "float64")}
+
+    def replicas_of(name, n, dtype):
+        arrays = [_values(name, comm.rank, k, n, dtype) for k in range(replicas)]
+        return arrays[0] if replicas == 1 else arrays
+
+    params = {name: replicas_of(name, *shape) for name, shape in shapes.items()}
+    manifest = _reduce_manifest(params, None, comm.rank, comm.size, "sum", 256, None)
+    assert isinstance(manifest, BulkManifest) == (replicas == 1)
+    dup = comm.Dup()
+    transport = ReduceTransport(dup, "sum", 256)
+    assert isinstance(transport, Transport)
+    report = SyncReport.of(manifest, rank=comm.rank, size=comm.size, transport="host")
+    ctx = Context(dup, 0, Deadline(60.0), report, Trace(), 2, False)
+    reduced = ReduceSet(manifest, "sum", comm.size)
+    program = transport.compile(reduced, reduced.plan(256), 256, ctx)
+    # "big" (sorted first, its dtype's group first) in place, then the 6 small tensors (260
+    # bytes) in 2 buckets of at most 256 bytes
+    assert [step.fused for step in program.steps] == [False, True, True]
+    assert program.spans is None and transport.nbytes == 0
+    assert reduced.before() is False
+    transport.run(program, ctx)
+    reduced.after()
+    assert ctx.pending is None  # nothing in flight once the run is over
+    assert report.collectives == (3 if comm.size > 1 else 0) and report.fused_buckets == 2
+    for name, (n, dtype) in shapes.items():
+        want = _expected("sum", name, comm.size, replicas, n, dtype).tobytes()
+        got = [params[name]] if replicas == 1 else params[name]
+        assert [a.tobytes() for a in got] == [want] * replicas, name
+    transport.close()
+    dup.Free()

@@ -115,7 +115,7 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
         flat = _np.zeros(nbytes // 4, _np.float32)
         syncer = GradSync(comm, op="sum")
         mpi_only = GradSync(comm, op="sum")
-        mpi_only._segment_tried = True  # never opens the node's segment: every bucket through MPI
+        mpi_only._node_segment = False  # every bucket through MPI
         runs = {
             "GradSync": lambda s=syncer, p=params: s.allreduce(p),
             "GradSync, MPI only": lambda s=mpi_only, p=params: s.allreduce(p),

@@ -1,0 +1,163 @@
+"""The all-reduce's transport: a reduce set's collectives behind the interface of the broadcast
+transports (:class:`mpisync.transports.base.Transport`).
+
+Every step is an ``Iallreduce`` through the request ring (at most ``capacity`` in flight), large
+tensors in place in their own memory. Once a syncer's calls repeat, the fused buckets move onto
+the node's shared regions (:class:`~mpisync.allreduce.segment.ReduceSegment`: two barriers, no
+MPI data movement), while the large tensors stay on MPI. Figures: docs/allreduce.md.
+"""
+
+from __future__ import annotations
+
+import typing as _typing
+
+from mpi4py import MPI
+
+from .._runtime.keepalive import keep_alive
+from .._runtime.ring import Expired, TrackedRing
+from ..plan.arena import Arena
+from ..transports.base import Context, Transport
+from ..transports.selection import MPI as MPI_NAME
+from ..transports.selection import SHARED
+from . import ops as _ops
+from .plan import ReducePlan, fused_arena
+from .reduceset import ReduceSet
+from .segment import ReduceSegment
+
+__all__ = ["ReduceProgram", "ReduceTransport"]
+
+# The most fused bytes the node's segment takes, in buckets: each rank's region holds them all, so
+# the segment (ranks x regions) stays within what 16 buckets in flight per rank would hold.
+_SEGMENT_BUCKETS = 16
+# The fewest fused bytes the segment takes: below, one all-reduce of the bytes through MPI costs
+# less than the segment's two barriers (the crossover: docs/allreduce.md).
+_SEGMENT_MIN_BYTES = 24 << 10
+
+
+class ReduceProgram(_typing.NamedTuple):
+    """A reduce set's steps on this rank and the buffers they use."""
+
+    steps: list
+    arena: Arena  # the fusion arena (private, or the node's segment)
+    spans: list | None  # the segment's spans of the fused buckets, None when they go through MPI
+
+
+class ReduceTransport(Transport[ReduceSet, ReducePlan]):
+    """All-reduces with ``op`` on ``comm`` (mpisync's duplicate; any communicator of one rank),
+    the fused buckets of up to ``fusion_bytes`` each on the node's segment once it pays (never,
+    without ``segment``)."""
+
+    name = MPI_NAME
+
+    def __init__(self, comm, op: str, fusion_bytes: int, segment: bool = True):
+        super().__init__(comm, 0)
+        self.op, self.fusion = op, fusion_bytes
+        self.segment: ReduceSegment | None = None
+        self._segment_tried = not segment
+        # Calls whose agreement passed: the same count on every rank, whatever fails after.
+        self.agreed = 0
+        self._ring: TrackedRing | None = None  # the ring of the run in progress
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the node's segment, once open (the private arenas belong to programs)."""
+        return self.segment.nbytes if self.segment is not None else 0
+
+    def moves_to_segment(self, program: ReduceProgram) -> bool:
+        """Whether a program on a private arena is to be compiled again onto the node's segment:
+        the segment was never tried, this is not the first agreed call, and the program's fused
+        bytes suit the segment (the same answer on every rank)."""
+        return (
+            self.comm.size > 1
+            and not self._segment_tried
+            and self.agreed > 1
+            and self._fits(len(program.arena))
+        )
+
+    def _fits(self, nbytes: int) -> bool:
+        return _SEGMENT_MIN_BYTES <= nbytes <= _SEGMENT_BUCKETS * self.fusion
+
+    def _segment_arena(self, nbytes: int, call):
+        """``(arena, base)`` of this rank's region of the node's segment for ``nbytes`` of fused
+        buckets, or None (a private arena, MPI). The first call goes through MPI: setting the
+        segment up and touching its pages costs more than one all-reduce of the buckets
+        (docs/allreduce.md), so a one-shot ``allreduce`` never opens it. The segment is opened
+        (collectively) at the first later call whose fused bytes are at least
+        ``_SEGMENT_MIN_BYTES`` and fit in ``_SEGMENT_BUCKETS`` buckets, the same call on every
+        rank: the agreed manifests and ``fusion_bytes`` fix ``nbytes`` and the bounds, and every
+        rank counts the same agreed calls."""
+        if self.comm.size == 1 or self.agreed < 2 or not self._fits(nbytes):
+            return None
+        if not self._segment_tried:
+            self._segment_tried = True
+            self.segment = ReduceSegment.open(self.comm, nbytes, call)
+        segment = self.segment
+        # a larger set later: MPI, on every rank
+        if segment is None or nbytes > segment.region_bytes:
+            return None
+        return segment.arena, segment.base
+
+    def compile(self, columns: ReduceSet, plan: ReducePlan, fusion: int, ctx: Context):
+        """The steps of ``plan`` over the set ``columns``, their fused buckets in a private arena
+        or this rank's region of the node's segment (opened here, collectively, on the call where
+        every rank decides to)."""
+        arena, base = fused_arena(
+            plan.arena_bytes, lambda nbytes: self._segment_arena(nbytes, ctx.call)
+        )
+        steps = columns.steps(plan, arena, base)
+        segment = self.segment
+        spans = segment.spans(steps) if segment is not None and arena is segment.arena else None
+        return ReduceProgram(steps, arena, spans)
+
+    def run(self, program: ReduceProgram, ctx: Context) -> None:
+        """Reduce every step's buffer over the ranks (collective), then store it; counts the
+        collectives into ``ctx.report``."""
+        steps, spans, several = program.steps, program.spans, self.comm.size > 1
+        ring = self._ring = TrackedRing(ctx.capacity, ctx.deadline.timeout)
+        ctx.pending = ring.pending_labels
+        op = _ops.mpi_op(self.op)
+        fused = [step for step in steps if step.fused] if spans is not None else ()
+        for step in steps:
+            if fused and step.fused:
+                continue  # through the segment, below
+            ring.make_room()
+            if step.load is not None:
+                step.load()
+            if several:
+                request = self.comm.Iallreduce(MPI.IN_PLACE, step.buffer, op)
+                ring.push(request, step.store, step.label)
+            elif step.store is not None:
+                step.store()
+        if spans is not None and fused:
+            self._reduce_on_segment(fused, spans, ring, ctx)
+        ring.drain()
+        self._ring, ctx.pending = None, None
+        report = ctx.report
+        if several:
+            report.collectives += len(steps) - len(fused) + (2 if fused else 0)
+        report.fused_buckets = sum(1 for s in steps if s.fused)
+        report.transfers = len(steps)
+        report.channel = SHARED if fused else MPI_NAME
+
+    def _reduce_on_segment(self, fused: list, spans: list, ring: TrackedRing, ctx: Context) -> None:
+        # The large tensors' all-reduces stay in flight meanwhile; the barriers come after them on
+        # every rank (one order of collectives on the communicator).
+        for step in fused:
+            step.load()
+        assert self.segment is not None  # spans are only made for its arena
+        try:
+            self.segment.reduce(self.comm, spans, self.op, ctx.call)
+        except Expired as expired:
+            expired.pending = [n for label in ring.pending_labels() for n in label] + [
+                n for step in fused for n in step.label
+            ]
+            raise
+        for step in fused:
+            step.store()
+
+    def close(self, broken: bool = False) -> None:
+        """Let go of the segment; after a timeout (``broken``) keep it and the ring in flight
+        alive, as collectives may still write into them."""
+        if broken:
+            keep_alive(self._ring, self.segment)
+        self.segment, self._ring = None, None
