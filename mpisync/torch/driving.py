@@ -1,7 +1,6 @@
-"""The completing side of the engine (:class:`Driving`, mixed into
-:class:`~mpisync.torch.engine.Engine`): who waits in MPI, what happens when a request completes,
-deadlines, and how the engine breaks. The module docstring of :mod:`mpisync.torch.engine` tells
-the whole story."""
+"""Who waits in MPI (:class:`Driver`): one driver at a time, the requests it waits for, the wake
+request that interrupts its wait, and the worker thread that drives when nobody waits but
+somebody will. The module docstring of :mod:`mpisync.torch.engine` tells the whole story."""
 
 from __future__ import annotations
 
@@ -9,47 +8,98 @@ import threading as _threading
 import time as _time
 import typing as _typing
 
-from mpi4py import MPI
+from .entry import Entry
+from .ledger import Ledger
 
-from .._runtime.keepalive import keep_alive
-from .entry import Entry, settle
-from .errors import CountError, OperationError, OperationTimeoutError
-
-__all__ = ["Driving"]
+__all__ = ["Driver"]
 
 # How long a caller that found nothing in flight (its operation about to be posted by another
 # thread) sleeps before it looks again.
 _IDLE_SECONDS = 0.01
 
 
-class Driving:
-    """Waiting in MPI (one driver at a time), completions, deadlines, breaking."""
+class Completions(_typing.Protocol):
+    """What the driver reports to the engine (:class:`~mpisync.torch.engine.Engine`)."""
 
-    # Engine's: set by its __init__
-    comm: _typing.Any
-    threaded: bool
-    _mpi: _typing.Any
-    _cond: _threading.Condition
-    _worker_cond: _threading.Condition
-    _driving: _threading.Thread | None
-    _depth: int
-    _waiting: dict
-    _entries: dict
-    _queue: list
-    _in_flight: int
-    _futures: int
-    _draining: int
-    _broken: str | None
-    _closing: bool
-    _in_mpi: bool
-    _wake: _typing.Any
-    _woken: bool
-    _sweep: float
-    _worker: _threading.Thread | None
-    _on_timeout: _typing.Callable[[list], str]
-    _advance: _typing.Callable
-    _pump: _typing.Callable[[], None]
-    _nudge: _typing.Callable[[], None]
+    def completed(self, entry: Entry, status, error) -> None:
+        """One of ``entry``'s requests completed (with ``error``, if MPI reported one)."""
+
+    def overdue(self) -> None:
+        """Report a timeout if the oldest operation's deadline passed."""
+
+
+class Driver:
+    """Waiting in MPI for the operations of ``ledger`` through ``mpi``'s calls. ``cond`` (callers
+    wait on it) and ``worker_cond`` (the worker waits on it) share the engine's lock, which
+    guards this object's fields too."""
+
+    def __init__(
+        self,
+        engine: Completions,
+        mpi,
+        cond: _threading.Condition,
+        worker_cond: _threading.Condition,
+        ledger: Ledger,
+    ):
+        self._engine, self._mpi, self._ledger = engine, mpi, ledger
+        self._cond, self._worker_cond = cond, worker_cond
+        self.waiting: dict = {}  # id(request) -> (request, its entry, its index in its step)
+        self._driving: _threading.Thread | None = None  # the driver: it waits in MPI
+        self._depth = 0  # the driver's nesting (a future's callback may wait, and so drive)
+        self._in_mpi = False  # the driver is inside waitany: wake it to add requests
+        self._woken = False
+        self.threaded = mpi.threaded()
+        self._wake = mpi.wake() if self.threaded else None
+        self._worker: _threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the worker, where callers may post while it waits (``MPI_THREAD_MULTIPLE``)."""
+        if self.threaded:
+            self._worker = _threading.Thread(target=self._run, name="mpisync-worker", daemon=True)
+            self._worker.start()
+
+    # -- what the engine tells the driver (each with the lock held) -------------------------------
+    def add(self, entry: Entry, requests: list) -> None:
+        """Wait for ``entry``'s newly posted ``requests`` too."""
+        for index, request in enumerate(requests):
+            self.waiting[id(request)] = (request, entry, index)
+        if requests and self._in_mpi:
+            self.nudge()  # the driver adds them to its wait
+
+    def drop(self, entry: Entry) -> list:
+        """Stop waiting for ``entry``'s requests; return them (MPI may still use them)."""
+        keys = [k for k, pair in self.waiting.items() if pair[1] is entry]
+        return [self.waiting.pop(key)[0] for key in keys]
+
+    def abandon(self) -> list:
+        """Stop waiting for every request; return them (MPI may still use them)."""
+        requests = [pair[0] for pair in self.waiting.values()]
+        self.waiting.clear()
+        if self._in_mpi:
+            self.nudge()  # the driver stops waiting for what was abandoned
+        self.call_worker()
+        return requests
+
+    def nudge(self) -> None:
+        """Interrupt the driver's wait in MPI."""
+        if not self._woken and self._wake is not None:  # no wake: no thread but the driver posts
+            self._woken = True
+            self._wake.Complete()
+
+    def call_worker(self) -> None:
+        """Have the worker look whether it is due."""
+        self._worker_cond.notify()
+
+    def stop(self) -> None:
+        """The engine shuts down: the driver stops waiting, the worker finishes what is due."""
+        if self._in_mpi:
+            self.nudge()
+        self._worker_cond.notify()
+
+    def join(self) -> None:
+        """Wait for the worker to end (call without the lock)."""
+        if self._worker is not None:
+            self._worker.join()
 
     # -- the driver token -------------------------------------------------------------------------
     def _acquire(self) -> bool:
@@ -68,7 +118,7 @@ class Driving:
             if self._depth == 0:
                 self._driving = None
                 self._cond.notify_all()  # callers waiting for the token
-                if self._due():
+                if self._ledger.due():
                     self._worker_cond.notify()
 
     # -- waiting ----------------------------------------------------------------------------------
@@ -108,15 +158,15 @@ class Driving:
         """Wait for one request (or a wake, or a deadline) and act on it; False: nothing in
         flight, or ``end`` passed."""
         with self._cond:
-            if not self._waiting:
+            if not self.waiting:
                 return False
-            pairs = list(self._waiting.values())
+            pairs = list(self.waiting.values())
             requests = [pair[0] for pair in pairs]
             deadline = end
             if self.threaded:
                 requests.insert(0, self._wake)  # the worker completes it at a deadline
-            elif self._entries:
-                oldest = next(iter(self._entries.values())).deadline
+            elif self._ledger.entries:
+                oldest = self._ledger.oldest().deadline  # type: ignore[union-attr]
                 deadline = oldest if end is None or (oldest is not None and oldest < end) else end
             self._in_mpi = True
         index, status, error = self._mpi.waitany(requests, deadline)  # the one wait on MPI
@@ -128,138 +178,40 @@ class Driving:
                 index -= 1
             if index >= 0:  # one request of an entry: its bookkeeping, under the same lock
                 request, entry, position = pairs[index]
-                if self._waiting.pop(id(request), None) is None:
+                if self.waiting.pop(id(request), None) is None:
                     return True  # abandoned meanwhile (the engine broke)
                 entry.outstanding -= 1
                 if entry.p2p:
                     entry.statuses[position] = status
         if index < 0:  # woken, or a deadline passed
-            self._overdue()
+            self._engine.overdue()
             return end is None or _time.monotonic() < end
-        self._completed(entry, status, error)
+        self._engine.completed(entry, status, error)
         return True
 
-    def _completed(self, entry: Entry, status, error) -> None:
-        """One of ``entry``'s requests completed (with ``error``, if MPI reported one)."""
-        if error is None:
-            if entry.outstanding == 0:
-                self._advance(entry, entry.statuses)
-            return
-        if not entry.p2p:
-            self._break(f"MPI error in {entry.label}: {error}", entry)
-            return
-        with self._cond:  # only this operation failed: the collectives' sequence is intact
-            for key in [k for k, pair in self._waiting.items() if pair[1] is entry]:
-                keep_alive(self._waiting.pop(key)[0])
-        truncated = getattr(error, "Get_error_class", lambda: None)() == MPI.ERR_TRUNCATE
-        kind = CountError if truncated else OperationError
-        rank = getattr(self.comm, "rank", "?")
-        self._finish(entry, kind(f"mpisync: rank {rank}: MPI error in {entry.label}: {error}"))
-
-    def _finish(self, entry: Entry, error: BaseException | None) -> None:
-        with self._cond:
-            if self._entries.pop(id(entry), None) is None:
-                return  # finished already (failed with the engine)
-            freed = entry.started and not entry.p2p
-            if freed:
-                self._in_flight -= 1
-            if entry.counted:
-                self._futures -= 1
-            entry.error, entry.done = error, True
-            if error is None:
-                entry.steps = None  # done with: the buffers its frame held may go
-            future = entry.future
-            self._cond.notify_all()  # its waiters
-        if future is not None:
-            settle(entry, future)  # its callbacks run here
-        if freed:
-            self._pump()  # room for the next collective
-
     # -- the worker -------------------------------------------------------------------------------
-    def _due(self) -> bool:
-        """Whether the worker should drive (call with ``_cond`` held): something is pending that a
-        future, a drain or a shutdown waits for, or that nobody has waited for a while."""
-        if not self._entries or self._broken is not None:
-            return False
-        if self._futures or self._draining or self._closing:
-            return True
-        oldest = next(iter(self._entries.values()))
-        return _time.monotonic() >= oldest.posted + self._sweep or self._late()
-
-    def _late(self) -> bool:
-        oldest = next(iter(self._entries.values()), None)
-        return (
-            oldest is not None
-            and oldest.deadline is not None
-            and (_time.monotonic() >= oldest.deadline)
-        )
-
-    def _pause(self) -> float:
-        """How long the idle worker sleeps before it looks again."""
-        oldest = next(iter(self._entries.values()), None)
-        if oldest is None:
-            return self._sweep
-        until = oldest.posted + self._sweep
-        if oldest.deadline is not None:
-            until = min(until, oldest.deadline)
-        return max(0.001, until - _time.monotonic())
-
     def _run(self) -> None:
+        ledger = self._ledger
         while True:
             with self._cond:
-                while not self._due():
-                    if not self._entries and (self._closing or self._broken is not None):
+                while not ledger.due():
+                    if ledger.over():
                         return
-                    self._worker_cond.wait(self._pause())
-                if self._late() and self._in_mpi:
-                    self._nudge()  # a caller drives: it reports the timeout
+                    self._worker_cond.wait(ledger.pause())
+                if ledger.late() and self._in_mpi:
+                    self.nudge()  # a caller drives: it reports the timeout
             if not self._acquire():
                 with self._cond:
                     if self._driving is not None:
-                        self._worker_cond.wait(self._sweep)
+                        self._worker_cond.wait(ledger.sweep)
                 continue
             try:
-                self._overdue()
+                self._engine.overdue()
                 while True:
                     with self._cond:
-                        if not self._due():
+                        if not ledger.due():
                             break
                     if not self._progress(None):
                         break
             finally:
                 self._release()
-
-    # -- deadlines and failures -------------------------------------------------------------------
-    def _overdue(self) -> None:
-        """Report a timeout if the oldest operation's deadline passed (called by the driver)."""
-        with self._cond:
-            if not self._late() or self._broken is not None:
-                return
-            labels = [e.label for e in self._entries.values()]
-        message = self._on_timeout(labels)  # aborts the job unless MPISYNC_TIMEOUT_ABORT=0
-        error = OperationTimeoutError(message, phase="torch.distributed operation", pending=labels)
-        self._break(f"an operation timed out ({message})", None, error)
-
-    def _break(
-        self, reason: str, culprit: Entry | None, error: BaseException | None = None
-    ) -> None:
-        """Fail every pending operation; keep whatever MPI may still use alive."""
-        with self._cond:
-            if self._broken is None:
-                self._broken = reason
-            failed = list(self._entries.values())
-            keep_alive(*failed, *(pair[0] for pair in self._waiting.values()))
-            self._waiting.clear()
-            self._queue.clear()
-            if self._in_mpi:
-                self._nudge()  # the driver stops waiting for what was abandoned
-            self._cond.notify_all()
-            self._worker_cond.notify()
-        if error is None:
-            rank = getattr(self.comm, "rank", "?")
-            error = OperationError(
-                f"mpisync: rank {rank}: {reason}; this process group is unusable (its "
-                "collectives may no longer match the other ranks')"
-            )
-        for entry in ([culprit] if culprit is not None else []) + failed:
-            self._finish(entry, error)

@@ -23,7 +23,7 @@
   driver's wait includes a wake request, completed when a request is posted
   meanwhile or a deadline passes. The MPI calls are injected (:class:`MpiCalls`),
   so unit tests drive completion orders, timeouts and failures without MPI.
-- **Failures** (:mod:`mpisync.torch.driving`): an operation's own error (ranks
+- **Failures**: an operation's own error (ranks
   that disagreed in the argument check, a receive of the wrong size) fails that
   operation. An MPI error in a collective, or a collective that failed while
   posting, breaks the engine: every pending operation fails and later ones raise
@@ -47,17 +47,16 @@ import typing as _typing
 import torch
 from mpi4py import MPI
 
-from .driving import Driving
+from .._runtime.keepalive import keep_alive
+from .driving import Driver
 from .entry import Entry, MpiCalls, settle
-from .errors import AgreedError, OperationError
+from .errors import AgreedError, CountError, OperationError, OperationTimeoutError
+from .ledger import Ledger
 
 __all__ = ["Engine", "Entry", "MpiCalls"]
 
-# How old an operation nobody waits for gets before the worker completes it.
-_SWEEP_SECONDS = 0.1
 
-
-class Engine(Driving):
+class Engine:
     """Operations on ``comm``: at most ``capacity`` collectives in flight, each within
     ``timeout`` seconds (``None``: no limit); ``on_timeout(labels) -> message`` reports (and
     aborts the job unless ``MPISYNC_TIMEOUT_ABORT=0``)."""
@@ -67,31 +66,15 @@ class Engine(Driving):
         self._capacity = capacity
         self._timeout = timeout
         self._on_timeout = on_timeout
-        self._mpi = MpiCalls() if mpi is None else mpi
         lock = _threading.Lock()
         self._cond = _threading.Condition(lock)  # the state below; callers wait on it
-        self._worker_cond = _threading.Condition(lock)  # the worker waits on this one
         self._post_lock = _threading.RLock()  # one poster at a time: the issue order
-        self._driving: _threading.Thread | None = None  # the driver: it waits in MPI
-        self._depth = 0  # the driver's nesting (a future's callback may wait, and so drive)
         self._queue: list = []  # collectives with steps left to post, oldest first
-        self._waiting: dict = {}  # id(request) -> (request, entry, its index in its step)
-        self._entries: dict = {}  # unfinished entries in submission order
-        self._in_flight = 0  # collectives started and not finished
-        self._futures = 0  # unfinished entries whose future was asked for
-        self._draining = 0
-        self._broken: str | None = None
-        self._closing = False
-        self._in_mpi = False  # the driver is inside waitany: wake it to add requests
-        self._wake = None
-        self._woken = False
-        self._sweep = _SWEEP_SECONDS if timeout is None else min(_SWEEP_SECONDS, timeout / 4)
-        self.threaded = self._mpi.threaded()
-        self._worker: _threading.Thread | None = None
-        if self.threaded:
-            self._wake = self._mpi.wake()
-            self._worker = _threading.Thread(target=self._run, name="mpisync-worker", daemon=True)
-            self._worker.start()
+        self._ledger = Ledger(timeout)
+        mpi = MpiCalls() if mpi is None else mpi
+        self._driver = Driver(self, mpi, self._cond, _threading.Condition(lock), self._ledger)
+        self.threaded = self._driver.threaded
+        self._driver.start()
 
     # -- submitting and posting -------------------------------------------------------------------
     def submit(self, steps: _typing.Generator, label: str, result=None, p2p: bool = False) -> Entry:
@@ -99,8 +82,8 @@ class Engine(Driving):
         deadline = None if self._timeout is None else _time.monotonic() + self._timeout
         entry = Entry(steps, label, result, p2p, deadline)
         with self._cond:
-            self._check()
-            self._entries[id(entry)] = entry
+            self._ledger.check()
+            self._ledger.add(entry)
             if not p2p:
                 self._queue.append(entry)
         if p2p:
@@ -111,25 +94,19 @@ class Engine(Driving):
             self.wait(entry)
         return entry
 
-    def _check(self) -> None:
-        if self._broken is not None:
-            raise OperationError(f"mpisync: this process group is unusable: {self._broken}")
-        if self._closing:
-            raise OperationError("mpisync: this process group is shut down")
-
     def _pump(self) -> None:
         """Start what the queue's order and the cap allow."""
         # Read without the lock: whoever appends to the queue pumps after appending.
         while self._queue:
             with self._post_lock:
                 with self._cond:
-                    if not self._queue or self._broken is not None:
+                    if not self._queue or self._ledger.broken is not None:
                         return
                     head = self._queue[0]
-                    if head.started or self._in_flight >= self._capacity:
+                    if head.started or self._ledger.in_flight >= self._capacity:
                         return  # posting its steps as they complete, or no room
                     head.started = True
-                    self._in_flight += 1
+                    self._ledger.in_flight += 1
                 outcome = self._post(head, None)
             self._after(head, outcome)
 
@@ -150,15 +127,12 @@ class Engine(Driving):
         except BaseException as exc:  # noqa: BLE001 - the operation's failure, whatever it is
             return "failed", exc
         with self._cond:
-            for index, request in enumerate(requests):
-                self._waiting[id(request)] = (request, entry, index)
             entry.outstanding = len(requests)
             if entry.p2p:  # a receive checks what arrived (collectives need no status)
                 entry.statuses = [None] * len(requests)
             if last and self._queue and self._queue[0] is entry:
                 self._queue.pop(0)
-            if requests and self._in_mpi:
-                self._nudge()  # the driver adds them to its wait
+            self._driver.add(entry, requests)
         return "posted", len(requests)
 
     def _after(self, entry: Entry, outcome: tuple) -> None:
@@ -185,13 +159,41 @@ class Engine(Driving):
         kind = "MPI error" if isinstance(exc, MPI.Exception) else type(exc).__name__
         self._break(f"{kind} in {entry.label}: {exc}", entry)
 
-    def _nudge(self) -> None:
-        """Interrupt the driver's wait in MPI (call with ``_cond`` held)."""
-        if not self._woken:
-            self._woken = True
-            self._wake.Complete()
+    # -- completing (the driver reports here) -----------------------------------------------------
+    def completed(self, entry: Entry, status, error) -> None:
+        """One of ``entry``'s requests completed (with ``error``, if MPI reported one)."""
+        if error is None:
+            if entry.outstanding == 0:
+                self._advance(entry, entry.statuses)
+            return
+        if not entry.p2p:
+            self._break(f"MPI error in {entry.label}: {error}", entry)
+            return
+        with self._cond:  # only this operation failed: the collectives' sequence is intact
+            keep_alive(*self._driver.drop(entry))
+        truncated = getattr(error, "Get_error_class", lambda: None)() == MPI.ERR_TRUNCATE
+        kind = CountError if truncated else OperationError
+        rank = getattr(self.comm, "rank", "?")
+        self._finish(entry, kind(f"mpisync: rank {rank}: MPI error in {entry.label}: {error}"))
 
-    # -- futures, draining, shutting down ---------------------------------------------------------
+    def _finish(self, entry: Entry, error: BaseException | None) -> None:
+        with self._cond:
+            finished = self._ledger.remove(entry, error)
+            if finished is None:
+                return  # finished already (failed with the engine)
+            self._cond.notify_all()  # its waiters
+        future, freed = finished
+        if future is not None:
+            settle(entry, future)  # its callbacks run here
+        if freed:
+            self._pump()  # room for the next collective
+
+    # -- waiting, futures, draining ---------------------------------------------------------------
+    def wait(self, entry: Entry, timeout: float | None = None) -> bool:
+        """Wait until ``entry`` is done, driving when nobody else does; False if ``timeout``
+        seconds passed first."""
+        return self._driver.wait(entry, timeout)
+
     def future(self, entry: Entry):
         """``entry``'s torch future; from now on the worker completes it if nobody waits."""
         with self._cond:
@@ -201,8 +203,8 @@ class Engine(Driving):
                 finished = entry.done
                 if not finished:
                     entry.counted = True
-                    self._futures += 1
-                    self._worker_cond.notify()
+                    self._ledger.futures += 1
+                    self._driver.call_worker()
             else:
                 finished = False  # settled, or to be settled, by whoever finishes it
         if finished:
@@ -212,19 +214,50 @@ class Engine(Driving):
     def drain(self) -> None:
         """Wait until every operation submitted so far is done."""
         with self._cond:
-            self._draining += 1
-            self._worker_cond.notify()
+            self._ledger.draining += 1
+            self._driver.call_worker()
         try:
-            for entry in list(self._entries.values()):
+            for entry in list(self._ledger.entries.values()):
                 self.wait(entry)
         finally:
             with self._cond:
-                self._draining -= 1
+                self._ledger.draining -= 1
+
+    # -- deadlines, failures, shutting down -------------------------------------------------------
+    def overdue(self) -> None:
+        """Report a timeout if the oldest operation's deadline passed (called by the driver)."""
+        with self._cond:
+            if not self._ledger.late() or self._ledger.broken is not None:
+                return
+            labels = self._ledger.labels()
+        message = self._on_timeout(labels)  # aborts the job unless MPISYNC_TIMEOUT_ABORT=0
+        error = OperationTimeoutError(message, phase="torch.distributed operation", pending=labels)
+        self._break(f"an operation timed out ({message})", None, error)
+
+    def _break(
+        self, reason: str, culprit: Entry | None, error: BaseException | None = None
+    ) -> None:
+        """Fail every pending operation; keep whatever MPI may still use alive."""
+        with self._cond:
+            if self._ledger.broken is None:
+                self._ledger.broken = reason
+            failed = list(self._ledger.entries.values())
+            keep_alive(*failed, *self._driver.abandon())
+            self._queue.clear()
+            self._cond.notify_all()
+        if error is None:
+            rank = getattr(self.comm, "rank", "?")
+            error = OperationError(
+                f"mpisync: rank {rank}: {reason}; this process group is unusable (its "
+                "collectives may no longer match the other ranks')"
+            )
+        for entry in ([culprit] if culprit is not None else []) + failed:
+            self._finish(entry, error)
 
     @property
     def broken(self) -> bool:
         """Whether a timeout, an MPI error or :meth:`abort` made the engine unusable."""
-        return self._broken is not None
+        return self._ledger.broken is not None
 
     def abort(self, reason: str) -> None:
         """Fail every pending operation now and refuse later ones (MPI cannot cancel them)."""
@@ -232,12 +265,10 @@ class Engine(Driving):
 
     def close(self) -> None:
         """Complete what is in flight (within the deadlines), then stop the worker."""
-        if self._broken is None:
+        if self._ledger.broken is None:
             self.drain()
         with self._cond:
-            self._closing = True
-            if self._in_mpi:
-                self._nudge()
-            self._worker_cond.notify()
-        if self._worker is not None and self._broken is None:
-            self._worker.join()
+            self._ledger.closing = True
+            self._driver.stop()
+        if self._ledger.broken is None:
+            self._driver.join()
