@@ -1,12 +1,13 @@
 """The path one parameter takes through ``ParamSync.sync``: the mpisync modules it visits, in
 order, at 2 ranks (what rank 1, a receiver, runs in its first sync of one numpy array).
 
-    mpiexec -n 2 python benchmarks/param_path.py [--repeat] [--list]
+    mpiexec -n 2 python benchmarks/param_path.py [--repeat] [--list] [--allreduce]
 
 Prints the number of modules visited, "stays" (maximal stretches of the trace in one module),
 "climbs" (a step from a module to one of a higher layer, as tests/test_architecture.py orders
 them) and "returns" (a step back into a module left before). ``--repeat``: the second sync of the
-same array instead of the first; ``--list``: every stay, in order.
+same array instead of the first; ``--list``: every stay, in order; ``--allreduce``:
+``GradSync.allreduce`` instead of ``ParamSync.sync``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", action="store_true")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--allreduce", action="store_true")
     opt = parser.parse_args()
     comm = MPI.COMM_WORLD
     params = {"weight": np.full(1000, comm.rank, np.float32)}
@@ -62,11 +64,12 @@ def main() -> int:
         if current is not None and (not trace or trace[-1] != current):
             trace.append(current)
 
-    with mpisync.ParamSync(comm) as syncer:
+    with mpisync.GradSync(comm) if opt.allreduce else mpisync.ParamSync(comm) as syncer:
+        run = syncer.allreduce if opt.allreduce else syncer.sync
         if opt.repeat:
-            syncer.sync(params)
+            run(params)
         sys.setprofile(profile)
-        syncer.sync(params)
+        run(params)
         sys.setprofile(None)
     if comm.rank == 1:
         climbs = sum(1 for a, b in zip(trace, trace[1:]) if _layer(b) > _layer(a))
@@ -78,7 +81,8 @@ def main() -> int:
             if k:
                 seen.add(trace[k - 1])
         print(
-            f"{'repeated' if opt.repeat else 'first'} sync of one array: "
+            f"{'repeated' if opt.repeat else 'first'} "
+            f"{'all-reduce' if opt.allreduce else 'sync'} of one array: "
             f"{len(set(trace))} modules, {len(trace)} stays, {climbs} climbs, {returns} returns"
         )
         if opt.list:

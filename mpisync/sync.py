@@ -155,10 +155,20 @@ class _Compiler:
             program = self.host.get(channel).compile(columns, plan, fusion, ctx)
         device = manifest.device_params
         device_steps = self.device().compile(device) if device else []
-        kept = None if self.one_shot else recognizer(params, manifest, devices_key)
-        fused = fused_count(plan)
-        steps = (program, fused, len(plan), device_steps, host_bytes, small)
-        return Prepared(kept, manifest, layout, agreed, channel, *steps), False
+        prepared = Prepared(
+            recognizer=None if self.one_shot else recognizer(params, manifest, devices_key),
+            manifest=manifest,
+            layout=layout,
+            agreed=agreed,
+            channel=channel,
+            program=program,
+            fused_buckets=fused_count(plan),
+            transfers=len(plan),
+            device_steps=device_steps,
+            host_bytes=host_bytes,
+            small=small,
+        )
+        return prepared, False
 
 
 class ParamSync(Reusable):

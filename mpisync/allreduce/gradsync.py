@@ -27,7 +27,7 @@ from ..params.agreement import agree, diagnose
 from ..params.bulk import BulkManifest
 from ..params.layout import host_layout
 from ..params.manifest import Manifest, build_manifest
-from ..plan.prepared import Recognizer, devices_key_of, recognizer
+from ..plan.prepared import Recognizer, devices_key_of, matching, recognizer
 from ..report import SyncReport
 from ..transports.base import Context, pending_names
 from . import ops as _ops
@@ -116,7 +116,7 @@ class GradSync(Reusable):
         rank, size = comm.rank, comm.size
         if size > 1 and self._comm is None and self._dup is None:
             self._dup = comm.Idup()  # overlaps this rank's manifest building
-        prepared = self._match(params, devices)
+        prepared = matching(self._prepared, params, devices_key_of(devices))
         manifest = (
             prepared.manifest
             if prepared is not None
@@ -191,15 +191,6 @@ class GradSync(Reusable):
         timeout = self._values["timeout"]
         assert timeout is not None  # only a deadline expires
         timed_out(self._user_comm, f"all-reduce {phase}", pending, timeout)
-
-    def _match(self, params, devices):
-        """The prepared set when ``params`` holds exactly its arrays, each still as compiled (see
-        :class:`mpisync.plan.prepared.Recognizer`), else None."""
-        prepared = self._prepared
-        key = devices_key_of(devices)
-        if prepared is None or prepared.recognizer is None:
-            return None
-        return prepared if prepared.recognizer.matches(params, key) else None
 
     def _prepare(self, params, devices, manifest, ctx) -> _Prepared:
         reduced = ReduceSet(manifest, self._op, ctx.comm.size)

@@ -12,7 +12,15 @@ from ..params.bulk import scan
 from ..params.manifest import build_manifest
 from ..params.recheck import Snapshot, unchanged
 
-__all__ = ["Prepared", "Recognizer", "all_smaller", "devices_key_of", "find_manifest", "recognizer"]
+__all__ = [
+    "Prepared",
+    "Recognizer",
+    "all_smaller",
+    "devices_key_of",
+    "find_manifest",
+    "matching",
+    "recognizer",
+]
 
 
 def devices_key_of(devices):
@@ -70,13 +78,20 @@ class Prepared:
     small: bool  # every host tensor smaller than fusion_bytes
 
 
+def matching(prepared, params, devices_key):
+    """``prepared`` (a syncer's kept set, with its ``recognizer``) when ``params`` under
+    ``devices_key`` still holds exactly its arrays, each as it was prepared, else None: the one
+    reuse check of ``ParamSync`` and ``GradSync``."""
+    recognizer = getattr(prepared, "recognizer", None)
+    return prepared if recognizer is not None and recognizer.matches(params, devices_key) else None
+
+
 def find_manifest(
     params, devices, devices_key, prepared, *, rank, size, root, settings, settings_error
 ):
     """``(manifest, prepared)``: the prepared set when ``params`` still matches it, else a fresh
     manifest (the bulk scan for plain numpy dicts, else the general one) and ``None``."""
-    recognizer = getattr(prepared, "recognizer", None)
-    if recognizer is not None and recognizer.matches(params, devices_key):
+    if matching(prepared, params, devices_key) is not None:
         manifest = prepared.manifest
         if manifest.settings != settings:
             manifest.settings = settings
