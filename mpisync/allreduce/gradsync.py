@@ -141,7 +141,7 @@ class GradSync(Reusable):
             if prepared is None:
                 phase = "set-up"
                 prepared = self._prepare(params, devices, manifest, ctx)
-            phase = "all-reduce"
+            phase = "collectives"
             if prepared.reduced.before():
                 report.transport = "staged"
             self._transport_of(ctx).run(prepared.program, ctx)

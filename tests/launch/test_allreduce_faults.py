@@ -94,6 +94,20 @@ def test_gradsync_missing_rank_aborts_with_diagnostic(bounded_env):
     assert seconds < 50, f"the job took {seconds:.1f} s to end"
 
 
+def test_gradsync_rank_out_of_the_collectives_names_what_was_in_flight(bounded_env):
+    # The pending names come from the reduce transport's ring (transports.base.pending_names):
+    # the one collective in flight, not every name of the set.
+    proc, out, seconds = _run(bounded_env, "gradsync-stall")
+    assert proc.returncode != 0, out
+    assert (
+        "SyncTimeoutError: mpisync: rank 0 of 2: the all-reduce collectives did not complete "
+        "within 3 s (timed out); pending: 'a.big'." in out
+    ), out
+    assert "'b.small'" not in out and "aborts the job" in out, out
+    assert "finished" not in out
+    assert seconds < 50, f"the job took {seconds:.1f} s to end"
+
+
 @pytest.mark.parametrize("level", ["multiple", "serialized"])
 def test_backend_missing_rank_aborts_with_diagnostic(bounded_env, level):
     # serialized: no progress thread nor watchdog; the caller's own wait has the deadline.

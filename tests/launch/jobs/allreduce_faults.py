@@ -1,7 +1,8 @@
 """Faults for the all-reduce and the torch backend: the last rank never joins (run by
 tests/launch/test_allreduce_faults.py).
 
-``python allreduce_faults.py KIND``: KIND is ``gradsync`` (mpisync.allreduce), ``backend``
+``python allreduce_faults.py KIND``: KIND is ``gradsync`` (mpisync.allreduce), ``gradsync-stall``
+(the last rank agrees, then never posts its all-reduces), ``backend``
 (torch all_reduce, which aborts) or ``backend-raise`` (MPISYNC_TIMEOUT_ABORT=0: the wait raises);
 ``thread-level`` is no fault: the backend at whatever thread level MPI gave; nor is
 ``torch-rendezvous``: ``torch.distributed.init_process_group("mpisync")`` with torch's TCP
@@ -92,6 +93,16 @@ if kind == "gradsync":
     mpisync.allreduce(grads, comm, timeout=30)  # every rank once: the communicator is set up
     if not victim:
         mpisync.allreduce(grads, comm, timeout=3)
+elif kind == "gradsync-stall":
+    from mpisync.allreduce.transport import ReduceTransport
+
+    # float64 first: "a.big" (over fusion_bytes) is the first collective, "b.small" the second
+    grads = {"a.big": np.ones(100000), "b.small": np.ones(10, np.float32)}
+    mpisync.allreduce(grads, comm, timeout=30)
+    if victim:  # agrees on the manifests, then stays out of the collectives
+        ReduceTransport.run = lambda self, program, ctx: _outlive_the_others(60)
+    # one collective in flight: the wait for "a.big" expires before "b.small" is posted
+    mpisync.allreduce(grads, comm, timeout=3, max_concurrent=1)
 else:
     import torch
     import torch.distributed as dist
