@@ -71,11 +71,21 @@ if kind == "torch-rendezvous":
 
     import mpisync.torch  # noqa: F401  (registers the backend)
 
+    # A free port below the kernel's ephemeral range: a port the kernel hands out itself (bind to
+    # port 0) may go to another socket of the job before torch's store listens on it.
     port = np.zeros(1, np.int64)
     if comm.rank == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port[0] = probe.getsockname()[1]
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            first_ephemeral = int(ports.read().split()[0])
+        rng = np.random.default_rng()
+        for candidate in rng.permutation(np.arange(10000, max(10001, first_ephemeral))):
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", int(candidate)))
+                except OSError:
+                    continue
+            port[0] = candidate
+            break
     comm.Bcast(port, 0)
     dist.init_process_group(
         "mpisync",
