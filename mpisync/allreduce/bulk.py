@@ -1,20 +1,20 @@
-"""The cold path of an all-reduce for a dict of bare arrays: the bulk scan and whole-set buckets.
+"""The bulk adapter of an all-reduce: a dict of bare arrays into reduce groups, no object per
+tensor.
 
-A general manifest (:mod:`mpisync.params.manifest`) and the per-parameter reduce
-plan (:mod:`mpisync.allreduce.plan`) build several Python objects per tensor,
-which on thousands of small gradients costs far more than reducing their
-bytes (figures: docs/allreduce.md). A set that :func:`mpisync.params.bulk.scan` takes
-(plain numpy arrays or torch CPU tensors, C-contiguous), whose arrays are all
-writable and of dtypes that MPI reduces as they are under ``op``, gets its
-manifest from that scan and its buckets as parts of the scan's one
-``BufferList`` (or of one ``BufferList`` per dtype, when it holds several).
-Anything else (half precision, ``avg`` of narrow integers, replica lists,
-devices, a read-only array) takes the general path, which also words the
-errors.
+The per-parameter manifest (:mod:`mpisync.params.manifest`) and its adapter
+(:func:`mpisync.allreduce.groups.param_groups`) build several Python objects per tensor, which on
+thousands of small gradients costs far more than reducing their bytes (figures:
+docs/allreduce.md). A set that :func:`mpisync.params.bulk.scan` takes (plain numpy arrays or torch
+CPU tensors, C-contiguous), whose arrays are all writable and of dtypes that MPI reduces as they
+are under ``op``, gets its manifest from that scan and its groups over the scan's one
+``BufferList`` (or one ``BufferList`` per dtype, when it holds several). Anything else (half
+precision, ``avg`` of narrow integers, replica lists, devices, a read-only array) takes the
+general adapter, which also words the errors.
 
-Both paths give the same digest and the same collectives, in the same order,
-on the same fusion-arena layout: ranks on different paths still agree and
-match buffer for buffer, and the node's shared regions line up.
+Both adapters give the same digest and the same groups; the one plan
+(:mod:`mpisync.allreduce.plan`) then posts the same collectives, in the same order, on the same
+fusion-arena layout: ranks whose sets took different adapters still match buffer for buffer, and
+the node's shared regions line up.
 """
 
 from __future__ import annotations
@@ -22,28 +22,24 @@ from __future__ import annotations
 import numpy as _np
 
 from .._runtime.speedups import loops
-from ..params.adapters import UnsupportedArray, _byte_view, _dtype_name
+from ..params.adapters import UnsupportedArray, _dtype_name
 from ..params.bulk import BulkManifest, scan
-from ..plan.arena import check_copier, part_copies
-from ..plan.transfers import bulk_plan
 from . import ops as _ops
-from .plan import CHUNK_BYTES, ReducePlan, ReduceStep, aligned, fused_arena
+from .groups import ReduceGroup
 
 __all__ = [
-    "scan_for_reduce",
+    "bulk_groups",
     "dtype_groups",
-    "compile_bulk_steps",
-    "plan_bulk_steps",
-    "build_bulk_steps",
+    "scan_for_reduce",
 ]
 
 
 def dtype_groups(manifest: BulkManifest, op: str) -> list | None:
-    """``[(dtype, members)]``: the dtypes of ``manifest``'s arrays in the order the general plan
-    takes
-    them (first appearance among non-empty arrays, in sorted order), each with the indices of its
-    non-empty arrays (``None``: every array, the set holding one dtype); None when MPI does not
-    reduce one of them as it is under ``op``."""
+    """``[(dtype, members)]``: the dtypes of ``manifest``'s arrays in the order
+    :func:`~mpisync.allreduce.groups.param_groups` takes them (first appearance among non-empty
+    arrays, in sorted order), each with the indices of its non-empty arrays (``None``: every
+    array, the set holding one dtype); None when MPI does not reduce one of them as it is under
+    ``op``."""
     try:
         names = {_dtype_name(dtype) for dtype in manifest.dtypes}
     except UnsupportedArray:
@@ -73,20 +69,11 @@ def scan_for_reduce(
     return manifest
 
 
-def _fused(held, names, first: int, last: int, buffer, arena, offset: int, divide) -> ReduceStep:
-    copies = part_copies(offset, held, first, last)
-
-    def store():
-        if divide is not None:
-            divide()
-        arena.scatter(copies)
-
-    return ReduceStep(buffer, tuple(names[first:last]), lambda: arena.gather(copies), store, True)
-
-
-def _group_plans(manifest: BulkManifest, op: str, fusion_bytes: int) -> list:
-    """``(dtype, buffer list, names, arrays, plan)`` per dtype group, in the general plan's
-    order."""
+def bulk_groups(manifest: BulkManifest, op: str) -> list:
+    """The groups (:class:`~mpisync.allreduce.groups.ReduceGroup`) of a set
+    :func:`scan_for_reduce` took, in the order :func:`~mpisync.allreduce.groups.param_groups`
+    gives for the same set: the scan's one buffer list when the set holds one dtype, else one
+    buffer list per dtype. No object per tensor."""
     groups = dtype_groups(manifest, op)
     assert groups is not None, "scan_for_reduce admits only sets whose dtypes MPI reduces"
     out = []
@@ -102,53 +89,5 @@ def _group_plans(manifest: BulkManifest, op: str, fusion_bytes: int) -> list:
             values = [manifest.values[i] for i in members]
             names = [manifest.names[i] for i in members]
             held, sizes = loops.array_list(values, _np.ndarray)[0], manifest.sizes[members]
-        out.append((dtype, held, names, values, bulk_plan(sizes, fusion_bytes, CHUNK_BYTES)))
+        out.append(ReduceGroup(_dtype_name(dtype), dtype, names, values, sizes, held))
     return out
-
-
-def plan_bulk_steps(manifest: BulkManifest, op: str, fusion_bytes: int) -> ReducePlan:
-    """The plan :func:`mpisync.allreduce.plan.plan_steps` gives for the same set: per dtype group,
-    :func:`mpisync.plan.transfers.bulk_plan` (the sequence ``build_plan`` gives; empty arrays add
-    nothing to a bucket), the buckets end to end from aligned offsets. A transfer is ``(dtype,
-    buffer list, names, arrays, (fused, first, last, nbytes), offset)``."""
-    transfers, arena_bytes = [], 0
-    for dtype, held, names, values, plan in _group_plans(manifest, op, fusion_bytes):
-        for transfer in plan:
-            offset = -1
-            if transfer[0]:
-                offset, arena_bytes = arena_bytes, arena_bytes + aligned(transfer[3])
-            transfers.append((dtype, held, names, values, transfer, offset))
-    return ReducePlan(transfers, arena_bytes)
-
-
-def build_bulk_steps(
-    manifest: BulkManifest, op: str, size: int, plan: ReducePlan, arena, base: int
-) -> list:
-    """The steps of ``plan`` over ``size`` ranks, its fused buckets from byte ``base`` of
-    ``arena``."""
-    check_copier(manifest.held, arena, "compile_bulk_steps")
-    count = size if op == "avg" else 1  # one replica of each array on every rank
-    steps = []
-    for dtype, held, names, values, (fused, first, last, nbytes), offset in plan.transfers:
-        if fused:
-            buffer = _np.frombuffer(arena.view, dtype, nbytes // dtype.itemsize, base + offset)
-        else:  # bytes last:last + nbytes of array ``first``, reduced in place
-            buffer = _np.frombuffer(
-                _byte_view(values[first]), dtype, nbytes // dtype.itemsize, last
-            )
-        divide = (lambda b=buffer: _ops.divide(b, count)) if count > 1 else None
-        if fused:
-            steps.append(_fused(held, names, first, last, buffer, arena, base + offset, divide))
-        else:
-            steps.append(ReduceStep(buffer, (names[first],), None, divide, False))
-    return steps
-
-
-def compile_bulk_steps(
-    manifest: BulkManifest, op: str, fusion_bytes: int, size: int, arena_for=None
-) -> tuple:
-    """``(steps, arena)`` as :func:`mpisync.allreduce.plan.compile_steps` gives them for the same
-    set, the buckets placed by :func:`mpisync.allreduce.plan.fused_arena` as there."""
-    plan = plan_bulk_steps(manifest, op, fusion_bytes)
-    arena, base = fused_arena(plan.arena_bytes, arena_for)
-    return build_bulk_steps(manifest, op, size, plan, arena, base), arena

@@ -1,13 +1,12 @@
 """The all-reduce plan: which bytes every rank reduces in which collective, and the copies around
 it.
 
-Every rank compiles the same steps from the agreed manifest, so the
-collectives match one to one. Parameters are grouped by the dtype MPI reduces
-in (a fused bucket holds one dtype); within a group, tensors smaller than
-``fusion_bytes`` are packed into buckets of at most ``fusion_bytes`` (the
-broadcast plan's :func:`~mpisync.plan.transfers.build_plan`), larger ones are reduced
-in place in their own memory. Half-precision values travel as ``float32``
-(see :mod:`mpisync.allreduce.ops`).
+Every rank compiles the same steps from the groups of its agreed manifest
+(:mod:`mpisync.allreduce.groups`: one per dtype MPI reduces in, whichever adapter read the set),
+so the collectives match one to one. Within a group, tensors smaller than ``fusion_bytes`` are
+packed into buckets of at most ``fusion_bytes`` (the broadcast plan's
+:func:`~mpisync.plan.transfers.bulk_plan`), larger ones are reduced in place in their own memory.
+Half-precision values travel as ``float32`` (see :mod:`mpisync.allreduce.ops`).
 """
 
 from __future__ import annotations
@@ -16,9 +15,11 @@ import typing as _typing
 
 import numpy as _np
 
-from ..plan.arena import Arena, copy_list
-from ..plan.transfers import build_plan
+from ..params.adapters import _byte_view
+from ..plan.arena import Arena, check_copier, copy_list, part_copies
+from ..plan.transfers import bulk_plan
 from . import ops as _ops
+from .groups import ReduceGroup
 
 __all__ = [
     "BUCKET_ALIGN",
@@ -31,7 +32,7 @@ __all__ = [
     "fused_arena",
     "local_reduce",
     "ordered",
-    "plan_steps",
+    "plan_groups",
 ]
 
 # : Bytes every fused bucket starts on (a multiple of every itemsize): buckets of one dtype lie end
@@ -91,27 +92,6 @@ def _combine_into(out, sources: list, dtype: str, op: str) -> None:
         combine(out, _ops.widen(raw, dtype), out=out)
 
 
-def _divider(op: str, size: int, params: list, pieces: tuple, buffer, itemsize: int):
-    """``divide()`` for ``avg``: the sum over ``size`` ranks of each piece's replicas, divided by
-    their count."""
-    if op != "avg":
-        return None
-    counts = {size * len(params[i].replicas) for i, _, _, _ in pieces}
-    if len(counts) == 1:
-        count = counts.pop()
-        return lambda: _ops.divide(buffer, count)
-    parts = [
-        (buffer[b // itemsize : (b + n) // itemsize], size * len(params[i].replicas))
-        for i, _, b, n in pieces
-    ]
-
-    def divide_parts() -> None:
-        for part, count in parts:
-            _ops.divide(part, count)
-
-    return divide_parts
-
-
 def _then(first, second):
     if first is None:
         return second
@@ -120,9 +100,45 @@ def _then(first, second):
     return lambda: (first(), second())
 
 
-def _fused_step(params, dtype, op, pieces, buffer, arena, offset, divide, label) -> ReduceStep:
-    if not _ops.is_staged(dtype, op):
-        copies = copy_list(offset, [params[i].master.data for i, _, _, _ in pieces])
+def _parts(group: ReduceGroup, first: int, last: int, buffer) -> list:
+    """``(member, its values in buffer)`` for the non-empty members ``first:last`` of a bucket."""
+    parts, start, itemsize = [], 0, buffer.itemsize
+    for member, nbytes in zip(range(first, last), group.sizes[first:last].tolist()):
+        if nbytes:
+            parts.append((member, buffer[start // itemsize : (start + nbytes) // itemsize]))
+            start += nbytes
+    return parts
+
+
+def _divider(op: str, size: int, group: ReduceGroup, first: int, last: int, buffer):
+    """``divide()`` for ``avg`` of members ``first:last`` reduced in ``buffer``: the sum over
+    ``size`` ranks of each name's replicas, divided by their count."""
+    if op != "avg":
+        return None
+    counts = group.counts
+    if counts is None or len(set(counts[first:last])) == 1:
+        count = size * (1 if counts is None else counts[first])
+        return lambda: _ops.divide(buffer, count)
+    parts = [(part, size * counts[m]) for m, part in _parts(group, first, last, buffer)]
+
+    def divide_parts() -> None:
+        for part, count in parts:
+            _ops.divide(part, count)
+
+    return divide_parts
+
+
+def _fused_step(group: ReduceGroup, op: str, size: int, bucket: tuple, arena, offset: int):
+    _, first, last, nbytes = bucket
+    rdtype = group.rdtype
+    buffer = _np.frombuffer(arena.view, rdtype, nbytes // rdtype.itemsize, offset)
+    label = tuple(group.names[first:last])
+    divide = _divider(op, size, group, first, last, buffer)
+    if not group.staged:
+        if group.held is not None:
+            copies = part_copies(offset, group.held, first, last)
+        else:
+            copies = copy_list(offset, group.masters[first:last])
         return ReduceStep(
             buffer,
             label,
@@ -130,11 +146,9 @@ def _fused_step(params, dtype, op, pieces, buffer, arena, offset, divide, label)
             _then(divide, lambda: arena.scatter(copies)),
             True,
         )
-    size = buffer.itemsize
-    slots = [
-        ([r.data for r in params[i].replicas], buffer[b // size : (b + n) // size])
-        for i, _, b, n in pieces
-    ]
+    replicas, dtype = group.replicas, group.dtype
+    assert replicas is not None
+    slots = [(replicas[m], part) for m, part in _parts(group, first, last, buffer)]
 
     def load():
         for sources, part in slots:
@@ -147,98 +161,80 @@ def _fused_step(params, dtype, op, pieces, buffer, arena, offset, divide, label)
     return ReduceStep(buffer, label, load, _then(divide, store), True)
 
 
-def _direct_step(params, dtype, op, piece, rdtype, divide_for, label) -> ReduceStep:
-    index, offset, _, nbytes = piece
-    raw = params[index].master.data
-    if not _ops.is_staged(dtype, op):
-        buffer = _np.frombuffer(raw, rdtype, nbytes // rdtype.itemsize, offset)
-        return ReduceStep(buffer, label, None, divide_for(buffer), False)
+def _direct_step(group: ReduceGroup, op: str, size: int, transfer: tuple) -> ReduceStep:
+    _, index, offset, nbytes = transfer  # bytes offset:offset + nbytes of member ``index``
+    rdtype, label = group.rdtype, (group.names[index],)
+    count = size * (1 if group.counts is None else group.counts[index])
+    if not group.staged:
+        buffer = _np.frombuffer(
+            _byte_view(group.masters[index]), rdtype, nbytes // rdtype.itemsize, offset
+        )
+        divide = (lambda: _ops.divide(buffer, count)) if op == "avg" else None
+        return ReduceStep(buffer, label, None, divide, False)
+    assert group.replicas is not None
+    dtype = group.dtype
     # plan bytes count staged values: the source holds ``ratio`` times fewer bytes
     ratio = rdtype.itemsize // _ops.itemsize(dtype)
-    sources = [r.data[offset // ratio : (offset + nbytes) // ratio] for r in params[index].replicas]
-    buffer = _np.empty(nbytes // rdtype.itemsize, rdtype)
+    sources = [r[offset // ratio : (offset + nbytes) // ratio] for r in group.replicas[index]]
+    staged = _np.empty(nbytes // rdtype.itemsize, rdtype)
+    divide = (lambda: _ops.divide(staged, count)) if op == "avg" else None
     return ReduceStep(
-        buffer,
+        staged,
         label,
-        lambda: _combine_into(buffer, sources, dtype, op),
-        _then(divide_for(buffer), lambda: _ops.narrow_into(sources[0], buffer, dtype)),
+        lambda: _combine_into(staged, sources, dtype, op),
+        _then(divide, lambda: _ops.narrow_into(sources[0], staged, dtype)),
         False,
     )
 
 
 class ReducePlan(_typing.NamedTuple):
-    """Which bytes every rank reduces in which collective: per transfer, its dtype, the dtype MPI
-    reduces in, the parameters' indices it draws from and its fused bucket's offset (-1: reduced
-    in place), with ``arena_bytes`` of fused buckets laid end to end. The same on every rank that
-    agreed on the manifest."""
+    """Which bytes every rank reduces in which collective: per transfer, its group's index, the
+    transfer as :func:`~mpisync.plan.transfers.bulk_plan` gives it over the group's sizes, and its
+    fused bucket's offset (-1: reduced in place), with ``arena_bytes`` of fused buckets laid end
+    to end. The same on every rank that agreed on the manifest."""
 
-    transfers: list  # (dtype, reduce dtype, member indices, Transfer, offset)
+    transfers: list  # (group index, (fused, first, last, nbytes), offset)
     arena_bytes: int
 
 
-def plan_steps(params: list, op: str, fusion_bytes: int) -> ReducePlan:
-    """The plan reducing the masters of ``params`` (in their agreed order) with ``op``: grouped by
-    dtype, tensors under ``fusion_bytes`` packed into buckets (:func:`build_plan`)."""
-    groups: dict = {}
-    for index, p in enumerate(params):
-        if p.nbytes:
-            groups.setdefault(p.master.dtype, []).append(index)
+def plan_groups(groups: list, fusion_bytes: int) -> ReducePlan:
+    """The plan reducing ``groups`` (:mod:`mpisync.allreduce.groups`) one after another: per
+    group, its tensors under ``fusion_bytes`` packed into buckets (:func:`bulk_plan`), the
+    buckets end to end from aligned offsets."""
     transfers = []
     arena_bytes = 0
-    for dtype, members in groups.items():
-        rdtype = _ops.reduce_dtype(dtype, op)
-        scale = rdtype.itemsize / _ops.itemsize(dtype)
-        sizes = [int(params[i].nbytes * scale) for i in members]
-        for transfer in build_plan(sizes, fusion_bytes, CHUNK_BYTES):
+    for index, group in enumerate(groups):
+        for transfer in bulk_plan(group.sizes, fusion_bytes, CHUNK_BYTES):
             offset = -1
-            if transfer.fused:
-                offset, arena_bytes = arena_bytes, arena_bytes + aligned(transfer.nbytes)
-            transfers.append((dtype, rdtype, members, transfer, offset))
+            if transfer[0]:
+                offset, arena_bytes = arena_bytes, arena_bytes + aligned(transfer[3])
+            transfers.append((index, transfer, offset))
     return ReducePlan(transfers, arena_bytes)
 
 
-def build_steps(params: list, op: str, size: int, plan: ReducePlan, arena, base: int) -> list:
+def build_steps(groups: list, op: str, size: int, plan: ReducePlan, arena, base: int) -> list:
     """The steps of ``plan`` over ``size`` ranks, its fused buckets from byte ``base`` of
     ``arena``."""
+    for group in groups:
+        check_copier(group.held, arena, "build_steps")
     steps = []
-    for dtype, rdtype, members, transfer, offset in plan.transfers:
-        pieces = tuple((members[i], o, b, n) for i, o, b, n in transfer.pieces)
-        label = tuple(params[i].name for i, _, _, _ in pieces)
-        if transfer.fused:
-            buffer = _np.frombuffer(
-                arena.view, rdtype, transfer.nbytes // rdtype.itemsize, base + offset
-            )
-            divide = _divider(op, size, params, pieces, buffer, rdtype.itemsize)
-            steps.append(
-                _fused_step(params, dtype, op, pieces, buffer, arena, base + offset, divide, label)
-            )
+    for index, transfer, offset in plan.transfers:
+        group = groups[index]
+        if transfer[0]:
+            steps.append(_fused_step(group, op, size, transfer, arena, base + offset))
         else:
-            piece = pieces[0]
-            steps.append(
-                _direct_step(
-                    params,
-                    dtype,
-                    op,
-                    piece,
-                    rdtype,
-                    lambda buffer, p=piece, r=rdtype: _divider(
-                        op, size, params, ((p[0], 0, 0, buffer.nbytes),), buffer, r.itemsize
-                    ),
-                    label,
-                )
-            )
+            steps.append(_direct_step(group, op, size, transfer))
     return steps
 
 
-def compile_steps(params: list, op: str, fusion_bytes: int, size: int, arena_for=None) -> tuple:
-    """``(steps, arena)`` reducing the masters of ``params`` (in their agreed order) over ``size``
-    ranks.
+def compile_steps(groups: list, op: str, fusion_bytes: int, size: int, arena_for=None) -> tuple:
+    """``(steps, arena)`` reducing ``groups`` over ``size`` ranks.
 
     The fused buckets lie end to end in a private arena, or from byte ``base`` of the arena that
     ``arena_for(nbytes)`` returns as ``(arena, base)`` (None: a private one)."""
-    plan = plan_steps(params, op, fusion_bytes)
+    plan = plan_groups(groups, fusion_bytes)
     arena, base = fused_arena(plan.arena_bytes, arena_for)
-    return build_steps(params, op, size, plan, arena, base), arena
+    return build_steps(groups, op, size, plan, arena, base), arena
 
 
 def ordered(step: ReduceStep, op: str) -> ReduceStep:

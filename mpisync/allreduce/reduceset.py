@@ -1,12 +1,12 @@
-"""What one all-reduce call reduces: the agreed manifest's host masters, in the form its scan gave
-them, and the local work around the collectives (device replicas staged through host buffers,
-several local replicas combined before and copied back after).
+"""What one all-reduce call reduces: the agreed manifest adapted into reduce groups
+(:mod:`mpisync.allreduce.groups`), and the local work around the collectives (device replicas
+staged through host buffers, several local replicas combined before and copied back after).
 
-A dict of bare host arrays comes from the whole-set scan (:mod:`mpisync.allreduce.bulk`: one
-buffer list, no object per tensor); anything else from the per-parameter manifest
-(:mod:`mpisync.allreduce.plan`: replicas, devices, half precision, tied weights). Both plan the
-same collectives in the same order on the same arena layout, so ranks on different paths still
-match buffer for buffer.
+A dict of bare host arrays is adapted from the whole-set scan
+(:func:`mpisync.allreduce.bulk.bulk_groups`: one buffer list, no object per tensor); anything else
+from the per-parameter manifest (:func:`mpisync.allreduce.groups.param_groups`: replicas,
+devices, half precision, tied weights). One plan is built from the groups either way, so ranks
+whose sets took different adapters still match buffer for buffer.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from ..params.adapters import ArrayView
 from ..params.bulk import BulkManifest
 from ..params.fanout import fan_out
 from ..params.manifest import Manifest, Param
-from .bulk import build_bulk_steps, plan_bulk_steps
-from .plan import ReducePlan, build_steps, local_reduce, ordered, plan_steps
+from .bulk import bulk_groups
+from .groups import param_groups
+from .plan import ReducePlan, build_steps, local_reduce, ordered, plan_groups
 
 __all__ = ["ReduceSet", "Staging"]
 
@@ -68,10 +69,11 @@ class ReduceSet:
         self.staging: Staging | None = None
         self.params: list = []  # the general path's reduced host parameters
         self.replicated: list = []  # parameters with several local replicas
-        # The one place the two manifest forms differ: the scan's arrays are one host replica
-        # each, with their buffer list; everything else is a list of parameters.
-        self.bulk = manifest if isinstance(manifest, BulkManifest) else None
-        if self.bulk is not None:
+        self.groups: list  # the reduce groups, one per dtype
+        # The one place the two manifest forms differ: each has its adapter into the groups. The
+        # scan's arrays are one host replica each, with their buffer list; nothing to stage.
+        if isinstance(manifest, BulkManifest):
+            self.groups = bulk_groups(manifest, op)
             return
         if manifest.device_params:
             self.staging = Staging(list(manifest.device_params))
@@ -80,20 +82,16 @@ class ReduceSet:
         params += self.staging.host if self.staging is not None else []
         self.params = params
         self.replicated = [p for p in params if len(p.replicas) > 1]
+        self.groups = param_groups(params, op)
 
     def plan(self, fusion_bytes: int) -> ReducePlan:
         """Which bytes go in which all-reduce (the same on every rank that agreed)."""
-        if self.bulk is not None:
-            return plan_bulk_steps(self.bulk, self.op, fusion_bytes)
-        return plan_steps(self.params, self.op, fusion_bytes)
+        return plan_groups(self.groups, fusion_bytes)
 
     def steps(self, plan: ReducePlan, arena, base: int) -> list:
         """The steps of ``plan``, fused buckets from byte ``base`` of ``arena``; across ranks,
         floats under ``min``/``max`` reduce as integers of their total order (:func:`ordered`)."""
-        if self.bulk is not None:
-            steps = build_bulk_steps(self.bulk, self.op, self.size, plan, arena, base)
-        else:
-            steps = build_steps(self.params, self.op, self.size, plan, arena, base)
+        steps = build_steps(self.groups, self.op, self.size, plan, arena, base)
         return [ordered(step, self.op) for step in steps] if self.size > 1 else steps
 
     def before(self) -> bool:

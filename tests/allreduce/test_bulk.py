@@ -1,5 +1,5 @@
-"""Unit tests of mpisync.allreduce.bulk: which sets take the bulk path, and that its steps are the
-general plan's."""
+"""Unit tests of mpisync.allreduce.bulk: which sets take the bulk adapter, and that its groups give
+the steps the general adapter's give (mpisync.allreduce.groups), through the one plan."""
 
 import collections
 import random
@@ -55,8 +55,9 @@ def test_sets_of_dtypes_mpi_reduces_as_they_are_take_the_bulk_path():
 
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 @pytest.mark.parametrize("dtype", ["float32", "int64", "uint8", "mixed"])
-def test_bulk_steps_are_the_general_plans_steps(op, dtype):
-    from mpisync.allreduce.bulk import compile_bulk_steps
+def test_bulk_groups_give_the_general_adapters_steps(op, dtype):
+    from mpisync.allreduce.bulk import bulk_groups
+    from mpisync.allreduce.groups import param_groups
     from mpisync.allreduce.plan import compile_steps
     from mpisync.params.manifest import build_manifest
 
@@ -82,8 +83,8 @@ def test_bulk_steps_are_the_general_plans_steps(op, dtype):
             return
         full = build_manifest(params, rank=0, size=2, root=0, settings=dict(_SETTINGS, op=op))
         assert bulk.digest() == full.digest()
-        got, got_arena = compile_bulk_steps(bulk, op, fusion, 2)
-        want, want_arena = compile_steps(full.host_params, op, fusion, 2)
+        got, got_arena = compile_steps(bulk_groups(bulk, op), op, fusion, 2)
+        want, want_arena = compile_steps(param_groups(full.host_params, op), op, fusion, 2)
         assert len(got_arena) == len(want_arena), (sizes, fusion)
 
         # a bulk bucket's label also names the empty arrays within it
@@ -122,7 +123,8 @@ def test_bulk_steps_are_the_general_plans_steps(op, dtype):
 
 def test_torch_cpu_tensors_take_the_bulk_path_through_their_numpy_views():
     torch = pytest.importorskip("torch")
-    from mpisync.allreduce.bulk import compile_bulk_steps
+    from mpisync.allreduce.bulk import bulk_groups
+    from mpisync.allreduce.groups import param_groups
     from mpisync.allreduce.plan import compile_steps
     from mpisync.params.manifest import build_manifest
 
@@ -132,8 +134,8 @@ def test_torch_cpu_tensors_take_the_bulk_path_through_their_numpy_views():
     bulk = _scan(grads, "avg")
     full = build_manifest(grads, rank=0, size=2, root=0, settings=dict(_SETTINGS, op="avg"))
     assert bulk is not None and bulk.digest() == full.digest()
-    got, _ = compile_bulk_steps(bulk, "avg", 256, 2)
-    want, _ = compile_steps(full.host_params, "avg", 256, 2)
+    got, _ = compile_steps(bulk_groups(bulk, "avg"), "avg", 256, 2)
+    want, _ = compile_steps(param_groups(full.host_params, "avg"), "avg", 256, 2)
     assert [(s.fused, s.buffer.size, s.label) for s in got] == [
         (s.fused, s.buffer.size, s.label) for s in want
     ]
@@ -149,15 +151,20 @@ def test_torch_cpu_tensors_take_the_bulk_path_through_their_numpy_views():
 
 
 def test_an_arena_from_arena_for_holds_the_buckets_from_its_base():
-    from mpisync.allreduce.bulk import compile_bulk_steps
+    from mpisync.allreduce.bulk import bulk_groups
+    from mpisync.allreduce.plan import compile_steps
     from mpisync.plan.arena import Arena
 
     # 40 B each: buckets of 3, 3, 3, 1
     params = {f"t{i}": np.full(10, i, np.float32) for i in range(10)}
     shared = Arena(4096, vectored=False)
     asked = []
-    steps, arena = compile_bulk_steps(
-        _scan(params), "sum", 128, 2, lambda nbytes: asked.append(nbytes) or (shared, 1024)
+    steps, arena = compile_steps(
+        bulk_groups(_scan(params), "sum"),
+        "sum",
+        128,
+        2,
+        lambda nbytes: asked.append(nbytes) or (shared, 1024),
     )
     # 120, 120, 120 and 40 B, from 64-byte bounds
     assert arena is shared and asked == [128 + 128 + 128 + 64]
