@@ -61,7 +61,7 @@ def _sync_alone(manifest, report, verify, trace, t_validate, device) -> None:
     if manifest.nreplicas > manifest.tensors:  # some name has replicas to fill
         fan_out(manifest.host_params)
     if manifest.device_params:
-        device.fan_out_local(manifest.device_params)
+        device.fan_out_local(manifest.device_columns)
     trace.span("fan-out", t_fan_out, replicas=manifest.nreplicas - manifest.tensors)
     if verify:
         _verify_on(None, manifest, 0, None, trace, device)
@@ -153,8 +153,9 @@ class _Compiler:
             columns = manifest.host_columns(agreed, fusion)
             plan = host_plan(columns, fusion, self.chunk_bytes)
             program = self.host.get(channel).compile(columns, plan, fusion, ctx)
-        device = manifest.device_params
-        device_steps = self.device().compile(device) if device else []
+        device_steps = (
+            self.device().compile(manifest.device_columns) if manifest.device_params else []
+        )
         prepared = Prepared(
             recognizer=None if self.one_shot else recognizer(params, manifest, devices_key),
             manifest=manifest,

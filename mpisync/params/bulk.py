@@ -28,7 +28,7 @@ import numpy as _np
 
 from .._runtime.speedups import loops
 from .adapters import UnsupportedArray, _dtype_name, torch_cpu_views
-from .columns import HostColumns, bulk_columns
+from .columns import DeviceColumns, HostColumns, bulk_columns, device_columns
 from .layout import NO_RUNS, Layout
 from .manifest import Manifest, build_manifest, params_digest, settings_digest
 from .recheck import snapshot
@@ -117,6 +117,11 @@ class BulkManifest:
     def encode(self) -> bytes:
         """The full manifest's JSON, for a diagnosis."""
         return self.full().encode()
+
+    @property
+    def device_columns(self) -> DeviceColumns:
+        """No device masters: the scan takes host arrays only."""
+        return device_columns([])
 
     @property
     def host_nbytes(self) -> int:

@@ -1,9 +1,10 @@
-"""The host masters of a parameter set as columns: the one form every host program compiles.
+"""The masters of a parameter set as columns: the one form every program compiles.
 
 Both manifests (:mod:`mpisync.params.bulk`'s whole-set scan and the per-parameter
-:mod:`mpisync.params.manifest`) give their host masters in this form, so the plan
+:mod:`mpisync.params.manifest`) give their host masters as :class:`HostColumns`, so the plan
 (:func:`mpisync.plan.transfers.bulk_plan` over ``sizes``) and each transport's program are
-built one way, whichever path read the set.
+built one way, whichever path read the set. Device masters (only the per-parameter manifest has
+them) come as :class:`DeviceColumns`, planned the same way by the device transport.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as _np
 from .adapters import _byte_view
 from .layout import span_buffer
 
-__all__ = ["HostColumns", "bulk_columns", "general_columns"]
+__all__ = ["DeviceColumns", "HostColumns", "bulk_columns", "device_columns", "general_columns"]
 
 
 class HostColumns:
@@ -99,3 +100,45 @@ def general_columns(params: list, runs: tuple, aliases: tuple, fusion: int) -> H
     }
     names = [p.name for p in params]
     return HostColumns(names, _np.array(sizes, dtype=_np.int64), None, masters, spans, replicas)
+
+
+class DeviceColumns:
+    """``names`` of the device parameters, their masters' bytes (``sizes``, int64) and
+    ``masters`` (device array views), with the side table ``replicas`` (``index -> every replica
+    of the name, master first``, for names with several)."""
+
+    __slots__ = ("names", "sizes", "masters", "replicas")
+
+    def __init__(self, names: list, sizes, masters: list, replicas: dict):
+        self.names, self.sizes, self.masters, self.replicas = names, sizes, masters, replicas
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def fan_out(self, indices) -> list:
+        """``(destination, source)`` device copies of the masters of ``indices`` into their other
+        replicas."""
+        replicas = self.replicas
+        return [
+            (r.data, self.masters[i].data)
+            for i in indices
+            if i in replicas
+            for r in replicas[i][1:]
+        ]
+
+    def devices(self, indices) -> tuple:
+        """Every device the replicas of ``indices`` are on, sorted."""
+        found: set = set()
+        for i in indices:
+            found.update(r.device for r in self.replicas.get(i, (self.masters[i],)))
+        return tuple(sorted(found))
+
+
+def device_columns(params: list) -> DeviceColumns:
+    """The columns of a per-parameter manifest's device ``params`` (in sorted order)."""
+    return DeviceColumns(
+        [p.name for p in params],
+        _np.array([p.nbytes for p in params], dtype=_np.int64),
+        [p.master for p in params],
+        {i: p.replicas for i, p in enumerate(params) if len(p.replicas) > 1},
+    )

