@@ -115,30 +115,35 @@ class DeviceColumns:
     def __len__(self) -> int:
         return len(self.names)
 
-    def fan_out(self, indices) -> list:
-        """``(destination, source)`` device copies of the masters of ``indices`` into their other
+    def fan_out(self, first: int, last: int) -> list:
+        """``(destination, source)`` device copies of masters ``first:last`` into their other
         replicas."""
-        replicas = self.replicas
+        replicas, masters = self.replicas, self.masters
+        if not replicas:
+            return []
         return [
-            (r.data, self.masters[i].data)
-            for i in indices
+            (r.data, masters[i].data)
+            for i in range(first, last)
             if i in replicas
             for r in replicas[i][1:]
         ]
 
-    def devices(self, indices) -> tuple:
-        """Every device the replicas of ``indices`` are on, sorted."""
-        found: set = set()
-        for i in indices:
-            found.update(r.device for r in self.replicas.get(i, (self.masters[i],)))
+    def devices(self, first: int, last: int) -> tuple:
+        """Every device the replicas of ``first:last`` are on, sorted."""
+        found = {m.device for m in self.masters[first:last]}
+        replicas = self.replicas
+        if replicas:
+            found.update(r.device for i in range(first, last) if i in replicas for r in replicas[i])
         return tuple(sorted(found))
 
 
 def device_columns(params: list) -> DeviceColumns:
     """The columns of a per-parameter manifest's device ``params`` (in sorted order)."""
-    return DeviceColumns(
-        [p.name for p in params],
-        _np.array([p.nbytes for p in params], dtype=_np.int64),
-        [p.master for p in params],
-        {i: p.replicas for i, p in enumerate(params) if len(p.replicas) > 1},
-    )
+    names, sizes, masters, replicas = [], [], [], {}
+    for index, p in enumerate(params):  # one pass: each parameter's object read once
+        names.append(p.name)
+        sizes.append(p.nbytes)
+        masters.append(p.master)
+        if len(p.replicas) > 1:
+            replicas[index] = p.replicas
+    return DeviceColumns(names, _np.array(sizes, dtype=_np.int64), masters, replicas)

@@ -73,7 +73,7 @@ class DeviceTransport:
         for index in columns.replicas:
             master = columns.masters[index]
             copy_device(
-                columns.fan_out((index,)),
+                columns.fan_out(index, index + 1),
                 master.backend,
                 self.slots.stream(master.backend, master.device),
             )

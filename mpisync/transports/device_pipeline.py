@@ -57,26 +57,31 @@ def compile_device_steps(columns, plan: list) -> list:
     """Bind ``plan`` (:func:`~mpisync.plan.transfers.bulk_plan` over the sizes of ``columns``, a
     :class:`~mpisync.params.columns.DeviceColumns`) to this rank's device views."""
     steps = []
-    sizes, masters = columns.sizes.tolist(), columns.masters
+    sizes, masters, names = columns.sizes.tolist(), columns.masters, columns.names
     for fused, first, last, nbytes in plan:
-        if fused:  # members first:last, whole
-            pieces = [(i, 0, sizes[i]) for i in range(first, last) if sizes[i]]
-            completes: tuple | range = range(first, last)
+        if fused:  # members first:last, whole; their replicas are complete after it
+            members = [i for i in range(first, last) if sizes[i]]
+            views = [masters[i].data for i in members]
+            label = tuple(names[i] for i in members)
+            done = (first, last)
         else:  # bytes last:last + nbytes of member first
-            pieces = [(first, last, nbytes)]
-            completes = (first,) if last + nbytes == sizes[first] else ()
-        views = [masters[i].backend.slice(masters[i].data, at, at + n) for i, at, n in pieces]
-        head = masters[pieces[0][0]]
+            members = [first]
+            head = masters[first]
+            views = [head.backend.slice(head.data, last, last + nbytes)]
+            label = (names[first],)
+            # the name's replicas are complete after its last chunk
+            done = (first, first + 1) if last + nbytes == sizes[first] else (first, first)
+        head = masters[members[0]]
         steps.append(
             DeviceStep(
                 fused,
                 nbytes,
                 views,
-                columns.fan_out(completes),
+                columns.fan_out(*done),
                 head.backend,
                 head.device,
-                columns.devices({i for i, _, _ in pieces} | set(completes)),
-                tuple(columns.names[i] for i, _, _ in pieces),
+                columns.devices(first, first + 1) if not fused else columns.devices(first, last),
+                label,
             )
         )
     return steps

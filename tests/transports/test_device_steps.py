@@ -44,9 +44,11 @@ def test_device_steps_cover_every_byte_once_and_fan_out_when_complete(fusion, ch
     assert covered == {name: n for name, n in sizes.items() if n}
     filled = [(index, dst) for index, step in enumerate(steps) for dst, _ in step.fan_out]
     for i, name in enumerate(columns.names):
-        replicas = columns.replicas.get(i, [columns.masters[i]])
-        mine = [index for index, dst in filled if any(dst is r.data for r in replicas[1:])]
+        others = columns.replicas.get(i, [columns.masters[i]])[1:]
+        assert len(others) == len(_params()[name]) - 1, name
+        mine = [index for index, dst in filled if any(dst is r.data for r in others)]
         if sizes[name]:
-            assert mine == [last_step[name]] * (len(replicas) - 1), name
+            assert mine == [last_step[name]] * len(others), name
             step = steps[last_step[name]]
-            assert {r.device for r in replicas} <= set(step.devices), name
+            devices = {columns.masters[i].device, *(r.device for r in others)}
+            assert devices <= set(step.devices), name
