@@ -37,11 +37,12 @@ class Staging:
             ]
             self.host.append(Param(p.name, views))
             self.buffers.append(buffers)
+        # every device a replica is on, once: a synchronize waits for all of its streams' work
+        self.devices = {(r.backend, r.device) for p in params for r in p.replicas}
 
     def _sync_all(self) -> None:
-        for p in self.params:
-            for r in p.replicas:
-                r.backend.synchronize(r.device)
+        for backend, device in self.devices:
+            backend.synchronize(device)
 
     def load(self) -> list:
         """Copy every device replica to its host buffer; return the host parameters."""
