@@ -1,9 +1,10 @@
 """The local fan-out: each master's bytes into the rank's other replicas of the same name.
 
 Every transport, the one-rank sync and the all-reduce fan out through these:
-:func:`replica_copies` lists the ``(destination, source)`` pairs once, when a
-program is compiled; :func:`copy_host` or :func:`copy_device` carries them out
-once the masters hold their bytes.
+the columns' ``fan_out`` (:mod:`mpisync.params.columns`) or :func:`replica_copies`
+lists the ``(destination, source)`` pairs once, when a program is compiled;
+:func:`copy_host` or :func:`copy_device` carries them out once the masters hold
+their bytes.
 """
 
 from __future__ import annotations
