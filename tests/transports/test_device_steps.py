@@ -1,6 +1,6 @@
-"""Unit tests of the device steps compiled from the device columns (no MPI): every byte of every
-device master in exactly one piece, in order, and each name's replicas filled by the step that
-completes it (the last holding its bytes), never before."""
+"""Unit tests of the device steps compiled from the device columns (no MPI): every device master's
+bytes carried once (the pieces of a name add up to its size), and each name's replicas filled by
+the step that completes it (the last holding its bytes), never before."""
 
 import numpy as np
 import pytest
