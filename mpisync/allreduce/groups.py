@@ -46,9 +46,6 @@ class ReduceGroup:
         """Whether the values travel widened (half precision; ``avg`` of narrow integers)."""
         return self.replicas is not None
 
-    def __len__(self) -> int:
-        return len(self.names)
-
 
 def param_groups(params: list, op: str) -> list:
     """The groups of ``params`` (host parameters in their agreed order) reduced with ``op``: one per

@@ -68,7 +68,6 @@ class ReduceSet:
     def __init__(self, manifest: BulkManifest | Manifest, op: str, size: int):
         self.manifest, self.op, self.size = manifest, op, size
         self.staging: Staging | None = None
-        self.params: list = []  # the general path's reduced host parameters
         self.replicated: list = []  # parameters with several local replicas
         self.groups: list  # the reduce groups, one per dtype
         # The one place the two manifest forms differ: each has its adapter into the groups. The
@@ -81,7 +80,6 @@ class ReduceSet:
         tied = {alias for alias, _ in manifest.settings.get("tied", ())}
         params = [p for p in manifest.host_params if p.name not in tied]
         params += self.staging.host if self.staging is not None else []
-        self.params = params
         self.replicated = [p for p in params if len(p.replicas) > 1]
         self.groups = param_groups(params, op)
 

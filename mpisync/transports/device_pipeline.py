@@ -61,26 +61,26 @@ def compile_device_steps(columns, plan: list) -> list:
     for fused, first, last, nbytes in plan:
         if fused:  # members first:last, whole; their replicas are complete after it
             members = [i for i in range(first, last) if sizes[i]]
+            head = masters[members[0]]
             views = [masters[i].data for i in members]
             label = tuple(names[i] for i in members)
-            done = (first, last)
+            done = touched = last
         else:  # bytes last:last + nbytes of member first
-            members = [first]
             head = masters[first]
             views = [head.backend.slice(head.data, last, last + nbytes)]
             label = (names[first],)
             # the name's replicas are complete after its last chunk
-            done = (first, first + 1) if last + nbytes == sizes[first] else (first, first)
-        head = masters[members[0]]
+            done = first + 1 if last + nbytes == sizes[first] else first
+            touched = first + 1
         steps.append(
             DeviceStep(
                 fused,
                 nbytes,
                 views,
-                columns.fan_out(*done),
+                columns.fan_out(first, done),
                 head.backend,
                 head.device,
-                columns.devices(first, first + 1) if not fused else columns.devices(first, last),
+                columns.devices(first, touched),
                 label,
             )
         )
