@@ -6,12 +6,14 @@
 """
 
 # First: without an MPI library, an ImportError that says how to install one.
-from ._runtime.mpilib import MPI as _MPI  # noqa: F401
+from ._runtime.mpilib import MPI as _MPI  # noqa: F401, I001
+from ._runtime import failfast as _failfast
 from ._runtime.ring import RequestRing
 from .allreduce import GradSync, allreduce
 from .errors import (
     InvalidParamError,
     ManifestMismatchError,
+    PeerExitedError,
     SyncError,
     SyncTimeoutError,
     VerificationError,
@@ -20,6 +22,10 @@ from .horovod import broadcast_optimizer_state, broadcast_parameters
 from .report import SyncReport
 from .state import sync_state
 from .sync import ParamSync, sync_params
+
+# Under a launcher, one rank's uncaught exception or early exit ends the job within seconds
+# (MPISYNC_FAIL_FAST=0 turns it off; docs/reliability.md).
+_failfast.install()
 
 __version__ = "0.1.0"
 
@@ -37,5 +43,6 @@ __all__ = [
     "ManifestMismatchError",
     "InvalidParamError",
     "SyncTimeoutError",
+    "PeerExitedError",
     "VerificationError",
 ]

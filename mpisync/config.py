@@ -27,6 +27,8 @@ __all__ = [
     "resolve",
     "env_switch",
     "switch",
+    "wire_settings",
+    "WIRE_SWITCHES",
     "check_environment",
     "environment_problems",
     "unknown_settings",
@@ -62,6 +64,7 @@ SWITCHES: dict[str, bool | None] = {
     "MPISYNC_TIMEOUT_ABORT": True,
     "MPISYNC_ALLOW_SINGLETON": False,
     "MPISYNC_TORCH_CHECK": True,
+    "MPISYNC_FAIL_FAST": True,
 }
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
@@ -225,6 +228,20 @@ def env_switch(name: str, default: bool) -> bool:
     :func:`switch`), else its value."""
     value = switch(name) if name in SWITCHES else None
     return default if value is None else value
+
+
+#: The switches that change what travels between ranks or how it is checked: ranks must agree.
+WIRE_SWITCHES = ("MPISYNC_SHARED_MEMORY", "MPISYNC_CROSS_MEMORY", "MPISYNC_SPEEDUPS")
+
+
+def wire_settings(torch: bool = False) -> dict[str, Any]:
+    """This rank's values of the settings every rank must share (the syncers agree on them with
+    the parameters, a torch process group (``torch=True``: ``MPISYNC_TORCH_CHECK`` too) when it
+    is created): a difference is an error on every rank, naming the setting and the ranks."""
+    names = WIRE_SWITCHES + (("MPISYNC_TORCH_CHECK",) if torch else ())
+    values: dict[str, Any] = {name: switch(name) for name in names}
+    values["MPISYNC_SPEEDUPS_WITHOUT"] = _os.environ.get("MPISYNC_SPEEDUPS_WITHOUT", "").strip()
+    return values
 
 
 def abort_on_timeout() -> bool:

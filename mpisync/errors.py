@@ -12,6 +12,7 @@ __all__ = [
     "InvalidParamError",
     "SyncTimeoutError",
     "VerificationError",
+    "PeerExitedError",
 ]
 
 
@@ -39,3 +40,21 @@ class SyncTimeoutError(SyncError):
 
 class VerificationError(SyncError):
     """``verify=True`` found a rank whose bytes differ from the root's."""
+
+
+class PeerExitedError(SyncTimeoutError):
+    """A collective cannot complete: a rank of its communicator has already ended its script.
+
+    A :class:`SyncTimeoutError` too (the wait ends as a timeout would, only sooner), so code that
+    handles a wait that cannot complete catches both. ``ranks`` lists the ranks that left."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        phase: str = "",
+        pending: list | None = None,
+        ranks: list | None = None,
+    ):
+        super().__init__(message, phase=phase, pending=pending)
+        self.ranks = list(ranks or ())

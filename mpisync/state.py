@@ -318,18 +318,43 @@ def sync_state(
                     "mpisync: invalid state tree: "
                     + "; ".join(f"rank 0: {p}: {m}" for p, m in flat.errors)
                 )
-            syncer.sync(flat.arrays, verify=verify)
-            return _rebuild(tree, iter(flat.scalars))
-        scalars = syncer._collective_exchange(
-            "state structure exchange",
-            list(flat.arrays),
-            lambda comm, call: _exchange(comm, flat, shape, root, call),
-        )
+            rebuilt, problem = _rebuilt(tree, flat.scalars)
+            if problem:
+                raise InvalidParamError(f"mpisync: invalid state tree: rank 0: {problem}")
+        else:
+            rebuilt = syncer._collective_exchange(
+                "state structure exchange",
+                list(flat.arrays),
+                lambda comm, call: _exchange(comm, flat, shape, root, call, tree),
+            )
+        # only now, once every rank holds its rebuilt tree, are arrays written
         syncer.sync(flat.arrays, verify=verify)
-        return _rebuild(tree, iter(scalars))
+        return rebuilt
 
 
-def _exchange(comm, flat, shape, root, call) -> list:
+def _rebuilt(tree, scalars) -> tuple:
+    """``(tree rebuilt with scalars, "")``, or ``(None, why not)``: a container's constructor
+    (a user's mapping type), or a value root sent, may fail on one rank only."""
+    try:
+        return _rebuild(tree, iter(scalars)), ""
+    except Exception as exc:  # noqa: BLE001 - whatever it is, every rank must learn it
+        return None, f"cannot rebuild the tree with root's values: {type(exc).__name__}: {exc}"
+
+
+def _agree_on_rebuild(comm, problem: str, call) -> None:
+    """The same :class:`~mpisync.InvalidParamError` on every rank if any rank's rebuild failed
+    (one all-reduce; the reasons travel only then)."""
+    high, _ = all_equal(comm, [1 if problem else 0], call)
+    if not high[0]:
+        return
+    reasons = allgather_bytes(comm, problem.encode(), call)
+    failed = merge_ranks((r, raw.decode()) for r, raw in enumerate(reasons) if raw)
+    raise InvalidParamError("mpisync: invalid state tree: " + "; ".join(failed[:20]))
+
+
+def _exchange(comm, flat, shape, root, call, tree):
+    """Agree on the tree's shape, take root's scalar values, rebuild the tree on every rank;
+    raises the same error on every rank if any step fails on any."""
     _agree_on_shape(comm, flat, shape, root, call)
     payload = b""
     if comm.rank == root:
@@ -342,4 +367,11 @@ def _exchange(comm, flat, shape, root, call) -> list:
     doc = _json.loads(_broadcast_bytes(comm, payload, root, call))
     if "error" in doc:
         raise InvalidParamError(f"mpisync: invalid state tree: {doc['error']}")
-    return [_decode_scalar(d) for d in doc["values"]]
+    try:
+        scalars = [_decode_scalar(d) for d in doc["values"]]
+    except Exception as exc:  # noqa: BLE001 - a value this rank cannot decode: agreed below
+        rebuilt, problem = None, f"cannot decode root's values: {type(exc).__name__}: {exc}"
+    else:
+        rebuilt, problem = _rebuilt(tree, scalars)
+    _agree_on_rebuild(comm, problem, call)
+    return rebuilt

@@ -298,6 +298,7 @@ class ParamSync(Reusable):
             "device_chunk_bytes": self._device_chunk_bytes,
             "verify": bool(verify),
             "root": self._root,
+            **self._wire,
         }
         devices_key = devices_key_of(devices)
         manifest, prepared = find_manifest(
@@ -343,7 +344,7 @@ class ParamSync(Reusable):
     def _sync_collective(
         self, params, devices_key, manifest, prepared, report, verify, trace, t_validate
     ):
-        deadline = Deadline(self._values["timeout"], report)
+        deadline = Deadline(self._values["timeout"], report, self._user_comm)
         self._phase, self._ctx = "communicator duplication", None
         try:
             comm = self._link.ready(deadline.wait)
@@ -408,14 +409,13 @@ class ParamSync(Reusable):
         """
         if self._closed or self._broken:
             raise SyncError("mpisync: this ParamSync is closed or unusable")
-        deadline = Deadline(self._settings.timeout.value)
+        deadline = Deadline(self._settings.timeout.value, comm=self._user_comm)
         try:
             return exchange(self._link.ready(deadline.wait), deadline.wait)
         except Expired:
             self._timed_out(phase, pending, deadline.timeout)
 
     def _timed_out(self, phase: str, pending: list, timeout: float | None) -> None:
-        assert timeout is not None  # only a deadline expires
         self._broken = f"a sync timed out during the {phase}; its collectives may still be pending"
         what = "pending parameter(s)"
         timed_out(self._user_comm, phase, pending, timeout, pending_what=what, call="sync")

@@ -15,11 +15,12 @@ class Deadline:
     """Each wait of a sync may last ``timeout`` seconds (``None``: forever): :meth:`at` gives the
     deadline of a wait starting now, :meth:`wait` waits for one MPI request within it."""
 
-    __slots__ = ("timeout", "report")
+    __slots__ = ("timeout", "report", "comm")
 
-    def __init__(self, timeout: float | None, report=None):
+    def __init__(self, timeout: float | None, report=None, comm=None):
         self.timeout = timeout
         self.report = report  # a SyncReport whose ``collectives`` counts the requests waited for
+        self.comm = comm  # whose ranks the waits watch (a rank that left ends them)
 
     def at(self) -> float | None:
         """The monotonic time by which a wait starting now must end, or ``None``."""
@@ -27,10 +28,10 @@ class Deadline:
 
     def wait(self, request) -> None:
         """Wait for ``request``; raises :class:`~mpisync._runtime.ring.Expired` past the
-        deadline."""
+        deadline, or once a rank of ``comm`` has ended its script."""
         if self.report is not None:
             self.report.collectives += 1
-        wait_request(request, self.at())
+        wait_request(request, self.at(), self.comm)
 
 
 class Trace:

@@ -7,6 +7,7 @@ from mpi4py import MPI
 
 from .. import config as _config
 from ..errors import InvalidParamError
+from .failfast import install as install_failfast
 from .launch import check_launch
 
 __all__ = ["Reusable", "check_comm"]
@@ -20,6 +21,7 @@ def check_comm(comm) -> None:
     if comm.Is_inter():
         raise InvalidParamError("comm is an intercommunicator; mpisync needs an intracommunicator")
     check_launch(comm)  # a world of one where the launcher started more
+    install_failfast()  # MPI initialised after mpisync was imported (mpi4py.rc.initialize=False)
 
 
 class Reusable:
@@ -42,6 +44,8 @@ class Reusable:
                 1, 0, "auto", _config.BUILTIN_DEFAULTS["timeout"], environment=False
             )
         self._values = self._settings.values()  # read-only: the settings are fixed
+        # agreed with every manifest: a rank whose transports or loops differ is an error
+        self._wire = _config.wire_settings()
 
     @property
     def settings(self) -> _config.Settings:

@@ -11,6 +11,7 @@ import collections.abc as _abc
 import os as _os
 import time as _time
 
+from . import failfast as _failfast
 from .keepalive import keep_alive
 
 __all__ = ["RequestRing", "Expired", "wait_request"]
@@ -29,12 +30,15 @@ class Expired(Exception):
     pending: list[str] | None = None
 
 
-def wait_request(request, deadline: float | None) -> None:
-    """Wait for ``request``; raise :class:`Expired` once ``time.monotonic()`` passes ``deadline``.
+def wait_request(request, deadline: float | None, comm=None) -> None:
+    """Wait for ``request``; raise :class:`Expired` once ``time.monotonic()`` passes ``deadline``,
+    or once a rank of ``comm`` (the request's communicator, where the caller knows it) has ended
+    its script (:func:`mpisync._runtime.failfast.departed_in`).
 
-    ``deadline=None`` waits forever inside MPI (``Wait``).
+    ``deadline=None`` with nothing to watch waits inside MPI (``Wait``).
     """
-    if deadline is None:
+    watch = comm is not None and _failfast.watching()
+    if deadline is None and not watch:
         request.Wait()
         return
     if request.Test():
@@ -43,7 +47,7 @@ def wait_request(request, deadline: float | None) -> None:
     test, now, yield_ = request.Test, _time.monotonic, _os.sched_yield
     while not test():
         t = now()
-        if t >= deadline:
+        if (deadline is not None and t >= deadline) or (watch and _failfast.departed_in(comm)):
             keep_alive(request)  # with the buffers mpi4py holds for it
             raise Expired
         if t - stall_start < _SPIN_SECONDS:
@@ -110,9 +114,10 @@ class TrackedRing(RequestRing):
     complete when the callback of its last request runs.
     """
 
-    def __init__(self, capacity: int, timeout: float | None):
+    def __init__(self, capacity: int, timeout: float | None, comm=None):
         super().__init__(capacity)
         self._timeout = timeout
+        self._comm = comm  # the requests' communicator: a rank of it that left ends the wait
 
     def push(self, request, on_complete=None, label: _abc.Sequence[str] = "") -> None:
         """Add ``request``; ``on_complete()`` runs when it is retired."""
@@ -127,7 +132,7 @@ class TrackedRing(RequestRing):
     def _retire_oldest(self) -> None:
         request, deadline, on_complete, _ = self._pending[0]
         try:
-            wait_request(request, deadline)
+            wait_request(request, deadline, self._comm)
         except Expired:
             # every one in flight may still write
             keep_alive(*(entry[0] for entry in self._pending))

@@ -128,13 +128,14 @@ class GradSync(Reusable):
                 self._op,
                 self._values["fusion_bytes"],
                 self._settings_error,
+                self._wire,
             )
         )
         report = SyncReport.of(
             manifest, rank=rank, size=size, transport="host" if size > 1 else "local"
         )
         # each collective its own timeout, as in the ring
-        deadline = Deadline(self._values["timeout"])
+        deadline = Deadline(self._values["timeout"], comm=self._user_comm)
         phase, ctx = "validation", None
         try:
             prepared, ctx = self._agree(manifest, prepared, deadline, report)
@@ -188,9 +189,7 @@ class GradSync(Reusable):
         keep_alive(prepared, self._comm)
         if self._transport is not None:
             self._transport.close(broken=True)
-        timeout = self._values["timeout"]
-        assert timeout is not None  # only a deadline expires
-        timed_out(self._user_comm, f"all-reduce {phase}", pending, timeout)
+        timed_out(self._user_comm, f"all-reduce {phase}", pending, self._values["timeout"])
 
     def _prepare(self, params, devices, manifest, ctx) -> _Prepared:
         reduced = ReduceSet(manifest, self._op, ctx.comm.size)
@@ -203,12 +202,13 @@ class GradSync(Reusable):
         return prepared
 
 
-def _reduce_manifest(params, devices, rank, size, op, fusion_bytes, settings_error):
+def _reduce_manifest(params, devices, rank, size, op, fusion_bytes, settings_error, wire):
     """The manifest of an all-reduce with ``op``: the bulk scan where it applies, else the general
     one with the reduction's own checks (dtype and op, writable replicas, shared memory)."""
     settings = {
         "op": op if isinstance(op, str) else repr(op),
         "fusion_bytes": fusion_bytes,
+        **wire,
     }
     manifest: BulkManifest | Manifest | None
     if not settings_error:

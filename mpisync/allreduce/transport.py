@@ -113,7 +113,7 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         """Reduce every step's buffer over the ranks (collective), then store it; counts the
         collectives into ``ctx.report``."""
         steps, spans, several = program.steps, program.spans, self.comm.size > 1
-        ring = self._ring = TrackedRing(ctx.capacity, ctx.deadline.timeout)
+        ring = self._ring = TrackedRing(ctx.capacity, ctx.deadline.timeout, self.comm)
         ctx.pending = ring.pending_labels
         op = _ops.mpi_op(self.op)
         fused = [step for step in steps if step.fused] if spans is not None else ()

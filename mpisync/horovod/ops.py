@@ -177,7 +177,9 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name=None, process_set
         if comm.rank == root_rank:
             try:
                 payload = b"o" + _objects.encode(obj)
-            except (TypeError, ValueError) as exc:  # root's failure travels instead: none waits
+            # whatever fails (a meta tensor, a sparse one, a user's type), root's failure travels
+            # instead of its object: no rank waits
+            except Exception as exc:  # noqa: BLE001
                 payload = b"e" + f"rank {root_rank}: cannot send {exc}".encode()
         data = _broadcast_bytes(comm, payload, root_rank, call)
         if data[:1] == b"e":
@@ -196,7 +198,7 @@ def allgather_object(obj: Any, name=None, process_set=None) -> list:
     def exchange(comm, call):
         try:
             payload = b"o" + _objects.encode(obj)
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever it is, every rank learns it
             payload = b"e" + f"rank {comm.rank}: cannot send {exc}".encode()
         parts = allgather_bytes(comm, payload, call)
         errors = [p[1:].decode() for p in parts if p[:1] == b"e"]

@@ -10,6 +10,7 @@ the offending rank(s) and parameter(s). Nothing received is ever unpickled.
 from __future__ import annotations
 
 import array as _array
+import hashlib as _hashlib
 import json as _json
 import struct as _struct
 
@@ -22,6 +23,7 @@ __all__ = [
     "all_equal",
     "allgather_bytes",
     "agree",
+    "agree_settings",
     "diagnose",
     "max_and_min",
     "merge_ranks",
@@ -85,6 +87,22 @@ def agree(comm, manifest, call, layout: bytes = bytes(8), fresh: bool = False) -
         return high[3] == low[3], bool(high[4])
     docs = [_json.loads(raw) for raw in allgather_bytes(comm, manifest.encode(), call)]
     raise diagnose(docs)
+
+
+def agree_settings(comm, settings: dict, call, error=ManifestMismatchError) -> None:
+    """Raise ``error`` on every rank of ``comm`` unless every rank passed equal ``settings`` (a
+    JSON-safe dict): one all-reduce of a digest, and only on a difference the settings
+    themselves, to name each differing setting and the ranks of each value."""
+    encoded = _json.dumps(settings, sort_keys=True).encode()
+    digest = _hashlib.blake2b(encoded, digest_size=16).digest()
+    _, equal = all_equal(comm, _struct.unpack("=2q", digest), call)
+    if equal:
+        return
+    docs = [{"settings": _json.loads(raw)} for raw in allgather_bytes(comm, encoded, call)]
+    raise error(
+        "mpisync: ranks disagree on settings that change what travels or how it is checked "
+        f"(each must be the same on every rank): {_limited(_settings_differences(docs))}"
+    )
 
 
 def rank_list(ranks) -> str:

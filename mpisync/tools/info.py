@@ -61,6 +61,7 @@ def collect_info() -> dict:
             for name, near in _config.unknown_settings()
         ],
         "timeout_aborts": _config.abort_on_timeout(),
+        "fail_fast": _fail_fast_line(),
         "shared_memory": _shared_memory_line(),
         "cross_memory": _cross_memory_line(),
         "speedups": _speedups_line(),
@@ -88,6 +89,18 @@ def _defaults() -> dict:
                 "raw": _os.environ.get(env, ""),
             }
     return out
+
+
+def _fail_fast_line() -> str:
+    if not _config.env_switch("MPISYNC_FAIL_FAST", True):
+        return (
+            "off (MPISYNC_FAIL_FAST=0): one rank's uncaught exception or exit leaves the others "
+            "to their timeout"
+        )
+    return (
+        "on (MPISYNC_FAIL_FAST=0 turns it off): under a launcher, an uncaught exception on any "
+        "rank aborts the job, and a rank that exits ends the others' waits on it"
+    )
 
 
 def _switch_line(enabled, on: str, off: str, unavailable: str) -> str:

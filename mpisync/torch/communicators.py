@@ -32,7 +32,10 @@ import numpy as _np
 from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired, wait_request
 from .._runtime.timeouts import abort_job, timed_out
+from ..config import wire_settings
 from ..errors import SyncTimeoutError
+from ..params.agreement import agree_settings
+from .errors import MismatchError
 
 __all__ = ["GroupTimeoutError", "duplicates", "members_communicator"]
 
@@ -45,22 +48,44 @@ class GroupTimeoutError(SyncTimeoutError, RuntimeError):
     """A process group was not created within its timeout (a member did not arrive)."""
 
 
-def _wait_all(requests: list, deadline: float | None) -> None:
+def _wait_all(requests: list, deadline: float | None, comm=None) -> None:
     for request in requests:
-        wait_request(request, deadline)
+        wait_request(request, deadline, comm)
 
 
 def duplicates(comm, count: int, timeout: float | None, what: str) -> list:
-    """``count`` duplicates of ``comm`` (``Idup``, posted together), within ``timeout`` seconds."""
-    made = [comm.Idup() for _ in range(count)]
+    """``count`` duplicates of ``comm`` (``Idup``, one after the other), within ``timeout``
+    seconds."""
+    deadline = None if timeout is None else _time.monotonic() + timeout
+    made: list = []
+    # One Idup in flight at a time: Open MPI 5's nonblocking context-id agreement fails now and
+    # then (MPI_ERR_INTERN from MPI_Test) with several on one communicator in flight at once.
+    for _ in range(count):
+        new, request = comm.Idup()
+        made.append(new)
+        try:
+            wait_request(request, deadline, comm)
+        except Expired:
+            keep_alive(new, request, *made)
+            timed_out(comm, f"creation of {what}", [what], timeout, call="init_process_group")
+    return made
+
+
+def agree_on_settings(comm, timeout: float | None, what: str) -> None:
+    """Every rank of ``comm`` has the same wire settings (:func:`mpisync.config.wire_settings`,
+    ``MPISYNC_TORCH_CHECK`` among them), or every rank raises the same
+    :class:`~mpisync.torch.errors.MismatchError` naming each setting and the ranks of each
+    value; within ``timeout`` seconds."""
     deadline = None if timeout is None else _time.monotonic() + timeout
     try:
-        _wait_all([request for _, request in made], deadline)
+        agree_settings(
+            comm,
+            wire_settings(torch=True),
+            lambda request: wait_request(request, deadline, comm),
+            MismatchError,
+        )
     except Expired:
-        keep_alive(*made)
-        assert timeout is not None
-        timed_out(comm, f"creation of {what}", [what], timeout, call="init_process_group")
-    return [new for new, _ in made]
+        timed_out(comm, f"settings agreement of {what}", [what], timeout, call="init_process_group")
 
 
 def members_communicator(parent, members: list, name: str, timeout: float | None):

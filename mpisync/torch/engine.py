@@ -47,6 +47,7 @@ import typing as _typing
 import torch
 from mpi4py import MPI
 
+from .._runtime.failfast import departed_in
 from .._runtime.keepalive import keep_alive
 from .driving import Driver
 from .entry import Entry, MpiCalls, settle
@@ -71,7 +72,7 @@ class Engine:
         self._post_lock = _threading.RLock()  # one poster at a time: the issue order
         self._queue: list = []  # collectives with steps left to post, oldest first
         self._ledger = Ledger(timeout)
-        mpi = MpiCalls() if mpi is None else mpi
+        mpi = MpiCalls(comm) if mpi is None else mpi
         self._driver = Driver(self, mpi, self._cond, _threading.Condition(lock), self._ledger)
         self.threaded = self._driver.threaded
         self._driver.start()
@@ -225,9 +226,12 @@ class Engine:
 
     # -- deadlines, failures, shutting down -------------------------------------------------------
     def overdue(self) -> None:
-        """Report a timeout if the oldest operation's deadline passed (called by the driver)."""
+        """Report a timeout if the oldest operation's deadline passed, or a rank of the group
+        ended its script while operations wait (called by the driver)."""
         with self._cond:
-            if not self._ledger.late() or self._ledger.broken is not None:
+            if self._ledger.broken is not None or not self._ledger.entries:
+                return
+            if not self._ledger.late() and not departed_in(self.comm):
                 return
             labels = self._ledger.labels()
         message = self._on_timeout(labels)  # aborts the job unless MPISYNC_TIMEOUT_ABORT=0

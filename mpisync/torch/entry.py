@@ -9,6 +9,8 @@ import time as _time
 import torch
 from mpi4py import MPI
 
+from .._runtime import failfast as _failfast
+
 __all__ = ["Entry", "MpiCalls", "settle"]
 
 # While a deadline is set (below MPI_THREAD_MULTIPLE, where the caller polls), spin this long
@@ -19,7 +21,11 @@ _SLEEP_SECONDS = 0.001
 
 class MpiCalls:
     """What the engine asks of MPI: one wait for any of several requests, and the wake request a
-    caller completes to interrupt that wait."""
+    caller completes to interrupt that wait. A rank of ``comm`` that ended its script ends a wait
+    as a deadline does (:mod:`mpisync._runtime.failfast`)."""
+
+    def __init__(self, comm=None):
+        self.comm = comm
 
     def threaded(self) -> bool:
         """Whether a worker thread may wait while callers post (``MPI_THREAD_MULTIPLE``)."""
@@ -31,14 +37,15 @@ class MpiCalls:
 
     def waitany(self, requests: list, deadline: float | None) -> tuple:
         """``(index, status, error)`` of one completed request; ``(-1, None, None)`` once
-        ``time.monotonic()`` passes ``deadline``. ``error``: the MPI error that request ended
-        with (``MPI.Waitany`` raises it; the request it belonged to is the one MPI set to
-        ``MPI.REQUEST_NULL``)."""
+        ``time.monotonic()`` passes ``deadline`` or a rank of ``comm`` has left. ``error``: the
+        MPI error that request ended with (``MPI.Waitany`` raises it; the request it belonged to
+        is the one MPI set to ``MPI.REQUEST_NULL``)."""
         status = MPI.Status()
+        watch = self.comm if self.comm is not None and _failfast.watching() else None
         try:
-            if deadline is None:
+            if deadline is None and watch is None:
                 return MPI.Request.Waitany(requests, status), status, None
-            return _poll(requests, status, deadline)
+            return _poll(requests, status, deadline, watch)
         except MPI.Exception as exc:
             for index, request in enumerate(requests):
                 if request == MPI.REQUEST_NULL:
@@ -46,14 +53,16 @@ class MpiCalls:
             raise
 
 
-def _poll(requests: list, status, deadline: float) -> tuple:
+def _poll(requests: list, status, deadline: float | None, watch) -> tuple:
     start = _time.monotonic()
     while True:
         index, done = MPI.Request.Testany(requests, status)
         if done and index != MPI.UNDEFINED:
             return index, status, None
         now = _time.monotonic()
-        if now >= deadline:
+        if (deadline is not None and now >= deadline) or (
+            watch is not None and _failfast.departed_in(watch)
+        ):
             return -1, None, None
         if now - start < _SPIN_SECONDS:
             _os.sched_yield()

@@ -20,12 +20,12 @@ import torch.distributed as dist
 from .. import config as _config
 from .._runtime.keepalive import keep_alive
 from .._runtime.timeouts import timed_out
-from ..errors import SyncTimeoutError
+from ..errors import PeerExitedError, SyncTimeoutError
 from . import movement, p2p, reductions
 from .checks import checked, checking
-from .communicators import duplicates
+from .communicators import agree_on_settings, duplicates
 from .engine import Engine
-from .errors import ArgumentError
+from .errors import ArgumentError, MismatchError
 from .op import Op, combined
 from .work import Work, joint
 
@@ -57,6 +57,12 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         elif p2p is None:
             p2p = duplicates(comm, 1, self._timeout, what)[0]
         self._comm, self._p2p, self._rank, self._size = comm, p2p, comm.rank, comm.size
+        try:
+            agree_on_settings(comm, self._timeout, "the process group")
+        except MismatchError:
+            comm.Free()
+            p2p.Free()
+            raise
         self._checking = checking()
         self._engine = Engine(comm, settings.max_concurrent.value, self._timeout, self._timed_out)
         self._on_shutdown = on_shutdown
@@ -122,9 +128,11 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         self._engine.abort("the process group was aborted")
 
     def _timed_out(self, labels: list) -> str:
-        assert self._timeout is not None  # the engine reports timeouts only when there is one
+        # the engine reports a timeout, or a rank of the group that ended its script
         try:
             timed_out(self._comm, "torch.distributed operation", labels, self._timeout)
+        except PeerExitedError as exc:
+            return str(exc)
         except SyncTimeoutError as exc:
             return f"{exc} The process group's timeout is {self._timeout:g} s."
         return "timed out"

@@ -22,6 +22,7 @@ import time as _time
 
 from mpi4py import MPI
 
+from .._runtime import failfast as _failfast
 from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired
 from ..params.fanout import copy_device
@@ -176,6 +177,7 @@ def run_device_steps(
     flight: _collections.deque = _collections.deque()
     upcoming = 0
     spin_start = _time.monotonic()
+    watch = _failfast.watching()  # a rank of comm that ended its script ends the wait too
     while upcoming < len(steps) or flight:
         progressed = False
         while upcoming < len(steps) and free:  # admit as many transfers as there are free slots
@@ -202,7 +204,7 @@ def run_device_steps(
             and i.deadline is not None
             and now > i.deadline
         ]
-        if expired:
+        if expired or (watch and _failfast.departed_in(comm)):
             _abandon(flight, slots)
             error = Expired()
             error.pending = [n for i in flight for n in i.step.label]

@@ -47,7 +47,7 @@ class MpiTransport(Transport[HostColumns, list]):
 
     def run(self, program, ctx: Context) -> None:
         comm, root, timeline = self.comm, self.root, ctx.timeline
-        ring = TrackedRing(ctx.capacity, ctx.deadline.timeout)
+        ring = TrackedRing(ctx.capacity, ctx.deadline.timeout, comm)
         ctx.pending = ring.pending_labels
         debug = logger.isEnabledFor(_logging.DEBUG)
         start = timeline.now()

@@ -34,6 +34,7 @@ import time as _time
 import numpy as _np
 from mpi4py import MPI
 
+from .._runtime import failfast as _failfast
 from .._runtime.ring import Expired
 from ..config import switch
 from ..params.columns import HostColumns
@@ -244,13 +245,14 @@ class NodeSegment:
         assert fd is not None  # every rank mapped the file
         return cls(fd, mapping, slots, slot_bytes, size, rank, root)
 
-    def run(self, chunks: list, deadline_after, timeline=None, log=None) -> None:
+    def run(self, chunks: list, deadline_after, timeline=None, log=None, comm=None) -> None:
         """Move ``chunks`` (this rank's side) through the slots; ``deadline_after()`` gives each
         wait's deadline.
 
         Raises :class:`~mpisync._runtime.ring.Expired` with ``.pending`` (the waiting
         chunk's names) when a wait outlives its deadline. ``timeline`` gets a
-        "pack" (root) or "unpack" span per chunk; ``log(k, chunk)`` is called first.
+        "pack" (root) or "unpack" span per chunk; ``log(k, chunk)`` is called first. A rank of
+        ``comm`` that ended its script ends a wait too (:mod:`mpisync._runtime.failfast`).
         """
         start, slots, words = self.next_id, self.slots, self._words
         arena = self.arena
@@ -269,6 +271,7 @@ class NodeSegment:
                         lambda need=need: min([words[a] for a in others]) >= need,
                         deadline_after(),
                         chunk.label,
+                        comm,
                     )
                 begin = timeline.now() if timeline is not None else 0
                 chunk.write(arena)
@@ -277,7 +280,7 @@ class NodeSegment:
             else:
                 ident = start + k + 1
                 if words[seq] != ident:
-                    _wait(lambda s=seq, i=ident: words[s] == i, deadline_after(), chunk.label)
+                    _wait(lambda s=seq, i=ident: words[s] == i, deadline_after(), chunk.label, comm)
                 begin = timeline.now() if timeline is not None else 0
                 chunk.read(arena)
                 words[mine] = ident  # released after the bytes were read
@@ -299,11 +302,12 @@ def _close(fd, mapping):
     return None, None
 
 
-def _wait(ready, deadline: float | None, label: tuple) -> None:
+def _wait(ready, deadline: float | None, label: tuple, comm=None) -> None:
     stall_start = _time.monotonic()
+    watch = comm is not None and _failfast.watching()
     while not ready():
         now = _time.monotonic()
-        if deadline is not None and now >= deadline:
+        if (deadline is not None and now >= deadline) or (watch and _failfast.departed_in(comm)):
             expired = Expired()
             expired.pending = list(label)
             raise expired

@@ -92,6 +92,7 @@ class SegmentTransport(Transport[HostColumns, list]):
             deadline.at,
             timeline.active,
             log if logger.isEnabledFor(_logging.DEBUG) else None,
+            self.comm,
         )
         self.clean = True
         timeline.span("broadcast", start, chunks=len(program), channel="shared memory")

@@ -546,7 +546,7 @@ def test_the_reduce_transport_runs_a_set_behind_the_transport_interface(comm, re
         return arrays[0] if replicas == 1 else arrays
 
     params = {name: replicas_of(name, *shape) for name, shape in shapes.items()}
-    manifest = _reduce_manifest(params, None, comm.rank, comm.size, "sum", 256, None)
+    manifest = _reduce_manifest(params, None, comm.rank, comm.size, "sum", 256, None, {})
     assert isinstance(manifest, BulkManifest) == (replicas == 1)
     dup = comm.Dup()
     transport = ReduceTransport(dup, "sum", 256)

@@ -341,3 +341,30 @@ def test_a_single_array_is_checked_against_devices(comm, devices, problem):
         lambda: mpisync.sync_params(params, comm, root=0, devices=devices),
         problem,
     )
+
+
+@pytest.mark.parametrize(
+    "setting", ["MPISYNC_SHARED_MEMORY", "MPISYNC_CROSS_MEMORY", "MPISYNC_SPEEDUPS"]
+)
+@pytest.mark.parametrize("call", ["sync_params", "allreduce"])
+def test_a_wire_setting_that_differs_between_ranks(comm, monkeypatch, setting, call):
+    """A setting that changes what travels (a transport, the loops) is agreed with the manifest:
+    one rank's other value is the same error on every rank, naming it, and nothing is written."""
+    need_ranks(comm, 2)
+    bad = last_rank(comm)
+    monkeypatch.setenv(setting, "0" if comm.rank == bad else "1")
+    params = _good(comm.rank)
+    before = _snapshot(params)
+    if call == "sync_params":
+        run = lambda: mpisync.sync_params(params, comm)  # noqa: E731
+    else:
+        run = lambda: mpisync.allreduce(params, comm)  # noqa: E731
+    raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        run,
+        "ranks disagree on sync settings",
+        f"{setting}: ",
+        f"rank {bad}=False",
+    )
+    _untouched(params, before)

@@ -136,6 +136,21 @@ def test_broadcast_object_never_pickles(started):
     )
 
 
+def test_broadcast_object_root_cannot_encode_a_meta_tensor(started):
+    # Encoding fails on root with an error that is no TypeError/ValueError (a meta tensor has no
+    # bytes): root's failure still travels in place of its object, and every rank raises it.
+    comm = started
+    root = last_rank(comm)
+    meta = torch.empty(3, device="meta")
+    message = raises_everywhere(
+        comm,
+        mpisync.InvalidParamError,
+        lambda: hvd.broadcast_object({"w": meta} if comm.rank == root else None, root_rank=root),
+        f"broadcast_object: rank {root}: cannot send",
+    )
+    assert "meta" in message.lower(), message
+
+
 def test_allgather(started):
     comm = started
     x = torch.arange(comm.rank + 1, dtype=torch.int64).reshape(-1, 1) * 10

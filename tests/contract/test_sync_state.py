@@ -360,3 +360,37 @@ def test_broadcast_optimizer_state_takes_horovods_forms(comm):
     assert opt.param_groups[0]["lr"] == expected
     with pytest.raises(mpisync.InvalidParamError, match="root_rank=1 and root=2 differ"):
         mpisync.broadcast_optimizer_state(opt, 1, root=2)
+
+
+class _Picky(dict):
+    """A mapping type whose constructor refuses on one rank only (a user's validating type)."""
+
+    refuse = False
+
+    def __init__(self, *args):
+        if _Picky.refuse and args:
+            raise ValueError("this rank's config refuses the rebuilt entries")
+        super().__init__(*args)
+
+
+def test_a_rebuild_that_fails_on_one_rank_is_the_same_error_everywhere_nothing_written(comm):
+    need_ranks(comm, 2)
+    bad = comm.size - 1
+    weights = values("w", comm.rank, (64,), "float32")
+    before = weights.copy()
+    tree = {"model": {"w": weights}, "config": _Picky([("lr", 0.1 * (comm.rank + 1))])}
+    _Picky.refuse = comm.rank == bad
+    try:
+        raises_everywhere(
+            comm,
+            mpisync.InvalidParamError,
+            lambda: mpisync.sync_state(tree, comm),
+            f"rank {bad}: cannot rebuild the tree with root's values: ValueError: this rank's "
+            "config refuses the rebuilt entries",
+        )
+    finally:
+        _Picky.refuse = False
+    assert same_bytes(weights, before), "an array was written though the sync was refused"
+    result = mpisync.sync_state(tree, comm)  # the same tree, every rank able: root's values
+    assert result["config"] == {"lr": 0.1} and type(result["config"]) is _Picky
+    assert same_bytes(weights, values("w", 0, (64,), "float32"))

@@ -62,10 +62,22 @@ def test_stalled_rank_times_out_with_pending_parameters_then_aborts(bounded_env,
     assert seconds < 3 + 45, f"abort took {seconds:.1f} s"
 
 
-def test_exception_between_syncs_is_caught_by_the_timeout(bounded_env):
-    # Plain python: the failing rank finalizes MPI on exit; the others wait in the next
-    # sync until the timeout reports it and aborts.
-    env = dict(bounded_env, FAULT_TIMEOUT="3")
+def test_exception_between_syncs_ends_the_job_at_once(bounded_env):
+    # Plain python, the default: the failing rank's uncaught exception aborts the job
+    # (mpisync._runtime.failfast); nobody waits out the 60 s timeout.
+    env = dict(bounded_env, FAULT_TIMEOUT="60")
+    proc, out, seconds = _run(env, "raise-between")
+    assert proc.returncode != 0, out
+    assert "RuntimeError: rank 1 failed between two syncs" in out
+    assert "mpisync: rank 1 of 3 ended with an uncaught RuntimeError; aborting the job" in out
+    assert "SyncTimeoutError" not in out and "finished" not in out, out
+    assert seconds < 30, f"took {seconds:.1f} s; the 60 s timeout should not have been needed"
+
+
+def test_exception_between_syncs_is_caught_by_the_timeout_with_fail_fast_off(bounded_env):
+    # MPISYNC_FAIL_FAST=0: the failing rank finalizes MPI on exit, and its exit note is off too;
+    # the others wait in the next sync until the timeout reports it and aborts.
+    env = dict(bounded_env, FAULT_TIMEOUT="3", MPISYNC_FAIL_FAST="0")
     proc, out, seconds = _run(env, "raise-between")
     assert proc.returncode != 0, out
     assert "RuntimeError: rank 1 failed between two syncs" in out

@@ -245,3 +245,27 @@ def test_the_coalescing_manager_and_batched_point_to_point(comm):
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     assert received.tolist() == [float(left)] * 2
+
+
+def test_group_creation_agrees_on_the_argument_check(comm, monkeypatch):
+    """``MPISYNC_TORCH_CHECK`` on some ranks only would pair one rank's check with another's
+    data: creating the group is the same error on every rank, naming the setting and ranks."""
+    need_ranks(comm, 2)
+    from mpisync.torch.process_group import ProcessGroupMPISync
+
+    bad = comm.size - 1
+    monkeypatch.setenv("MPISYNC_TORCH_CHECK", "0" if comm.rank == bad else "1")
+    raises_everywhere(
+        comm,
+        MismatchError,
+        lambda: ProcessGroupMPISync(comm, timeout=60),
+        "ranks disagree on settings that change what travels or how it is checked",
+        "MPISYNC_TORCH_CHECK: ",
+        f"rank {bad}=False",
+    )
+    monkeypatch.delenv("MPISYNC_TORCH_CHECK")
+    group = ProcessGroupMPISync(comm, timeout=60)  # agreed again: the group works
+    tensor = torch.ones(3)
+    group.allreduce([tensor]).wait()
+    assert tensor.tolist() == [float(comm.size)] * 3
+    group.shutdown()

@@ -162,12 +162,33 @@ def test_one_rank_without_shared_memory_makes_every_rank_use_mpi(comm, monkeypat
 
 
 @pytest.mark.mpi
-def test_a_setting_that_differs_between_ranks_counts_as_unset(comm, monkeypatch):
+def test_a_setting_that_differs_between_ranks_is_the_same_error_everywhere(comm, monkeypatch):
     if comm.size == 1:
         pytest.skip("no peers")
     monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0" if comm.rank == comm.size - 1 else "1")
     monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
     params = {n: [np.zeros(s, d)] for n, (s, d) in SHAPES.items()}  # "big": not a small set
+    with mpisync.ParamSync(comm) as syncer:
+        _fill(params, comm, 0)
+        before = {n: p[0].copy() for n, p in params.items()}
+        with pytest.raises(mpisync.ManifestMismatchError) as info:
+            syncer.sync(params)
+        assert "MPISYNC_SHARED_MEMORY: " in str(info.value), info.value
+        assert f"rank {comm.size - 1}=False" in str(info.value), info.value
+        for name, array in before.items():
+            assert same_bytes(params[name][0], array), f"{name} was written"
+
+
+@pytest.mark.mpi
+def test_a_rank_without_the_segment_makes_every_rank_use_mpi(comm, monkeypatch):
+    # Asked for everywhere, possible everywhere but on one rank: every rank keeps MPI.
+    if comm.size == 1:
+        pytest.skip("no peers")
+    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "1")
+    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
+    if comm.rank == comm.size - 1:
+        monkeypatch.setattr(intranode, "available", lambda: False)
+    params = {n: [np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
     with mpisync.ParamSync(comm) as syncer:
         _fill(params, comm, 0)
         assert syncer.sync(params).channel == "mpi"

@@ -1,5 +1,5 @@
-"""Unit tests of mpisync._runtime.timeouts: the abort that ends a timed-out job is itself
-bounded."""
+"""Unit tests of mpisync._runtime.abort: the abort that ends a timed-out (or failed) job is
+itself bounded."""
 
 import signal
 import subprocess
@@ -14,14 +14,14 @@ pytestmark = pytest.mark.launcher  # each starts a process of its own: the plain
 # MPICH with the fork launcher: the process must still end, killed by its own alarm.
 STUCK_ABORT = """
 import time
-import mpisync._runtime.timeouts as timeouts
+import mpisync._runtime.abort as abort
 
 class StuckAbort:
     def Abort(self, code):
         time.sleep(60)
 
-timeouts._ABORT_BOUND_SECONDS = 1
-timeouts.abort_job(StuckAbort())
+abort._ABORT_BOUND_SECONDS = 1
+abort.abort_job(StuckAbort())
 print("abort_job returned")
 """
 
@@ -43,10 +43,10 @@ def test_abort_job_ends_the_process_when_abort_does_not(bounded_env):
 def test_abort_job_leaves_a_handler_the_program_installed_alone(bounded_env):
     # A program that handles SIGALRM itself keeps its handler and its alarm: no bound is set.
     program = STUCK_ABORT.replace(
-        "timeouts.abort_job",
+        "abort.abort_job",
         "import signal\n"
         "signal.signal(signal.SIGALRM, lambda *a: print('own handler', flush=True))\n"
-        "signal.alarm(0)\ntimeouts.abort_job",
+        "signal.alarm(0)\nabort.abort_job",
     ).replace("time.sleep(60)", "time.sleep(3)")
     proc = subprocess.run(
         [sys.executable, "-c", program], env=bounded_env, capture_output=True, text=True, timeout=50
