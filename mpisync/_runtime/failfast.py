@@ -35,7 +35,7 @@ from .. import config as _config
 from .abort import abort_job
 from .keepalive import keep_alive
 
-__all__ = ["install", "installed", "watching", "departed_in", "describe_departure"]
+__all__ = ["install", "installed", "watching", "departed_in", "describe_departure", "Lookout"]
 
 SETTING = "MPISYNC_FAIL_FAST"
 #: Seconds between two looks at the departure notes while a wait is in progress.
@@ -124,6 +124,25 @@ def departed_in(comm) -> list[int]:
     return [
         rank for rank, world_rank in enumerate(_world_ranks(comm)) if world_rank in watch.departed
     ]
+
+
+class Lookout:
+    """One wait's look at the departure notes for ``comm``'s ranks: :meth:`gone` costs a
+    comparison until :data:`POLL_SECONDS` have passed (a wait's polling loop calls it between
+    two tests of its requests, and MPI progresses only inside those)."""
+
+    __slots__ = ("comm", "next_look")
+
+    def __init__(self, comm):
+        self.comm = comm if comm is not None and watching() else None
+        self.next_look = _time.monotonic() + POLL_SECONDS
+
+    def gone(self, now: float) -> bool:
+        """Whether a rank of ``comm`` has ended its script (``now``: ``time.monotonic()``)."""
+        if self.comm is None or now < self.next_look:
+            return False
+        self.next_look = now + POLL_SECONDS
+        return bool(departed_in(self.comm))
 
 
 def describe_departure(comm, gone: list[int]) -> str:

@@ -37,17 +37,17 @@ def wait_request(request, deadline: float | None, comm=None) -> None:
 
     ``deadline=None`` with nothing to watch waits inside MPI (``Wait``).
     """
-    watch = comm is not None and _failfast.watching()
-    if deadline is None and not watch:
+    if deadline is None and (comm is None or not _failfast.watching()):
         request.Wait()
         return
     if request.Test():
         return
+    lookout = _failfast.Lookout(comm)
     stall_start = _time.monotonic()
     test, now, yield_ = request.Test, _time.monotonic, _os.sched_yield
     while not test():
         t = now()
-        if (deadline is not None and t >= deadline) or (watch and _failfast.departed_in(comm)):
+        if (deadline is not None and t >= deadline) or lookout.gone(t):
             keep_alive(request)  # with the buffers mpi4py holds for it
             raise Expired
         if t - stall_start < _SPIN_SECONDS:

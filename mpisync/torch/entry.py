@@ -55,14 +55,13 @@ class MpiCalls:
 
 def _poll(requests: list, status, deadline: float | None, watch) -> tuple:
     start = _time.monotonic()
+    lookout = _failfast.Lookout(watch)
     while True:
         index, done = MPI.Request.Testany(requests, status)
         if done and index != MPI.UNDEFINED:
             return index, status, None
         now = _time.monotonic()
-        if (deadline is not None and now >= deadline) or (
-            watch is not None and _failfast.departed_in(watch)
-        ):
+        if (deadline is not None and now >= deadline) or lookout.gone(now):
             return -1, None, None
         if now - start < _SPIN_SECONDS:
             _os.sched_yield()

@@ -177,7 +177,7 @@ def run_device_steps(
     flight: _collections.deque = _collections.deque()
     upcoming = 0
     spin_start = _time.monotonic()
-    watch = _failfast.watching()  # a rank of comm that ended its script ends the wait too
+    lookout = _failfast.Lookout(comm)  # a rank of comm that ended its script ends the wait too
     while upcoming < len(steps) or flight:
         progressed = False
         while upcoming < len(steps) and free:  # admit as many transfers as there are free slots
@@ -204,7 +204,7 @@ def run_device_steps(
             and i.deadline is not None
             and now > i.deadline
         ]
-        if expired or (watch and _failfast.departed_in(comm)):
+        if expired or lookout.gone(now):
             _abandon(flight, slots)
             error = Expired()
             error.pending = [n for i in flight for n in i.step.label]

@@ -304,10 +304,10 @@ def _close(fd, mapping):
 
 def _wait(ready, deadline: float | None, label: tuple, comm=None) -> None:
     stall_start = _time.monotonic()
-    watch = comm is not None and _failfast.watching()
+    lookout = _failfast.Lookout(comm)
     while not ready():
         now = _time.monotonic()
-        if (deadline is not None and now >= deadline) or (watch and _failfast.departed_in(comm)):
+        if (deadline is not None and now >= deadline) or lookout.gone(now):
             expired = Expired()
             expired.pending = list(label)
             raise expired
