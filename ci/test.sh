@@ -42,6 +42,18 @@ MPISYNC_SPEEDUPS=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_py
 # The passes above ran with the C loops: fail if the optional extension was quietly not built here.
 python -c "import mpisync._runtime.speedups as s; assert s.enabled(), 'mpisync._speedups was not built'"
 
+if [ "${MPISYNC_SKIP_FRAMEWORKS:-0}" != 1 ]; then
+  # DeepSpeed, Lightning and Accelerate in a venv of their own, so they cannot change the one
+  # every other pass uses.
+  echo "== frameworks: FSDP2, DCP, DeepSpeed ZeRO, Lightning, Accelerate, DDP hooks on gloo and mpisync (ci/frameworks/run.py)"
+  frameworks=0
+  timeout 900 bash ci/setup.sh .venv-frameworks mpich frameworks || frameworks=$?
+  if [ "$frameworks" = 0 ]; then
+    timeout 1200 .venv-frameworks/bin/python ci/frameworks/run.py --out "$MPISYNC_TEST_LOGS/frameworks.md"
+  else
+    echo "== frameworks stage SKIPPED: its packages could not be installed (status $frameworks, above)"
+  fi
+fi
 if [ "${MPISYNC_SKIP_SLURM:-0}" != 1 ]; then
   echo "== Slurm: Debian's Slurm on this machine, 1 node then 2 slurmd's; the example batch scripts under sbatch --wait"
   slurm=0

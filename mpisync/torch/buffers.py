@@ -13,12 +13,23 @@ so a NaN wins on every rank with the same bytes, as numpy's and torch's
 
 from __future__ import annotations
 
+import threading as _threading
+
+import numpy as _np
 import torch
 from mpi4py import MPI
 
 from ..allreduce.ops import from_ordered, to_ordered
 
-__all__ = ["Reduction", "ReduceBuffer", "reduction", "reduce_problem", "in_place_array"]
+__all__ = [
+    "Reduction",
+    "ReduceBuffer",
+    "Scratch",
+    "SCRATCH",
+    "reduction",
+    "reduce_problem",
+    "in_place_array",
+]
 
 _HALF = (torch.float16, torch.bfloat16)
 # Dtypes MPI reduces as they are, in the tensor's own memory (numpy and MPI know them).
@@ -96,9 +107,10 @@ def in_place_array(tensor: torch.Tensor, red: Reduction):
     return tensor.detach().reshape(-1).numpy()
 
 
-def _host(tensor: torch.Tensor, wide: bool) -> torch.Tensor:
+def _host(tensor: torch.Tensor, wide: bool, stage: bool = False) -> torch.Tensor:
     """The CPU tensor MPI reduces for ``tensor``: itself when possible, else a host copy
-    (``float32`` for half precision; ``int64`` for integers when ``wide``)."""
+    (``float32`` for half precision; ``int64`` for integers when ``wide``; always a copy when
+    ``stage``)."""
     if wide and not (tensor.is_floating_point() or tensor.is_complex()):
         if tensor.dtype != torch.int64 or not tensor.is_cpu or not tensor.is_contiguous():
             return tensor.detach().to("cpu", torch.int64).contiguous()
@@ -106,19 +118,20 @@ def _host(tensor: torch.Tensor, wide: bool) -> torch.Tensor:
         return tensor.detach().to("cpu", torch.float32).contiguous()
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
         return tensor.detach().to("cpu").contiguous()
-    return tensor.detach()
+    return tensor.detach().clone() if stage else tensor.detach()
 
 
 class ReduceBuffer:
     """The host buffer of one reduced tensor: :meth:`start` gives the array MPI reduces (once the
     ranks agreed: it may rewrite the tensor's own memory), :meth:`finish` once MPI is done with
-    it (``write``: whether the result goes into the tensor)."""
+    it (``write``: whether the result goes into the tensor). ``stage``: reduce a copy even where
+    the tensor's own memory would do (it shares memory with another buffer of the operation)."""
 
     __slots__ = ("tensor", "host", "array", "red", "divisor", "ordered")
 
-    def __init__(self, tensor: torch.Tensor, red: Reduction, divisor: int = 0):
+    def __init__(self, tensor: torch.Tensor, red: Reduction, divisor: int = 0, stage=False):
         self.tensor, self.red, self.divisor = tensor, red, divisor if red.average else 0
-        self.host = _host(tensor, wide=red.average)
+        self.host = _host(tensor, wide=red.average, stage=stage)
         self.array = self.host.reshape(-1).numpy()
         self.ordered = red.ordered(self.host)
 
@@ -143,3 +156,34 @@ class ReduceBuffer:
         if write and host.data_ptr() != self.tensor.data_ptr():
             with torch.no_grad():
                 self.tensor.copy_(host)
+
+
+class Scratch:
+    """Receive buffers reused from one operation to the next: a fresh large buffer costs a page
+    fault on every page MPI first writes. At most ``limit`` bytes are kept for reuse."""
+
+    def __init__(self, limit: int = 256 << 20):
+        self._lock = _threading.Lock()
+        self._free: dict = {}  # (dtype, shape) -> arrays not in use
+        self._kept, self._limit = 0, limit
+
+    def take(self, like: _np.ndarray) -> _np.ndarray:
+        """An array shaped and typed as ``like`` (contents undefined)."""
+        with self._lock:
+            free = self._free.get((like.dtype, like.shape))
+            if free:
+                array = free.pop()
+                self._kept -= array.nbytes
+                return array
+        return _np.empty_like(like)
+
+    def give(self, array: _np.ndarray) -> None:
+        """Hand ``array`` back, once MPI is done with it."""
+        with self._lock:
+            if self._kept + array.nbytes <= self._limit:
+                self._free.setdefault((array.dtype, array.shape), []).append(array)
+                self._kept += array.nbytes
+
+
+#: The process's scratch buffers (every group's operations share them).
+SCRATCH = Scratch()

@@ -38,22 +38,29 @@ def checking() -> bool:
 def checked(comm, op: Op, rank: int):
     """``op``'s steps behind the argument check (a generator for the engine)."""
     words = [1 if op.problem else 0, kind_code(op.kind), *op.signature]
+    compared = len(words)
+    # every operation's last word, reduced with the rest but not compared (the same count of
+    # words on every rank, whatever each called): its MAX is 0 when every rank can run in place
+    words.append(0 if op.in_place else 1)
     send = _array.array("q", words)
     send.extend([~w for w in words])
     recv = _array.array("q", send)
     yield [comm.Iallreduce(send, recv, MPI.MAX)], False
-    if not _agreed(recv.tolist(), len(words)):
+    reduced = recv.tolist()
+    if not _agreed(reduced, len(words), compared):
         raise (yield from _diagnose(comm, op, rank))
+    op.everywhere = bool(op.in_place) and reduced[compared] == 0
     if op.cross is not None:
         yield from _check_cross(comm, op, rank)
     yield from op.body(comm)
 
 
-def _agreed(reduced: list, n: int) -> bool:
-    """Whether no rank flagged a problem and every word's maximum is its minimum."""
+def _agreed(reduced: list, n: int, compared: int) -> bool:
+    """Whether no rank flagged a problem and the maximum of each of the first ``compared`` of
+    the ``n`` words is its minimum."""
     if reduced[0]:
         return False
-    for i in range(1, n):
+    for i in range(1, compared):
         if reduced[i] != ~reduced[n + i]:
             return False
     return True

@@ -31,6 +31,9 @@
   timeout (an operation older than ``timeout``) is reported by ``on_timeout``,
   which aborts the job by default; otherwise every pending operation fails with
   its message. Requests that may still be in flight keep their buffers alive.
+- **Futures** are settled on settler threads where a worker drives
+  (:mod:`mpisync.torch.settling`): a future's callback may issue a collective and
+  wait for it (PowerSGD), which the driver's own thread could never complete.
 
 Below ``MPI_THREAD_MULTIPLE`` there is no worker: collectives complete on the
 calling thread before the call returns, point-to-point operations when waited
@@ -53,6 +56,7 @@ from .driving import Driver
 from .entry import Entry, MpiCalls, settle
 from .errors import AgreedError, CountError, OperationError, OperationTimeoutError
 from .ledger import Ledger
+from .settling import Settler
 
 __all__ = ["Engine", "Entry", "MpiCalls"]
 
@@ -75,6 +79,7 @@ class Engine:
         mpi = MpiCalls(comm) if mpi is None else mpi
         self._driver = Driver(self, mpi, self._cond, _threading.Condition(lock), self._ledger)
         self.threaded = self._driver.threaded
+        self._settler = Settler(settle) if self.threaded else None
         self._driver.start()
 
     # -- submitting and posting -------------------------------------------------------------------
@@ -184,8 +189,10 @@ class Engine:
                 return  # finished already (failed with the engine)
             self._cond.notify_all()  # its waiters
         future, freed = finished
-        if future is not None:
-            settle(entry, future)  # its callbacks run here
+        if future is not None and self._settler is not None:
+            self._settler.submit(entry, future)  # its callbacks may wait: not on this thread
+        elif future is not None:
+            settle(entry, future)  # no worker: the caller drives, its callbacks run here
         if freed:
             self._pump()  # room for the next collective
 

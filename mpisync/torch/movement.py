@@ -8,7 +8,8 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
-from .op import Op, dtype_code, flat_bytes, fold, host_bytes, joined, shape_text
+from .buffers import SCRATCH
+from .op import Op, dtype_code, flat_bytes, fold, host_bytes, joined, overlapping, shape_text
 
 __all__ = [
     "all_gather",
@@ -30,6 +31,13 @@ _SCATTER_TAG, _GATHER_TAG = 1, 2
 
 def _signature(tensors, *extra) -> list:
     return [fold(dtype_code(t.dtype) for t in tensors), fold(t.numel() for t in tensors), *extra]
+
+
+def _copied(array: _np.ndarray) -> _np.ndarray:
+    """``array``'s bytes in a scratch buffer (hand it back to ``SCRATCH`` once MPI is done)."""
+    copy = SCRATCH.take(array)
+    copy[...] = array
+    return copy
 
 
 def _root_problem(root: int, size: int) -> str | None:
@@ -108,6 +116,10 @@ def all_gather(size: int, output_lists, inputs) -> Op:
     sends = [host_bytes(t.contiguous())[0] for t in inputs]
     # outputs end to end in one tensor (its chunks) are received into in place
     direct = [joined(outputs) for outputs in output_lists]
+    if any(d is not None for d in direct) and overlapping(
+        [*inputs, *(d for d in direct if d is not None)]
+    ):
+        sends = [s.copy() for s in sends]  # an input among the outputs: MPI reads a copy
     recvs = [
         flat_bytes(d) if d is not None else _np.empty(s.nbytes * size, _np.uint8)
         for d, s in zip(direct, sends)
@@ -122,7 +134,7 @@ def all_gather(size: int, output_lists, inputs) -> Op:
     return Op("all_gather", _signature(inputs), describe, body, output_lists)
 
 
-def all_gather_into_tensor(size: int, output: torch.Tensor, input: torch.Tensor) -> Op:
+def all_gather_into_tensor(rank: int, size: int, output: torch.Tensor, input: torch.Tensor) -> Op:
     """Every rank's ``input`` end to end in ``output``."""
 
     def describe() -> str:
@@ -139,13 +151,34 @@ def all_gather_into_tensor(size: int, output: torch.Tensor, input: torch.Tensor)
         return Op("all_gather_into_tensor", signature, describe, None, output, problem)
     recv, back = host_bytes(output)
     send = host_bytes(input.contiguous())[0]
+    shared = bool(_np.may_share_memory(send, recv))
+    # FSDP's form: the input is this rank's block of the output
+    mine = shared and send.ctypes.data == recv.ctypes.data + send.nbytes * rank
 
     def body(comm):
-        yield [comm.Iallgather(send, recv)], True
+        source: object
+        copy = None
+        if op.everywhere:  # every rank's input is its block: MPI_IN_PLACE
+            source = MPI.IN_PLACE
+        elif shared:  # from a copy (MPI refuses aliased buffers), in a reused buffer
+            source = copy = _copied(send)
+        else:
+            source = send
+        yield [comm.Iallgather(source, recv)], True
+        if copy is not None:
+            SCRATCH.give(copy)
         if back is not None:
             back()
 
-    return Op("all_gather_into_tensor", signature, describe, body, output)
+    op = Op(
+        "all_gather_into_tensor",
+        signature,
+        describe,
+        body,
+        output,
+        in_place=mine,
+    )
+    return op
 
 
 def all_gather_coalesced(size: int, output_lists, inputs) -> Op:
@@ -311,19 +344,34 @@ def all_to_all_single(size: int, output, input, out_splits, in_splits) -> Op:
         return Op("all_to_all_single", signature, describe, None, output, problem, cross=cross)
     recv, back = host_bytes(output)
     send = host_bytes(input.contiguous())[0]
+    shared = bool(_np.may_share_memory(send, recv))
+    # the same tensor in and out with equal splits (torch allows it)
+    same = shared and equal and send.ctypes.data == recv.ctypes.data
     item = input.element_size()
 
     def body(comm):
+        source: object
+        copy = None
+        if op.everywhere:  # every rank passed one tensor: MPI_IN_PLACE
+            source = MPI.IN_PLACE
+        elif shared:  # from a copy (MPI refuses aliased buffers), in a reused buffer
+            source = copy = _copied(send)
+        else:
+            source = send
         if equal:
-            yield [comm.Ialltoall(send, recv)], True
+            yield [comm.Ialltoall(source, recv)], True
         else:
             send_counts = [r * row * item for r in rows_in]
             recv_counts = [r * out_row * item for r in rows_out]
-            yield [comm.Ialltoallv(_counted(send, send_counts), _counted(recv, recv_counts))], True
+            counted = _counted(source, send_counts)  # type: ignore[arg-type]
+            yield [comm.Ialltoallv(counted, _counted(recv, recv_counts))], True
+        if copy is not None:
+            SCRATCH.give(copy)
         if back is not None:
             back()
 
-    return Op("all_to_all_single", signature, describe, body, output, cross=cross)
+    op = Op("all_to_all_single", signature, describe, body, output, cross=cross, in_place=same)
+    return op
 
 
 def _equal_rows(tensor: torch.Tensor, size: int) -> list:

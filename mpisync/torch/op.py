@@ -85,7 +85,10 @@ class Op:
     counts differ by peer, ``cross``: ``(what this rank sends to each rank, what it expects from
     each)``, checked against the other ranks' before anything moves; and ``prepare``, a
     :class:`Once` the caller runs while the argument check is in flight (it must not write
-    the tensors: the check may still refuse the operation)."""
+    the tensors: the check may still refuse the operation). ``in_place``: whether this rank
+    could run it with ``MPI_IN_PLACE`` (``None``: the question does not arise); MPI wants that
+    on every rank or none, so the argument check sets ``everywhere`` (every rank could), which
+    the body reads; without the check it stays False."""
 
     __slots__ = (
         "kind",
@@ -98,6 +101,8 @@ class Op:
         "p2p",
         "cross",
         "prepare",
+        "in_place",
+        "everywhere",
     )
 
     def __init__(
@@ -112,11 +117,13 @@ class Op:
         p2p: bool = False,
         cross: tuple | None = None,
         prepare=None,
+        in_place: bool | None = None,
     ):
         self.kind, self.signature, self.describe = kind, tuple(signature), describe
         self.body, self.result, self.problem = body, result, problem
         self.label = label or kind
         self.p2p, self.cross, self.prepare = p2p, cross, prepare
+        self.in_place, self.everywhere = in_place, False
 
 
 class Once:
@@ -198,3 +205,24 @@ def joined(tensors: _typing.Sequence[torch.Tensor]) -> torch.Tensor | None:
         address += tensor.numel() * tensor.element_size()
     total = sum(t.numel() for t in tensors)
     return first.detach().as_strided((total,), (1,), first.storage_offset())
+
+
+def _span(tensor: torch.Tensor) -> tuple | None:
+    """``(device, first byte, one past the last byte)`` that ``tensor``'s elements may touch."""
+    if tensor.layout != torch.strided or tensor.numel() == 0:
+        return None
+    extent = 1 + sum((n - 1) * step for n, step in zip(tensor.shape, tensor.stride()))
+    start = tensor.data_ptr()
+    return str(tensor.device), start, start + extent * tensor.element_size()
+
+
+def overlapping(tensors: _typing.Iterable[torch.Tensor]) -> bool:
+    """Whether any two of ``tensors`` may share memory (one tensor twice, a view of another, an
+    input that is a slice of the output): MPI refuses such buffers, or reads what it writes."""
+    spans = sorted(s for s in map(_span, tensors) if s is not None)
+    reach: dict = {}
+    for device, start, end in spans:
+        if start < reach.get(device, start):
+            return True
+        reach[device] = max(end, reach.get(device, end))
+    return False

@@ -15,6 +15,7 @@ issue order.
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from .. import config as _config
@@ -98,6 +99,27 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         """The description torch gave the group (``group_desc``)."""
         return self._desc
 
+    # torch asks a group for its backend per device (dcp.async_save wants a CPU one; object
+    # collectives pick their device): this group is its own backend for every device it serves.
+    @property
+    def _device_types(self) -> list:
+        """The devices whose tensors this group's collectives take: CPU, and CUDA where torch
+        sees a GPU (the device path)."""
+        return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+
+    # torch types it as returning a Backend; the callers use what a group has too
+    def _get_backend(self, device) -> ProcessGroupMPISync:  # type: ignore[override]
+        """The backend serving ``device``'s tensors: this group itself."""
+        kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+        if kind not in ("cpu", "cuda"):
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
+
+    @property
+    def supports_splitting(self) -> bool:
+        """``split_group`` of this backend: no (``new_group`` makes subgroups)."""
+        return False
+
     def __repr__(self) -> str:
         return f"ProcessGroupMPISync(rank={self._rank}, size={self._size}, name={self._name!r})"
 
@@ -177,7 +199,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         """``all_gather_into_tensor``: every rank's ``input`` end to end in ``output``."""
-        return self._start(movement.all_gather_into_tensor(self._size, output, input))
+        return self._start(movement.all_gather_into_tensor(self._rank, self._size, output, input))
 
     _allgather_base = all_gather_single
 
@@ -188,7 +210,10 @@ class ProcessGroupMPISync(dist.ProcessGroup):
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         """:meth:`all_gather_single` of each pair, as one operation."""
-        ops = [movement.all_gather_into_tensor(self._size, o, i) for o, i in zip(outputs, inputs)]
+        ops = [
+            movement.all_gather_into_tensor(self._rank, self._size, o, i)
+            for o, i in zip(outputs, inputs)
+        ]
         return self._start(combined("all_gather_into_tensor", ops, list(outputs)))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced

@@ -7,8 +7,8 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
-from .buffers import ReduceBuffer, in_place_array, reduce_problem, reduction
-from .op import Once, Op, dtype_code, fold, joined, shape_text
+from .buffers import SCRATCH, ReduceBuffer, in_place_array, reduce_problem, reduction
+from .op import Once, Op, dtype_code, fold, joined, overlapping, shape_text
 
 __all__ = ["all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "sparse_all_reduce"]
 
@@ -39,22 +39,29 @@ def _signature(tensors, red, *extra) -> list:
     ]
 
 
-def all_reduce(size: int, tensors, opts, kind: str = "all_reduce") -> Op:
-    """Every tensor of ``tensors`` reduced over the ranks, in place (one ``Iallreduce`` each)."""
+def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", root=None) -> Op:
+    """Every tensor of ``tensors`` reduced over the ranks, in place (one ``Iallreduce`` each);
+    ``root``: the ``reduce`` that serves (its root is part of what the ranks agree on)."""
     tensors = list(tensors)
-    if any(t.layout == torch.sparse_coo for t in tensors):
+    if root is None and any(t.layout == torch.sparse_coo for t in tensors):
         return sparse_all_reduce(size, tensors, opts)
     red, problem, name = _prepare(tensors, opts)
 
     def describe() -> str:
-        return f"{shape_text(tensors)}, op {name}"
+        return f"{shape_text(tensors)}, op {name}" + (f", root {root}" if root is not None else "")
 
-    signature = _signature(tensors, red)
+    signature = _signature(tensors, red, *(() if root is None else (root,)))
+    if problem is None and root is not None and not 0 <= root < size:
+        problem = f"root {root} is not a rank of this group of {size}"
     if problem is not None:
         return Op(kind, signature, describe, None, tensors, problem)
     mpi_op = red.mpi_op
 
     def prepare() -> tuple:
+        if len(tensors) > 1 and overlapping(tensors):
+            # One tensor twice, or views that overlap: each reduced in its own copy, written back
+            # in order (as gloo's flattened buffer is).
+            return None, [ReduceBuffer(t, red, size, stage=True) for t in tensors]
         arrays = [in_place_array(t, red) for t in tensors]
         if all(a is not None for a in arrays):
             return arrays, []
@@ -74,35 +81,12 @@ def all_reduce(size: int, tensors, opts, kind: str = "all_reduce") -> Op:
 
 
 def reduce(rank: int, size: int, tensors, opts) -> Op:
-    """``tensors`` reduced over the ranks into ``opts.rootRank``'s (the others' stay as they
-    were)."""
-    tensors, root = list(tensors), opts.rootRank
-    red, problem, name = _prepare(tensors, opts)
-
-    def describe() -> str:
-        return f"{shape_text(tensors)}, op {name}, root {root}"
-
-    signature = _signature(tensors, red, root)
-    if problem is None and not 0 <= root < size:
-        problem = f"root {root} is not a rank of this group of {size}"
-    if problem is not None:
-        return Op("reduce", signature, describe, None, tensors, problem)
-    buffers = [ReduceBuffer(t, red, size) for t in tensors]
-    mpi_op, mine = red.mpi_op, rank == root
-
-    def body(comm):
-        # An all-reduce (the others' results into scratch buffers): MPICH's Ireduce of large
-        # messages took several times as long (docs/allreduce.md, the backend's bench rows).
-        arrays = [b.start() for b in buffers]
-        if mine:
-            yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
-        else:
-            scratch = [_np.empty_like(a) for a in arrays]
-            yield [comm.Iallreduce(a, s, mpi_op) for a, s in zip(arrays, scratch)], True
-        for b in buffers:
-            b.finish(write=mine)
-
-    return Op("reduce", signature, describe, body, tensors)
+    """``tensors`` reduced over the ranks into ``opts.rootRank``'s. The other ranks' tensors hold
+    the result too: torch leaves them unspecified (gloo leaves partial sums there), and an
+    in-place all-reduce costs what the all-reduce does, where the others' results into scratch
+    buffers cost 1.4-3x (a copy, and new pages on every call) and MPICH's Ireduce of large
+    messages several times that (docs/allreduce.md, the backend's bench rows)."""
+    return all_reduce(size, tensors, opts, "reduce", root=opts.rootRank)
 
 
 def reduce_scatter_tensor(size: int, output: torch.Tensor, input: torch.Tensor, opts) -> Op:
@@ -122,7 +106,20 @@ def reduce_scatter_tensor(size: int, output: torch.Tensor, input: torch.Tensor, 
         problem = f"input is {input.dtype}, output {output.dtype}"
     if problem is not None:
         return Op("reduce_scatter_tensor", signature, describe, None, output, problem)
-    send = ReduceBuffer(input, red)
+    shared = overlapping([input, output])
+    whole = in_place_array(input, red) if shared else None
+    if whole is not None and in_place_array(output, red) is not None and _is_block(output, input):
+        # FSDP's form, the output one block of the input: MPI reads the input where it is and
+        # writes a scratch block, copied into the output once MPI is done (a copy of 1/size of
+        # the bytes; MPI_IN_PLACE measured 1.35-1.55x the plain form, benchmarks/torch_aliased.py)
+        def into_block(comm):
+            scratch = SCRATCH.take(whole[: output.numel()])
+            yield [comm.Ireduce_scatter_block(whole, scratch, red.mpi_op)], True
+            output.detach().reshape(-1).numpy()[...] = scratch
+            SCRATCH.give(scratch)
+
+        return Op("reduce_scatter_tensor", signature, describe, into_block, output)
+    send = ReduceBuffer(input, red, stage=shared)  # any other overlap: a copy of the input
     result = ReduceBuffer(output, red, size)
 
     def body(comm):
@@ -132,6 +129,15 @@ def reduce_scatter_tensor(size: int, output: torch.Tensor, input: torch.Tensor, 
         result.finish()
 
     return Op("reduce_scatter_tensor", signature, describe, body, output)
+
+
+def _is_block(output: torch.Tensor, input: torch.Tensor) -> bool:
+    """Whether ``output`` is exactly one of ``input``'s blocks of ``output.numel()`` elements."""
+    nbytes = output.numel() * output.element_size()
+    offset = output.data_ptr() - input.data_ptr()
+    return (
+        nbytes > 0 and offset % nbytes == 0 and 0 <= offset < input.numel() * input.element_size()
+    )
 
 
 def reduce_scatter(rank: int, size: int, output: torch.Tensor, pieces, opts) -> Op:
@@ -152,7 +158,7 @@ def reduce_scatter(rank: int, size: int, output: torch.Tensor, pieces, opts) -> 
     flat = joined(pieces)  # the chunks of one tensor: no copy
     if flat is None:
         flat = torch.cat([p.detach().reshape(-1).to("cpu") for p in pieces])
-    send = ReduceBuffer(flat, red)
+    send = ReduceBuffer(flat, red, stage=overlapping([flat, output]))
     result = ReduceBuffer(output, red, size)
     equal = len(set(counts)) == 1
 

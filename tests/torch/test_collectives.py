@@ -33,7 +33,9 @@ def test_reduce_gather_scatter(comm):
     tensor = _rows(comm.rank, 3)
     dist.reduce(tensor, dst=root, op=dist.ReduceOp.SUM)
     total = sum(_rows(r, 3) for r in range(comm.size))
-    assert torch.equal(tensor, total if comm.rank == root else _rows(comm.rank, 3))
+    # torch leaves the other ranks' tensors unspecified (gloo: partial sums); mpisync's hold the
+    # result too (an in-place all-reduce: reduce costs what all_reduce does)
+    assert torch.equal(tensor, total)
     gathered = [torch.empty(3, dtype=torch.float64) for _ in range(comm.size)]
     dist.gather(_rows(comm.rank, 3), gathered if comm.rank == root else None, dst=root)
     if comm.rank == root:
@@ -116,8 +118,7 @@ def test_nan_wins_min_and_max_with_the_same_bytes_everywhere(comm, op, dtype):
     assert len(set(comm.allgather(_raw(tensor)))) == 1
     reduced = torch.tensor(mine, dtype=dtype)
     dist.reduce(reduced, dst=0, op=getattr(dist.ReduceOp, op))
-    expected = tensor if comm.rank == 0 else torch.tensor(mine, dtype=dtype)
-    assert _raw(reduced) == _raw(expected)  # the root's result; the others' input, unchanged
+    assert _raw(reduced) == _raw(tensor)  # the root's result (the others hold it too)
 
 
 def test_ranks_that_disagree_all_raise_the_same_error_and_nothing_is_written(comm):
@@ -269,3 +270,88 @@ def test_group_creation_agrees_on_the_argument_check(comm, monkeypatch):
     group.allreduce([tensor]).wait()
     assert tensor.tolist() == [float(comm.size)] * 3
     group.shutdown()
+
+
+def _blocks(size: int, n: int) -> torch.Tensor:
+    """Every rank's ``_rows`` end to end (what a gather of them holds)."""
+    return torch.cat([_rows(r, n) for r in range(size)])
+
+
+def test_in_place_all_gather_into_tensor_fsdp_form(comm):
+    """FSDP2's all-gather: the input is this rank's block of the output (MPI_IN_PLACE)."""
+    output = torch.zeros(3 * comm.size, dtype=torch.float64)
+    mine = output.chunk(comm.size)[comm.rank]
+    mine.copy_(_rows(comm.rank, 3))
+    dist.all_gather_into_tensor(output, mine)
+    assert torch.equal(output, _blocks(comm.size, 3))
+    # an input overlapping the output elsewhere than its own block: read from a copy
+    output = torch.zeros(3 * comm.size + 1, dtype=torch.float64)
+    source = output[1:4]
+    source.copy_(_rows(comm.rank, 3))
+    dist.all_gather_into_tensor(output[1:], source)
+    assert torch.equal(output[1:], _blocks(comm.size, 3))
+
+
+def test_in_place_all_gather_list_and_reduce_scatter_tensor(comm):
+    size, rank = comm.size, comm.rank
+    flat = torch.zeros(3 * size, dtype=torch.float64)
+    outputs = list(flat.chunk(size))
+    outputs[rank].copy_(_rows(rank, 3))
+    dist.all_gather(outputs, outputs[rank])
+    assert torch.equal(flat, _blocks(size, 3))
+    # FSDP's reduce-scatter: the output is this rank's block of the input
+    data = torch.arange(4 * size, dtype=torch.float64) + rank
+    expected = sum(torch.arange(4 * size, dtype=torch.float64) + r for r in range(size))
+    block = data.chunk(size)[rank]
+    dist.reduce_scatter_tensor(block, data)
+    assert torch.equal(block, expected.chunk(size)[rank])
+
+
+def test_all_to_all_single_with_one_tensor_in_and_out(comm):
+    size, rank = comm.size, comm.rank
+    tensor = torch.arange(2 * size, dtype=torch.float32) + 100 * rank
+    dist.all_to_all_single(tensor, tensor)
+    expected = torch.cat(
+        [
+            (torch.arange(2 * size, dtype=torch.float32) + 100 * r)[2 * rank : 2 * rank + 2]
+            for r in range(size)
+        ]
+    )
+    assert torch.equal(tensor, expected)
+
+
+def test_coalesced_all_reduce_with_a_tensor_twice_or_overlapping_views(comm):
+    """What gloo computes: each tensor reduced from the values at the call, written back in
+    order (one tensor twice: the sum once, not twice; the failure: 5 and 4 where 3 was due)."""
+    total = sum(range(1, comm.size + 1))
+    tensor = torch.full((5,), float(comm.rank + 1))
+    dist.all_reduce_coalesced([tensor, tensor])
+    assert tensor.tolist() == [float(total)] * 5
+    base = torch.full((6,), float(comm.rank + 1))
+    dist.all_reduce_coalesced([base[0:4], base[2:6]])
+    assert base.tolist() == [float(total)] * 6
+    ints = torch.full((4,), comm.rank + 1, dtype=torch.int64)
+    dist.all_reduce_coalesced([ints, ints[1:3]], op=dist.ReduceOp.MAX)
+    assert ints.tolist() == [comm.size] * 4
+
+
+def test_in_place_on_some_ranks_only(comm):
+    """MPI wants MPI_IN_PLACE on every rank or none: where only rank 0 passes aliased buffers,
+    every rank runs the plain form (rank 0 from a copy), and the results are the same."""
+    need_ranks(comm, 2)
+    size, rank, aliased = comm.size, comm.rank, comm.rank == 0
+    output = torch.zeros(3 * size, dtype=torch.float64)
+    source = output.chunk(size)[rank] if aliased else torch.empty(3, dtype=torch.float64)
+    source.copy_(_rows(rank, 3))
+    dist.all_gather_into_tensor(output, source)
+    assert torch.equal(output, _blocks(size, 3))
+    data = torch.arange(4 * size, dtype=torch.float64) + rank
+    expected = sum(torch.arange(4 * size, dtype=torch.float64) + r for r in range(size))
+    block = data.chunk(size)[rank] if aliased else torch.empty(4, dtype=torch.float64)
+    dist.reduce_scatter_tensor(block, data)
+    assert torch.equal(block, expected.chunk(size)[rank])
+    tensor = torch.arange(2 * size, dtype=torch.float32) + 100 * rank
+    out = tensor if aliased else torch.empty_like(tensor)
+    dist.all_to_all_single(out, tensor)
+    sent = [torch.arange(2 * size, dtype=torch.float32) + 100 * r for r in range(size)]
+    assert torch.equal(out, torch.cat([s[2 * rank : 2 * rank + 2] for s in sent]))

@@ -40,6 +40,7 @@ def _collective(call) -> None:
         seconds = time.monotonic() - start
         print(f"rank {comm.rank} raised {type(exc).__name__} after {seconds:.1f} s: {exc}")
         sys.stdout.flush()
+        time.sleep(0.5)  # the launcher forwards the line before this exit ends the job
         os._exit(3)  # the collective is still pending: MPI_Finalize could wait for it
     print(f"rank {comm.rank} finished", flush=True)
 
