@@ -12,12 +12,6 @@ for layer in net:
         fully_shard(layer)
 fully_shard(net)
 optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
-losses = []
-for x, y in common.batches():
-    loss = torch.nn.functional.mse_loss(net(x), y)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    losses.append(loss.item())
+losses = common.train(net, optimizer)
 common.report("fsdp2", [p.full_tensor() for p in net.parameters()], losses)
 common.finish()

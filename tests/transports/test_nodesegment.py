@@ -180,23 +180,6 @@ def test_a_setting_that_differs_between_ranks_is_the_same_error_everywhere(comm,
 
 
 @pytest.mark.mpi
-def test_a_rank_without_the_segment_makes_every_rank_use_mpi(comm, monkeypatch):
-    # Asked for everywhere, possible everywhere but on one rank: every rank keeps MPI.
-    if comm.size == 1:
-        pytest.skip("no peers")
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "1")
-    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
-    if comm.rank == comm.size - 1:
-        monkeypatch.setattr(intranode, "available", lambda: False)
-    params = {n: [np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
-    with mpisync.ParamSync(comm) as syncer:
-        _fill(params, comm, 0)
-        assert syncer.sync(params).channel == "mpi"
-        for name, (shape, dtype) in SHAPES.items():
-            assert same_bytes(params[name][0], values(f"{name}.0", 0, shape, dtype)), name
-
-
-@pytest.mark.mpi
 def test_a_segment_file_removed_during_set_up_fails_no_rank(comm, monkeypatch):
     # A cleaner removes root's file between its creation and the others opening it: every rank
     # learns it in the set-up's all-reduce and keeps MPI, within the sync, with root's bytes.
