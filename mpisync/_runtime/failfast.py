@@ -15,9 +15,13 @@ Under a launcher (``MPI.COMM_WORLD`` of more than one process), once mpisync is 
   :class:`~mpisync.errors.PeerExitedError` is raised). Ranks that are not waiting never look:
   a rank that finishes early while the others do other work is no error.
 
-``MPISYNC_FAIL_FAST=0`` turns both off. Departure notes are sent in worlds of up to
-:data:`MAX_NOTED_WORLD` processes (each rank sends one note to every other at exit); above that
-only the exception hook is installed.
+``MPISYNC_FAIL_FAST=0`` turns both off. Departure notes are sent only where the launcher says
+every rank is on this node (``MPI_LOCALNRANKS``: MPICH's and Intel MPI's mpiexec;
+``OMPI_COMM_WORLD_LOCAL_SIZE``: Open MPI's) and the world has at most :data:`MAX_NOTED_WORLD`
+processes (each rank sends one note to every other at exit). Across nodes the notes are off:
+with MPICH over UCX/TCP, messages posted at exit to ranks on other hosts kept the job from
+finalizing (3 hosts x 2 ranks, ci/multihost.sh); there only the exception hook is installed, and
+a rank that exits is reported by the others' timeout.
 """
 
 from __future__ import annotations
@@ -104,9 +108,18 @@ def install() -> None:
     _installed_pid = _os.getpid()
     _previous_hook = _sys.excepthook
     _sys.excepthook = _excepthook
-    if world.Get_size() <= MAX_NOTED_WORLD:
+    if world.Get_size() <= MAX_NOTED_WORLD and _one_node(world.Get_size()):
         _watch = _Watch(world)
         _atexit.register(_depart)
+
+
+def _one_node(size: int) -> bool:
+    """Whether the launcher says all ``size`` ranks run on this node."""
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        raw = _os.environ.get(name, "").strip()
+        if raw.isdigit():
+            return int(raw) == size
+    return False
 
 
 def departed_in(comm) -> list[int]:
