@@ -86,7 +86,12 @@ def _run_once(args, script: str, variant: str, ranks: int, backend: str, scratch
     lines = sorted(
         path.read_text().strip() for path in folder.glob("result-*.txt") if path.read_text()
     )
-    return code == 0 and len(lines) == ranks, lines, seconds, output, folder
+    complete = len(lines) == ranks
+    # gloo is the reference, not under test: once every rank wrote its result, a crash while
+    # its process ends (seen: "terminate called without an active exception" from gloo's
+    # threads at exit) does not fail the row; mpisync's run must also exit cleanly
+    ok = complete and (code == 0 or backend == "gloo")
+    return ok, lines, seconds, output, folder
 
 
 def _rounding(runs: dict, ranks: int) -> float | None:
