@@ -65,7 +65,6 @@ class _Watch:
         self.status = MPI.Status()
         self.request = world.Irecv(self.note, MPI.ANY_SOURCE, self.tag)
         self.departed: set[int] = set()
-        self.next_look = 0.0
 
     def poll(self, blocking: bool = False) -> None:
         """Collect the notes that arrived (skipped if another thread is collecting)."""
@@ -124,14 +123,12 @@ def _one_node(size: int) -> bool:
 
 def departed_in(comm) -> list[int]:
     """The ranks of ``comm`` (in ``comm``'s numbering) whose scripts have ended; ``[]`` when
-    none did or nobody watches. Looks at the notes at most every :data:`POLL_SECONDS`."""
+    none did or nobody watches. Polling loops call it through a :class:`Lookout`, which spaces
+    the looks :data:`POLL_SECONDS` apart."""
     watch = _watch
     if watch is None or comm is None or not installed():
         return []
-    now = _time.monotonic()
-    if now >= watch.next_look:
-        watch.next_look = now + POLL_SECONDS
-        watch.poll()
+    watch.poll()
     if not watch.departed:
         return []
     return [
