@@ -19,6 +19,7 @@ from .._runtime.launch import check_launch
 from .._runtime.ring import Expired, wait_request
 from ..errors import InvalidParamError
 from .communicators import GroupTimeoutError, duplicates, members_communicator
+from .mixed import other_backends
 from .process_group import ProcessGroupMPISync
 from .work import seconds
 
@@ -73,11 +74,12 @@ def _create(options, _backend_options) -> ProcessGroupMPISync:
             adopt=True,
             p2p=p2p,
             on_shutdown=lambda broken: _retire(parent, broken),
+            others=other_backends(options),
         )
     parent = _parent if _parent is not None else MPI.COMM_WORLD
     comm = members_communicator(parent, members, f"'{options.group_id}'", limit)
     _check_place(comm.rank, comm.size, options)
-    return ProcessGroupMPISync(comm, timeout=timeout, adopt=True)
+    return ProcessGroupMPISync(comm, timeout=timeout, adopt=True, others=other_backends(options))
 
 
 def _check_place(rank: int, size: int, options) -> None:
@@ -111,24 +113,33 @@ def init_process_group(comm=None, **kwargs) -> None:
     (nothing else rendezvouses). Other keyword arguments pass to
     ``torch.distributed.init_process_group``; ``timeout`` (a timedelta or seconds) bounds the
     group's creation and every operation on it (default ``MPISYNC_TIMEOUT``, else 300 s).
+    ``backend`` may be a mixed string such as ``"cpu:mpisync,cuda:nccl"``: the other backends
+    then rendezvous through a TCP store that rank 0 serves (its address sent through MPI).
 
     >>> mpisync.torch.init_process_group(timeout=60)   # doctest: +SKIP
     """
     global _base_comm, _timeout_override
     comm = MPI.COMM_WORLD if comm is None else comm
-    kwargs.pop("backend", None)
+    backend = str(kwargs.pop("backend", None) or BACKEND_NAME)
+    if BACKEND_NAME not in backend.lower():
+        raise InvalidParamError(
+            f"mpisync.torch.init_process_group makes an mpisync group; backend={backend!r} names "
+            "no mpisync part (use 'mpisync', or a mixed string such as 'cpu:mpisync,cuda:nccl')"
+        )
     if "rank" in kwargs or "world_size" in kwargs:
         raise InvalidParamError(
             "mpisync.torch.init_process_group takes rank and size from MPI; "
             "pass neither rank nor world_size"
         )
-    if "store" not in kwargs and "init_method" not in kwargs:
-        kwargs["store"] = dist.HashStore()
     _base_comm, _timeout_override = comm, seconds(kwargs.get("timeout"))
     if _timeout_override is not None:  # torch takes a timedelta only; seconds are accepted here
         kwargs["timeout"] = _datetime.timedelta(seconds=_timeout_override)
+    if "store" not in kwargs and "init_method" not in kwargs:
+        alone = backend.lower() == BACKEND_NAME
+        waited = kwargs.get("timeout", _default_pg_timeout)
+        kwargs["store"] = dist.HashStore() if alone else _mpi_rendezvous(waited, comm)[0]
     try:
-        dist.init_process_group(BACKEND_NAME, rank=comm.rank, world_size=comm.size, **kwargs)
+        dist.init_process_group(backend, rank=comm.rank, world_size=comm.size, **kwargs)
     finally:
         _timeout_override = None
 
@@ -148,14 +159,13 @@ def _env_with_mpi(original):
         if _given(url, "RANK") or _given(url, "WORLD_SIZE"):
             yield from original(url, timeout=timeout, **kwargs)
             return
-        yield _mpi_rendezvous(timeout)
+        yield _mpi_rendezvous(timeout, MPI.COMM_WORLD)
 
     handler.mpisync = True  # type: ignore[attr-defined]
     return handler
 
 
-def _mpi_rendezvous(timeout: _datetime.timedelta) -> tuple:
-    comm = MPI.COMM_WORLD
+def _mpi_rendezvous(timeout: _datetime.timedelta, comm) -> tuple:
     if comm.size == 1:
         return dist.HashStore(), 0, 1
     host = _os.environ.get("MASTER_ADDR") or _socket.gethostname()

@@ -27,16 +27,19 @@ from .checks import checked, checking
 from .communicators import agree_on_settings, duplicates
 from .engine import Engine
 from .errors import ArgumentError, MismatchError
+from .mixed import routed
 from .op import Op, combined
 from .work import Work, joint
 
 __all__ = ["ProcessGroupMPISync"]
 
 
+@routed
 class ProcessGroupMPISync(dist.ProcessGroup):
     """The ``"mpisync"`` backend over ``comm``: two duplicates of it (made within ``timeout``),
     one for the collectives, one for ``send``/``recv``; with ``adopt=True`` ``comm`` itself is
-    the first (and ``p2p``, if given, the second), freed with the group."""
+    the first (and ``p2p``, if given, the second), freed with the group. ``others`` (device type
+    -> torch backend, from a mixed backend string) serve their devices' tensors instead."""
 
     def __init__(
         self,
@@ -47,6 +50,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         adopt: bool = False,
         p2p=None,
         on_shutdown=None,
+        others: dict | None = None,
     ):
         # torch binds ProcessGroup(rank, size) too; its stubs list only (store, rank, size)
         super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
@@ -69,6 +73,9 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         self._on_shutdown = on_shutdown
         self._name, self._desc = "", ""
         self._coalesced: list | None = None  # entries since _start_coalescing
+        self._others = dict(others or {})
+        for kind, backend in self._others.items():  # torch's C++ callers ask the group too
+            self._register_backend(torch.device(kind), _backend_type(backend), backend)
 
     # -- identity (torch reads these through its ProcessGroup) ------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 (torch's names)
@@ -100,17 +107,23 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         return self._desc
 
     # torch asks a group for its backend per device (dcp.async_save wants a CPU one; object
-    # collectives pick their device): this group is its own backend for every device it serves.
+    # collectives pick their device): this group is its own backend for every device it serves,
+    # except those a mixed backend string gave to another backend.
     @property
     def _device_types(self) -> list:
-        """The devices whose tensors this group's collectives take: CPU, and CUDA where torch
-        sees a GPU (the device path)."""
-        return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+        """The devices whose tensors this group's collectives take: CPU, CUDA where torch sees a
+        GPU (the device path), and the devices of a mixed backend string's other backends."""
+        kinds = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        kinds += [kind for kind in self._others if kind not in kinds]
+        return [torch.device(kind) for kind in kinds]
 
     # torch types it as returning a Backend; the callers use what a group has too
-    def _get_backend(self, device) -> ProcessGroupMPISync:  # type: ignore[override]
-        """The backend serving ``device``'s tensors: this group itself."""
+    def _get_backend(self, device):
+        """The backend serving ``device``'s tensors: another backend where a mixed backend
+        string named one for that device, else this group itself."""
         kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+        if kind in self._others:
+            return self._others[kind]
         if kind not in ("cpu", "cuda"):
             raise RuntimeError(f"No backend type associated with device type {kind}")
         return self
@@ -143,6 +156,9 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         self._comm = self._p2p = None
         if self._on_shutdown is not None:
             self._on_shutdown(self._engine.broken)
+        for backend in self._others.values():
+            backend.shutdown()
+        self._others = {}
 
     def abort(self) -> None:
         """Fail every pending operation and refuse later ones; the job goes on (MPI cannot cancel
@@ -301,3 +317,8 @@ class ProcessGroupMPISync(dist.ProcessGroup):
     def monitored_barrier(self, opts=None, wait_all_ranks: bool = False):
         """Not provided by mpisync: raises at once, on every rank."""
         raise ArgumentError("mpisync: monitored_barrier is not supported by mpisync; use barrier")
+
+
+def _backend_type(backend) -> dist.ProcessGroup.BackendType:
+    kinds = {"gloo": "GLOO", "nccl": "NCCL"}
+    return getattr(dist.ProcessGroup.BackendType, kinds.get(backend.name(), "CUSTOM"))

@@ -1,0 +1,229 @@
+"""Mixed backend strings: ``"cpu:mpisync,cuda:nccl"``, as torch's documentation writes them.
+
+torch walks a group's ``device:backend`` pairs in order and stops at the first backend whose
+creator returns a whole ``ProcessGroup`` (a backend written in Python cannot be anything else:
+torch's ``Backend`` binding has no constructor a Python class can call). So the mpisync group
+creates the other pairs' backends itself, the way torch creates them (gloo, nccl, or another
+registered backend), registers them on itself, and hands each operation whose tensors are on such
+a device to that device's backend (:func:`routed`).
+
+The pairs are read from torch's own group creation (``_new_process_group_helper``'s
+``backend_config``), the one place they are known when the creator runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .errors import ArgumentError
+
+__all__ = ["other_backends", "routed"]
+
+_HELPER = "_new_process_group_helper"
+_TORCH_MODULE = "torch.distributed.distributed_c10d"
+_NAME = "mpisync"
+
+
+def _creation_frame():
+    """torch's group-creation frame that called the backend's creator, or None."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == _HELPER and frame.f_globals.get("__name__") == _TORCH_MODULE:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def other_backends(options) -> dict[str, Any]:
+    """The backends of the other ``device:backend`` pairs of the group being created (device type
+    -> torch ``Backend``), created as torch creates them; empty for a plain ``"mpisync"``."""
+    frame = _creation_frame()
+    if frame is None:
+        return {}
+    config = frame.f_locals.get("backend_config")
+    if config is None:
+        return {}
+    pairs = {device: str(name).lower() for device, name in config.get_device_backend_map().items()}
+    wanted = {device: name for device, name in pairs.items() if name != _NAME}
+    if not wanted:
+        return {}
+    made = frame.f_locals.get("pg")  # the pairs torch created before reaching mpisync's
+    store = options.store.underlying_store  # the group's store, under the "<device>/" prefixes
+    return {
+        device: _existing(made, device) or _create(name, device, store, options)
+        for device, name in wanted.items()
+    }
+
+
+def _existing(group, device: str):
+    if group is None:
+        return None
+    try:
+        return group._get_backend(torch.device(device))
+    except RuntimeError:
+        return None
+
+
+def _create(name: str, device: str, store, options):
+    from torch.distributed.distributed_c10d import Backend, _DistributedBackendOptions
+
+    prefixed = dist.PrefixStore(f"{device}/", store)
+    rank, size, timeout = options.group_rank, options.group_size, options.timeout
+    ranks, group = list(options.global_ranks_in_group or []), options.group_id
+    if name == Backend.GLOO:
+        backend = dist.ProcessGroupGloo(prefixed, rank, size, timeout=timeout)
+        backend.options.global_ranks_in_group = ranks
+        backend.options.group_name = group
+        backend._set_sequence_number_for_group()
+        return backend
+    if name == Backend.NCCL:
+        from torch.distributed import ProcessGroupNCCL
+
+        nccl_options = ProcessGroupNCCL.Options()
+        nccl_options.is_high_priority_stream = False
+        nccl_options._timeout = timeout
+        nccl_options.global_ranks_in_group = ranks
+        nccl_options.group_name = group
+        nccl = ProcessGroupNCCL(prefixed, rank, size, nccl_options)
+        nccl._set_sequence_number_for_group()
+        return nccl
+    plugin = Backend._plugins.get(name.upper())
+    if plugin is None:
+        raise ArgumentError(
+            f"mpisync: the backend string pairs {device!r} with {name!r}, which mpisync cannot "
+            "create beside its own group; use gloo, nccl or a registered backend"
+        )
+    if not plugin.extended_api:
+        return plugin.creator_fn(prefixed, rank, size, timeout)
+    given = _DistributedBackendOptions()
+    given.store, given.group_rank, given.group_size = prefixed, rank, size
+    given.timeout, given.group_id, given.global_ranks_in_group = timeout, group, ranks
+    return plugin.creator_fn(given, None)
+
+
+# -- routing: the group's method -> (the same operation on torch's Backend, or the single form
+# each pair goes through, as one work, where torch's Backend binding has no coalesced form)
+_ROUTES: dict[str, tuple[str | None, str | None]] = {
+    **{
+        name: (name, None)
+        for name in (
+            "allreduce",
+            "allreduce_coalesced",
+            "reduce",
+            "broadcast",
+            "allgather",
+            "allgather_coalesced",
+            "gather",
+            "scatter",
+            "reduce_scatter",
+            "alltoall",
+            "send",
+            "recv",
+            "recv_anysource",
+            "_allgather_base",
+            "_reduce_scatter_base",
+            "alltoall_base",
+        )
+    },
+    "all_gather_single": ("_allgather_base", None),
+    "reduce_scatter_single": ("_reduce_scatter_base", None),
+    "all_to_all_single": ("alltoall_base", None),
+    "all_gather_single_coalesced": (None, "_allgather_base"),
+    "allgather_into_tensor_coalesced": (None, "_allgather_base"),
+    "reduce_scatter_single_coalesced": (None, "_reduce_scatter_base"),
+    "reduce_scatter_tensor_coalesced": (None, "_reduce_scatter_base"),
+}
+
+
+def _first_tensor(value):
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _pairwise(backend, single: str, outputs, inputs, opts=None):
+    extra = () if opts is None else (opts,)
+    works = [getattr(backend, single)(out, inp, *extra) for out, inp in zip(outputs, inputs)]
+    return joined(works)
+
+
+def joined(works: list) -> dist._Work:
+    """One torch work that completes when every one of ``works`` has (torch's gloo works carry
+    no future to collect)."""
+    return _Joined(works)
+
+
+class _Joined(dist._Work):
+    def __init__(self, works: list):
+        super().__init__()
+        self._works = works
+
+    def wait(self, timeout=None) -> bool:
+        for work in self._works:
+            if timeout is None:
+                work.wait()
+            else:
+                work.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def is_success(self) -> bool:
+        return all(work.is_success() for work in self._works)
+
+    def exception(self):
+        return next((w.exception() for w in self._works if w.exception() is not None), None)
+
+    def result(self) -> list:
+        return [tensor for work in self._works for tensor in work.result()]
+
+
+def _forward(method, target: str | None, pairwise: str | None):
+    @functools.wraps(method)
+    def forward(self, *args, **kwargs):
+        others = self._others
+        if others:
+            tensor = _first_tensor(args[:2])
+            backend = others.get(tensor.device.type) if tensor is not None else None
+            if backend is not None:
+                if pairwise is not None:
+                    return _pairwise(backend, pairwise, *args, **kwargs)
+                return getattr(backend, target)(*args, **kwargs)  # type: ignore[arg-type]
+        return method(self, *args, **kwargs)
+
+    return forward
+
+
+def _coalescing(method):
+    # torch's Backend coalesces without a device argument (and refuses where it cannot, as it
+    # does in a group of its own)
+    @functools.wraps(method)
+    def forward(self, device):
+        backend = self._others.get(torch.device(device).type) if self._others else None
+        if backend is None:
+            return method(self, device)
+        return getattr(backend, method.__name__)()
+
+    return forward
+
+
+def routed(cls):
+    """Class decorator: each collective of ``cls`` goes to the backend of its tensors' device
+    when ``self._others`` holds one (a mixed backend string), else runs as written."""
+    for name, (target, single) in _ROUTES.items():
+        setattr(cls, name, _forward(getattr(cls, name), target, single))
+    for name in ("_start_coalescing", "_end_coalescing"):
+        setattr(cls, name, _coalescing(getattr(cls, name)))
+    return cls
