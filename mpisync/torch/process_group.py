@@ -27,6 +27,7 @@ from .checks import checked, checking
 from .communicators import agree_on_settings, duplicates
 from .engine import Engine
 from .errors import ArgumentError, MismatchError
+from .identity import Identity, backend_type
 from .mixed import routed
 from .op import Op, combined
 from .work import Work, joint
@@ -35,7 +36,7 @@ __all__ = ["ProcessGroupMPISync"]
 
 
 @routed
-class ProcessGroupMPISync(dist.ProcessGroup):
+class ProcessGroupMPISync(Identity, dist.ProcessGroup):
     """The ``"mpisync"`` backend over ``comm``: two duplicates of it (made within ``timeout``),
     one for the collectives, one for ``send``/``recv``; with ``adopt=True`` ``comm`` itself is
     the first (and ``p2p``, if given, the second), freed with the group. ``others`` (device type
@@ -75,66 +76,7 @@ class ProcessGroupMPISync(dist.ProcessGroup):
         self._coalesced: list | None = None  # entries since _start_coalescing
         self._others = dict(others or {})
         for kind, backend in self._others.items():  # torch's C++ callers ask the group too
-            self._register_backend(torch.device(kind), _backend_type(backend), backend)
-
-    # -- identity (torch reads these through its ProcessGroup) ------------------------------------
-    def getBackendName(self) -> str:  # noqa: N802 (torch's names)
-        """The backend's name, ``"mpisync"``."""
-        return "mpisync"
-
-    def getRank(self) -> int:  # noqa: N802
-        """This process's rank in the group."""
-        return self._rank
-
-    def getSize(self) -> int:  # noqa: N802
-        """The number of ranks in the group."""
-        return self._size
-
-    def setGroupName(self, name: str) -> None:  # noqa: N802
-        """Called by torch when it registers the group."""
-        self._name = name
-
-    def getGroupName(self) -> str:  # noqa: N802
-        """The name torch gave the group (``group_name``)."""
-        return self._name
-
-    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
-        """Called by torch when it registers the group."""
-        self._desc = desc
-
-    def getGroupDesc(self) -> str:  # noqa: N802
-        """The description torch gave the group (``group_desc``)."""
-        return self._desc
-
-    # torch asks a group for its backend per device (dcp.async_save wants a CPU one; object
-    # collectives pick their device): this group is its own backend for every device it serves,
-    # except those a mixed backend string gave to another backend.
-    @property
-    def _device_types(self) -> list:
-        """The devices whose tensors this group's collectives take: CPU, CUDA where torch sees a
-        GPU (the device path), and the devices of a mixed backend string's other backends."""
-        kinds = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-        kinds += [kind for kind in self._others if kind not in kinds]
-        return [torch.device(kind) for kind in kinds]
-
-    # torch types it as returning a Backend; the callers use what a group has too
-    def _get_backend(self, device):
-        """The backend serving ``device``'s tensors: another backend where a mixed backend
-        string named one for that device, else this group itself."""
-        kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-        if kind in self._others:
-            return self._others[kind]
-        if kind not in ("cpu", "cuda"):
-            raise RuntimeError(f"No backend type associated with device type {kind}")
-        return self
-
-    @property
-    def supports_splitting(self) -> bool:
-        """``split_group`` of this backend: no (``new_group`` makes subgroups)."""
-        return False
-
-    def __repr__(self) -> str:
-        return f"ProcessGroupMPISync(rank={self._rank}, size={self._size}, name={self._name!r})"
+            self._register_backend(torch.device(kind), backend_type(backend), backend)
 
     @property
     def threaded(self) -> bool:
@@ -317,8 +259,3 @@ class ProcessGroupMPISync(dist.ProcessGroup):
     def monitored_barrier(self, opts=None, wait_all_ranks: bool = False):
         """Not provided by mpisync: raises at once, on every rank."""
         raise ArgumentError("mpisync: monitored_barrier is not supported by mpisync; use barrier")
-
-
-def _backend_type(backend) -> dist.ProcessGroup.BackendType:
-    kinds = {"gloo": "GLOO", "nccl": "NCCL"}
-    return getattr(dist.ProcessGroup.BackendType, kinds.get(backend.name(), "CUSTOM"))
