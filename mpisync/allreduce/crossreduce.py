@@ -1,0 +1,151 @@
+"""The all-reduce of large tensors between the ranks of one node by cross-memory reads.
+
+Each rank owns one slice of every large step's buffer (rank ``r`` of ``n``: elements
+``[r*c//n, (r+1)*c//n)`` of ``c``). After a barrier, each rank reads its slice of every other
+rank's buffer straight from that rank's memory (``process_vm_readv``, a chunk at a time into a
+scratch that stays in cache) and combines the ranks' values, in rank order, into a result buffer
+of its own. Once every rank says it succeeded, each rank copies its result into its own slice and
+reads every other rank's result into the other slices. Every byte crosses between processes once
+(MPI's shared-memory path copies it in and out of a shared cell, twice), and the ranks share the
+work: each reduces ``1/n`` of the bytes.
+
+Who writes what: in the first phase a rank writes only its result buffer; in the second only its
+own buffers, reading the others' result buffers, which nobody writes before the next call's
+barrier. A read that fails or falls short on any rank (the two agreements tell every rank) is
+redone through MPI: after the first phase every buffer is still as it was loaded (an
+``Iallreduce``), after the second every rank's own slice holds the reduced values (an
+``Iallgatherv`` in place). The result is the same on every rank, bit for bit: each slice is
+combined once, by its owner, and copied.
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+from mpi4py import MPI
+
+from ..transports import cma as _cma
+from . import ops as _ops
+
+__all__ = ["CrossReduce", "MIN_BYTES"]
+
+#: The smallest step reduced by cross-memory reads: below, MPI's own path costs less than the
+#: three agreements (docs/allreduce.md).
+MIN_BYTES = 1 << 20
+# Bytes read from a peer per call into the scratch, then combined: the scratch stays in cache.
+_CHUNK = 256 << 10
+
+
+class CrossReduce:
+    """Cross-memory reads between every two ranks of ``comm``, checked reachable."""
+
+    def __init__(self, cross: _cma.CrossMemory):
+        self.cross = cross
+        self.pids = cross.pids
+
+    @classmethod
+    def open(cls, comm, call) -> CrossReduce | None:
+        """The reads, or None on every rank (ranks on several nodes, ``MPISYNC_CROSS_MEMORY=0``
+        anywhere, a pair that cannot reach each other). Collective."""
+        cross = _cma.CrossMemory.open(comm, 0, call, None, all_pairs=True)
+        return cls(cross) if cross is not None else None
+
+    def bind(self, comm, buffers: list, call) -> CrossProgram:
+        """The reads of one set of large step buffers (the same sizes, in the same order, on
+        every rank). Collective: one all-gather of addresses."""
+        return CrossProgram(self, comm, buffers, call)
+
+
+def _slices(count: int, size: int) -> list:
+    return [(k * count // size, (k + 1) * count // size) for k in range(size)]
+
+
+class CrossProgram:
+    """One rank's reads and combines for one set of buffers, bound to every rank's addresses."""
+
+    def __init__(self, reduce: CrossReduce, comm, buffers: list, call):
+        rank, size = comm.rank, comm.size
+        self.rank, self.size, self.buffers = rank, size, buffers
+        self.slices = [_slices(len(b), size) for b in buffers]
+        mine = [b[lo:hi] for b, (lo, hi) in zip(buffers, (s[rank] for s in self.slices))]
+        self.results = [_np.empty_like(part) for part in mine]
+        self._mine = mine
+        row = _np.array(
+            [(b.ctypes.data, r.ctypes.data) for b, r in zip(buffers, self.results)], _np.int64
+        ).reshape(len(buffers), 2)
+        table = _np.empty((size,) + row.shape, _np.int64)
+        call(comm.Iallgather(row, table))
+        self._scratch = _np.empty(2 * _CHUNK, _np.uint8)
+        self._first = self._first_phase(reduce.pids, table)
+        self._second = self._second_phase(reduce.pids, table)
+
+    def _first_phase(self, pids: list, table) -> list:
+        """Per buffer, per chunk of this rank's slice: its view in the result, and for every rank
+        in order, the batch reading that rank's values into a scratch half (None: this rank's
+        own values, read in place)."""
+        read, rank, scratch = _cma._CALLS[0], self.rank, self._scratch
+        plan = []
+        for index, (buffer, result) in enumerate(zip(self.buffers, self.results)):
+            itemsize, lo = buffer.itemsize, self.slices[index][rank][0]
+            step = max(1, _CHUNK // itemsize)
+            for start in range(0, len(result), step):
+                stop = min(len(result), start + step)
+                nbytes = (stop - start) * itemsize
+                sources: list = []
+                for peer in range(self.size):
+                    if peer == rank:
+                        sources.append((None, self._mine[index][start:stop]))
+                        continue
+                    half = scratch[(len(sources) % 2) * _CHUNK :][:nbytes]
+                    there = int(table[peer, index, 0]) + (lo + start) * itemsize
+                    batch = _cma._batches(read, pids[peer], [(half.ctypes.data, there, nbytes)])
+                    sources.append((batch, half.view(buffer.dtype)))
+                plan.append((result[start:stop], sources))
+        return plan
+
+    def _second_phase(self, pids: list, table) -> list:
+        """The batches reading every other rank's result into its slice of this rank's
+        buffers."""
+        read, batches = _cma._CALLS[0], []
+        for peer in range(self.size):
+            if peer == self.rank:
+                continue
+            pairs = []
+            for index, buffer in enumerate(self.buffers):
+                lo, hi = self.slices[index][peer]
+                if hi > lo:
+                    here = buffer.ctypes.data + lo * buffer.itemsize
+                    pairs.append((here, int(table[peer, index, 1]), (hi - lo) * buffer.itemsize))
+            batches += _cma._batches(read, pids[peer], pairs)
+        return batches
+
+    def combine(self, op: str) -> bool:
+        """The first phase: this rank's slice of every buffer combined over the ranks into its
+        result buffers; False when a read failed or fell short."""
+        combine, run = _ops.local_op(op), _cma.Copies.run_batches
+        with _np.errstate(all="ignore"):
+            for result, sources in self._first:
+                values = []
+                for batch, part in sources:
+                    if batch is not None and not run(batch):
+                        return False
+                    values.append(part)
+                    if len(values) == 2:
+                        combine(values[0], values[1], out=result)
+                        values = [result]
+                if len(values) == 1 and values[0] is not result:
+                    result[...] = values[0]
+        return True
+
+    def gather(self) -> bool:
+        """The second phase: this rank's results into its own slices, every other rank's read
+        into theirs; False when a read failed or fell short."""
+        for mine, result in zip(self._mine, self.results):
+            mine[...] = result
+        return _cma.Copies.run_batches(self._second)
+
+    def redo_gather(self, comm, call) -> None:
+        """After a failed second phase: every rank's reduced slice to every rank through MPI."""
+        for buffer, slices in zip(self.buffers, self.slices):
+            counts = [hi - lo for lo, hi in slices]
+            displs = [lo for lo, _ in slices]
+            call(comm.Iallgatherv(MPI.IN_PLACE, [buffer, (counts, displs)]))
