@@ -18,8 +18,8 @@ from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired, TrackedRing
 from ..plan.arena import Arena
 from ..transports.base import Context, Transport
-from ..transports.selection import MPI as MPI_NAME
 from ..transports.selection import CROSS, SHARED
+from ..transports.selection import MPI as MPI_NAME
 from . import ops as _ops
 from .crossreduce import MIN_BYTES, CrossProgram, CrossReduce
 from .plan import ReducePlan, fused_arena
