@@ -37,6 +37,12 @@ _IN_PLACE = frozenset(
     (torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 )
 _BITWISE = ("band", "bor", "bxor")
+# Dtypes MPI reduces, as they are or through a copy (half precision in float32); any other
+# (bool, the float8 types, complex32, the bits and uint1-7 types) is refused before anything is
+# posted.
+_REDUCIBLE = _IN_PLACE | frozenset(
+    (*_HALF, torch.complex64, torch.complex128, torch.uint16, torch.uint32, torch.uint64)
+)
 
 
 class Reduction:
@@ -88,7 +94,7 @@ def reduction(op) -> tuple:
 def reduce_problem(red: Reduction, tensors) -> str | None:
     """Why ``red`` cannot reduce one of ``tensors`` (found before anything is posted), or None."""
     for tensor in tensors:
-        if tensor.dtype == torch.bool:
+        if tensor.dtype not in _REDUCIBLE:
             return f"mpisync cannot reduce a {tensor.dtype} tensor"
         if red.name in _BITWISE and (tensor.is_floating_point() or tensor.is_complex()):
             return f"bitwise reductions need integer tensors, got {tensor.dtype}"

@@ -25,9 +25,12 @@ from mpi4py import MPI
 
 from ..config import env_switch
 from .errors import ArgumentError, MismatchError
-from .op import Op, kind_code
+from .op import Op, fold, kind_code
 
 __all__ = ["checking", "checked"]
+
+# Signature words compared for every operation (see :func:`_fixed`).
+_WIDTH = 6
 
 
 def checking() -> bool:
@@ -37,7 +40,7 @@ def checking() -> bool:
 
 def checked(comm, op: Op, rank: int):
     """``op``'s steps behind the argument check (a generator for the engine)."""
-    words = [1 if op.problem else 0, kind_code(op.kind), *op.signature]
+    words = [1 if op.problem else 0, kind_code(op.kind), *_fixed(op.signature)]
     compared = len(words)
     # every operation's last word, reduced with the rest but not compared (the same count of
     # words on every rank, whatever each called): its MAX is 0 when every rank can run in place
@@ -53,6 +56,16 @@ def checked(comm, op: Op, rank: int):
     if op.cross is not None:
         yield from _check_cross(comm, op, rank)
     yield from op.body(comm)
+
+
+def _fixed(signature) -> list:
+    """``signature`` as ``_WIDTH`` words (zeros after it; the words past the last but one folded
+    into the last): the check's all-reduce has the same count on every rank, whatever operation
+    each called (an operation refused on one rank has no signature)."""
+    words = list(signature)
+    if len(words) > _WIDTH:
+        words[_WIDTH - 1 :] = [fold(words[_WIDTH - 1 :])]
+    return words + [0] * (_WIDTH - len(words))
 
 
 def _agreed(reduced: list, n: int, compared: int) -> bool:

@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from .buffers import SCRATCH
 from .op import Op, dtype_code, flat_bytes, fold, host_bytes, joined, overlapping, shape_text
+from .refusals import refusing
 
 __all__ = [
     "all_gather",
@@ -78,6 +79,7 @@ def barrier() -> Op:
     return Op("barrier", [0, 0], lambda: "no tensors", body, [])
 
 
+@refusing("broadcast")
 def broadcast(size: int, tensors, opts) -> Op:
     """``opts.rootRank``'s ``tensors`` into every rank's (one ``Ibcast`` each)."""
     tensors, root = list(tensors), opts.rootRank
@@ -99,6 +101,7 @@ def broadcast(size: int, tensors, opts) -> Op:
     return Op("broadcast", _signature(tensors, root), describe, body, tensors)
 
 
+@refusing("all_gather")
 def all_gather(size: int, output_lists, inputs) -> Op:
     """Every rank's ``inputs[i]`` into ``output_lists[i][rank]``."""
     inputs, output_lists = list(inputs), [list(o) for o in output_lists]
@@ -134,6 +137,7 @@ def all_gather(size: int, output_lists, inputs) -> Op:
     return Op("all_gather", _signature(inputs), describe, body, output_lists)
 
 
+@refusing("all_gather_into_tensor")
 def all_gather_into_tensor(rank: int, size: int, output: torch.Tensor, input: torch.Tensor) -> Op:
     """Every rank's ``input`` end to end in ``output``."""
 
@@ -181,6 +185,7 @@ def all_gather_into_tensor(rank: int, size: int, output: torch.Tensor, input: to
     return op
 
 
+@refusing("all_gather_coalesced")
 def all_gather_coalesced(size: int, output_lists, inputs) -> Op:
     """Every rank's ``inputs[i]`` into ``output_lists[rank][i]`` (torch's layout)."""
     inputs, output_lists = list(inputs), [list(o) for o in output_lists]
@@ -210,6 +215,7 @@ def all_gather_coalesced(size: int, output_lists, inputs) -> Op:
     return Op("all_gather_coalesced", _signature(inputs), describe, body, output_lists)
 
 
+@refusing("gather")
 def gather(rank: int, size: int, outputs, inputs, opts) -> Op:
     """Every rank's ``inputs[0]`` into ``outputs[0][rank]`` on ``opts.rootRank``."""
     root, inputs = opts.rootRank, list(inputs)
@@ -249,6 +255,7 @@ def gather(rank: int, size: int, outputs, inputs, opts) -> Op:
     return Op("gather", _signature(inputs, root), describe, body, lists)
 
 
+@refusing("scatter")
 def scatter(rank: int, size: int, outputs, inputs, opts) -> Op:
     """``inputs[0][r]`` on ``opts.rootRank`` into rank ``r``'s ``outputs[0]``."""
     root, outputs = opts.rootRank, list(outputs)
@@ -284,6 +291,7 @@ def scatter(rank: int, size: int, outputs, inputs, opts) -> Op:
     return Op("scatter", _signature(outputs, root), describe, body, outputs)
 
 
+@refusing("all_to_all")
 def all_to_all(rank: int, size: int, outputs, inputs) -> Op:
     """``inputs[j]`` to rank ``j``; ``outputs[j]`` from rank ``j`` (sizes may differ by pair)."""
     outputs, inputs = list(outputs), list(inputs)
@@ -321,6 +329,7 @@ def _counted(buffer: _np.ndarray, counts: list) -> list:
     return [buffer, (counts, displs), MPI.BYTE]
 
 
+@refusing("all_to_all_single")
 def all_to_all_single(size: int, output, input, out_splits, in_splits) -> Op:
     """Rows of ``input`` to each rank and of ``output`` from each (dimension 0): equal blocks, or
     the split sizes given (missing ones: equal)."""
@@ -392,6 +401,6 @@ def _splits_problem(size, output, input, out_splits, in_splits, row, out_row) ->
     if row != out_row:
         return f"input rows of {row} elements, output rows of {out_row}"
     for name, splits, tensor in (("input", in_splits, input), ("output", out_splits, output)):
-        if splits and (len(splits) != size or sum(splits) != tensor.shape[0]):
+        if splits and (len(splits) != size or sum(splits) != tensor.shape[0] or min(splits) < 0):
             return f"{name} split sizes {splits} for {size} ranks and {tensor.shape[0]} rows"
     return None

@@ -7,8 +7,11 @@ from mpi4py import MPI
 
 from .errors import ArgumentError, CountError
 from .op import Op, host_bytes, shape_text
+from .refusals import tensor_problem
 
 __all__ = ["recv", "send"]
+
+_tag_bound: list = []  # MPI's largest tag, once asked
 
 
 def _peer_problem(what: str, peer: int, size: int) -> None:
@@ -16,9 +19,23 @@ def _peer_problem(what: str, peer: int, size: int) -> None:
         raise ArgumentError(f"mpisync: {what} rank {peer} is not a rank of this group of {size}")
 
 
+def _refuse(what: str, tensors, tag: int) -> None:
+    """Raise at once what MPI would refuse only once posted: a tag out of MPI's range (a negative
+    one is refused by gloo too), a tensor the backend cannot move. Both ends of a message pass
+    the same tag, so both refuse it."""
+    if not _tag_bound:
+        _tag_bound.append(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
+    if not 0 <= tag <= _tag_bound[0]:
+        raise ArgumentError(f"mpisync: {what}: tag {tag} is not in [0, {_tag_bound[0]}]")
+    problem = tensor_problem(tensors)
+    if problem is not None:
+        raise ArgumentError(f"mpisync: {what}: {problem}")
+
+
 def send(rank: int, size: int, tensors, dst: int, tag: int) -> Op:
     """``tensors`` (their bytes) to ``dst`` with ``tag``."""
     _peer_problem("destination", dst, size)
+    _refuse("send", tensors, tag)
     views = [host_bytes(t.contiguous())[0] for t in tensors]
 
     def body(comm):
@@ -33,6 +50,7 @@ def recv(rank: int, size: int, tensors, src: int | None, tag: int, source: list)
     with ``tag``. A message of another size than the tensor is a :class:`CountError`."""
     if src is not None:
         _peer_problem("source", src, size)
+    _refuse("recv", tensors, tag)
     targets = [host_bytes(t) for t in tensors]
     peer = MPI.ANY_SOURCE if src is None else src
     label = f"recv from {'any rank' if src is None else src} (tag {tag})"

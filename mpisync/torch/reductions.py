@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from .buffers import SCRATCH, ReduceBuffer, in_place_array, reduce_problem, reduction
 from .op import Once, Op, dtype_code, fold, joined, overlapping, shape_text
+from .refusals import refusing
 
 __all__ = ["all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "sparse_all_reduce"]
 
@@ -39,6 +40,7 @@ def _signature(tensors, red, *extra) -> list:
     ]
 
 
+@refusing("all_reduce", sparse=True)
 def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", root=None) -> Op:
     """Every tensor of ``tensors`` reduced over the ranks, in place (one ``Iallreduce`` each);
     ``root``: the ``reduce`` that serves (its root is part of what the ranks agree on)."""
@@ -80,6 +82,7 @@ def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", root=None) ->
     return Op(kind, signature, describe, body, tensors, prepare=ready)
 
 
+@refusing("reduce")
 def reduce(rank: int, size: int, tensors, opts) -> Op:
     """``tensors`` reduced over the ranks into ``opts.rootRank``'s. The other ranks' tensors hold
     the result too: torch leaves them unspecified (gloo leaves partial sums there), and an
@@ -89,6 +92,7 @@ def reduce(rank: int, size: int, tensors, opts) -> Op:
     return all_reduce(size, tensors, opts, "reduce", root=opts.rootRank)
 
 
+@refusing("reduce_scatter_tensor")
 def reduce_scatter_tensor(size: int, output: torch.Tensor, input: torch.Tensor, opts) -> Op:
     """``input`` reduced over the ranks; this rank keeps its ``output``-sized block."""
     red, problem, name = _prepare([input, output], opts)
@@ -140,6 +144,7 @@ def _is_block(output: torch.Tensor, input: torch.Tensor) -> bool:
     )
 
 
+@refusing("reduce_scatter")
 def reduce_scatter(rank: int, size: int, output: torch.Tensor, pieces, opts) -> Op:
     """``pieces[r]`` reduced over the ranks lands in rank ``r``'s ``output``; the pieces may
     differ in size (``Ireduce_scatter`` with counts), the same on every rank."""
@@ -184,6 +189,7 @@ def _pieces_problem(rank: int, size: int, output: torch.Tensor, pieces: list) ->
     return None
 
 
+@refusing("sparse_all_reduce", sparse=True)
 def sparse_all_reduce(size: int, tensors, opts) -> Op:
     """A sparse COO tensor summed over the ranks, as gloo does it: every rank's indices and values
     gathered, then coalesced (three collectives: counts, indices, values)."""
