@@ -170,6 +170,8 @@ def combined(kind: str, ops: _typing.Sequence[Op], result) -> Op:
     """One operation of several one-step operations (their requests posted together)."""
     ops = list(ops)
     problem = next((o.problem for o in ops if o.problem is not None), None)
+    if not ops:
+        problem = "no tensors given"
     signature = [fold(w for o in ops for w in o.signature), len(ops)]
 
     def describe() -> str:

@@ -132,6 +132,12 @@ CASES = {
         lambda bad, s: dist.group.WORLD.broadcast([ones(2)], _root(s if bad else 0)).wait(),
         "is not a rank of this group",
     ),
+    "reduce_scatter, no tensors (the group called directly)": (
+        lambda bad, s: dist.group.WORLD.reduce_scatter(
+            [] if bad else [ones(2)], [] if bad else [[ones(2) for _ in range(s)]]
+        ).wait(),
+        "no tensors given",
+    ),
 }
 
 
