@@ -1,9 +1,9 @@
 """``verify=True``: check with digests that every replica on every rank holds root's bytes.
 
 Each parameter's digest is XXH3-128 (the ``xxhash`` package) over its bytes: one pass over each
-buffer where it lies, no copy, at memory speed, with the GIL released. XXH3 is not cryptographic:
-it catches corruption (a changed byte, a torn or stale copy, two parameters' bytes swapped), not a
-peer that crafts a collision. What travels between ranks are fixed-size int64 words, never pickles.
+buffer where it lies, no copy, at memory speed. XXH3 is not cryptographic: it catches corruption
+(a changed byte, a torn or stale copy, two parameters' bytes swapped), not a peer that crafts a
+collision. What travels between ranks are fixed-size int64 words, never pickles.
 """
 
 from __future__ import annotations
