@@ -33,9 +33,8 @@ def table(results: dict) -> str:
     meta = results["meta"]
     ranks = meta["ranks"]
     lines = [
-        f"mpisync bench: {ranks} rank{'' if ranks == 1 else 's'} "
-        f"({meta.get('node_ranks', ranks)} on rank 0's node), root {meta['root']}, "
-        f"{meta['mpi_library']}",
+        f"mpisync bench: {ranks} rank{'' if ranks == 1 else 's'}, root {meta['root']}, "
+        f"{meta['mpi_library']}, {meta.get('node_ranks', ranks)} of the ranks on rank 0's node",
         f"Raw MPI rows: OSU's method (means per call). Every other table: the median over "
         f"{meta['iterations']} iterations (after {meta['warmup']} untimed) of the slowest rank's "
         f"time. Each table's columns are explained under it; how each figure is made: {DOCS}.",
