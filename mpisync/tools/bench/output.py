@@ -35,7 +35,8 @@ def table(results: dict) -> str:
     lines = [
         f"mpisync bench: {ranks} rank{'' if ranks == 1 else 's'}, root {meta['root']}, "
         f"{meta['mpi_library']}, {meta.get('node_ranks', ranks)} of the ranks on rank 0's node",
-        f"Raw MPI rows: OSU's method (means per call). Every other table: the median over "
+        "Raw MPI rows: OSU's method (means per call; OSU's own programs run at MPI thread level "
+        "single: MPI4PY_RC_THREAD_LEVEL=single to compare). Every other table: the median over "
         f"{meta['iterations']} iterations (after {meta['warmup']} untimed) of the slowest rank's "
         f"time. Each table's columns are explained under it; how each figure is made: {DOCS}.",
     ]
@@ -62,14 +63,15 @@ def _osu_lines(op: str, rows: list, meta: dict) -> list:
     bcast = op == "bcast"
     lines = [
         "",
-        f"{_OSU_NAMES[op]}: OSU's method, timed loop: {meta.get('osu_method', 'C loop')}",
+        f"{_OSU_NAMES[op]}: OSU's method, timed loop: {meta.get('osu_method', 'C loop')}, "
+        f"MPI thread level {meta.get('thread_level', '?')}",
         f"{'size':>10} {'iters':>6} {'min us':>10} {'avg us':>10} {'max us':>10} {'GB/s':>7}"
         + (f" {'Ibcast us':>10} {'overlap':>8}" if bcast else ""),
     ]
     for r in rows:
         line = (
             f"{_size(r['bytes']):>10} {r['iterations']:>6} {r['lat_min_us']:10.2f} "
-            f"{r['lat_avg_us']:10.2f} {r['lat_max_us']:10.2f} {r['gbps']:7.3g}"
+            f"{r['lat_avg_us']:10.2f} {r['lat_max_us']:10.2f} {r['gbps']:7.3f}"
         )
         if bcast and "ibcast_avg_us" in r:
             line += f" {r['ibcast_avg_us']:10.2f} {r['overlap_pct']:7.1f}%"
