@@ -27,8 +27,8 @@ OPERATIONS = ("bcast", "allreduce", "reduce", "allgather")
 
 def _launch(ranks: int, cmd: list, env: dict) -> str:
     full = ["mpiexec", "-n", str(ranks), *cmd]
-    env = dict(env, MPIEXEC_TIMEOUT=env.get("MPIEXEC_TIMEOUT", "300"))
-    proc = subprocess.run(full, env=env, capture_output=True, text=True, timeout=330)
+    env = dict(env, MPIEXEC_TIMEOUT=env.get("MPIEXEC_TIMEOUT", "600"))
+    proc = subprocess.run(full, env=env, capture_output=True, text=True, timeout=630)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(full)} failed:\n{proc.stdout}{proc.stderr}")
     return proc.stdout
@@ -49,7 +49,8 @@ def ours(op: str, ranks: int, max_bytes: int, thread_level: str | None) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "osu.json")
         cmd = [sys.executable, "-m", "mpisync", "bench", "--no-progress", "--no-sweep"]
-        cmd += ["--workloads=", "--osu-ops", op, "--osu-max", str(max_bytes), "--json", path]
+        cmd += ["--workloads=", "--osu-ops", op, "--osu-max", str(max_bytes), "--no-ibcast"]
+        cmd += ["--json", path]
         _launch(ranks, cmd, env)
         with open(path) as f:
             results = json.load(f)

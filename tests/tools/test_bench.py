@@ -105,6 +105,7 @@ def _report(comm):
             "64",
             "--osu-scale",
             "0.01",
+            "--no-ibcast",
             "--workloads",
             "many-small",
             "--iterations",
@@ -131,6 +132,7 @@ def test_every_table_says_what_its_columns_mean(comm):
     results = _report(comm)
     text = output.table(results)
     assert "ideal" not in text and "gloo DDP" not in text
+    assert "Ibcast" not in text and "overlap_pct" not in results["osu"]["bcast"][0]  # --no-ibcast
     assert "OSU's method (means per call)" in text and "median over 2 iterations" in text
     tables = _tables(text)
     assert len(tables) == 4 + 1 + 1 + 1  # 4 raw MPI rows, the workload, its sweep, grads

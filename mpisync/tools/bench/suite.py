@@ -110,6 +110,12 @@ def parser() -> _argparse.ArgumentParser:
     )
     p.add_argument("--no-osu", action="store_true", help="skip the raw MPI rows")
     p.add_argument(
+        "--no-ibcast",
+        action="store_true",
+        help="no Ibcast and overlap columns in the Bcast rows (not part of osu_bcast; timed "
+        "from Python)",
+    )
+    p.add_argument(
         "--no-sweep", action="store_true", help="skip the max_concurrent / fusion_bytes sweeps"
     )
     p.add_argument("--sweep-workloads", default="resnet50,many-small")
@@ -345,7 +351,9 @@ def run(comm, args) -> dict:
         step = lambda o=op: progress.step(f"osu {o}")  # noqa: E731
         kwargs = {"scale": opt["osu_scale"], "root": args.root, "progress": step}
         if op == "bcast":
-            results["osu"][op] = _osu.bcast_sweep(comm, osu_sizes, **kwargs)
+            results["osu"][op] = _osu.bcast_sweep(
+                comm, osu_sizes, overlap=not args.no_ibcast, **kwargs
+            )
         else:
             results["osu"][op] = _osu.sweep(comm, op, osu_sizes, **kwargs)
     for name in names:
