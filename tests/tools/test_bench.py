@@ -132,8 +132,10 @@ def test_every_table_says_what_its_columns_mean(comm):
     results = _report(comm)
     text = output.table(results)
     assert "ideal" not in text and "gloo DDP" not in text
-    assert "Ibcast" not in text and "overlap_pct" not in results["osu"]["bcast"][0]  # --no-ibcast
-    assert "OSU's method (means per call)" in text and "median over 2 iterations" in text
+    assert (
+        "Ibcast us" not in text and "overlap_pct" not in results["osu"]["bcast"][0]
+    )  # --no-ibcast
+    assert "OSU's method (means per call;" in text and "median over 2 iterations" in text
     tables = _tables(text)
     assert len(tables) == 4 + 1 + 1 + 1  # 4 raw MPI rows, the workload, its sweep, grads
     for lines in tables:

@@ -60,7 +60,7 @@ def table(results: dict) -> str:
 
 
 def _osu_lines(op: str, rows: list, meta: dict) -> list:
-    bcast = op == "bcast"
+    bcast = bool(rows) and "ibcast_avg_us" in rows[0]  # the Ibcast columns (not --no-ibcast)
     lines = [
         "",
         f"{_OSU_NAMES[op]}: OSU's method, timed loop: {meta.get('osu_method', 'C loop')}, "
@@ -73,7 +73,7 @@ def _osu_lines(op: str, rows: list, meta: dict) -> list:
             f"{_size(r['bytes']):>10} {r['iterations']:>6} {r['lat_min_us']:10.2f} "
             f"{r['lat_avg_us']:10.2f} {r['lat_max_us']:10.2f} {r['gbps']:7.3f}"
         )
-        if bcast and "ibcast_avg_us" in r:
+        if bcast:
             line += f" {r['ibcast_avg_us']:10.2f} {r['overlap_pct']:7.1f}%"
         lines.append(line)
     lines.append(
