@@ -93,7 +93,7 @@ def parser() -> _argparse.ArgumentParser:
         "--quick",
         action="store_true",
         help="a short run: 2 workloads, 5 iterations, raw MPI rows to 1 MiB at 5%% of OSU's "
-        "iteration counts (40 s at 2 ranks on a 2-core VM; the full run takes minutes)",
+        "iteration counts (20-40 s at 2 ranks on a shared 2-core VM; the full run: minutes)",
     )
     p.add_argument("--workloads", help=f"comma-separated, from {', '.join(WORKLOADS)}")
     p.add_argument("--iterations", type=int, help="timed iterations per measurement")
