@@ -10,6 +10,7 @@ first, and the extension is always compiled afresh or left out.
 
 import os
 import shutil
+import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -39,6 +40,24 @@ class FreshBuildExt(build_ext):
         super().build_extension(ext)
 
 
+def _bench_loop() -> list:
+    """The bench's OSU loop, where an MPI wheel put mpi.h and libmpi in this environment."""
+    include, lib = os.path.join(sys.prefix, "include"), os.path.join(sys.prefix, "lib")
+    if not os.path.exists(os.path.join(include, "mpi.h")):
+        return []
+    return [
+        Extension(
+            "mpisync.tools.bench._osuloop",
+            ["mpisync/tools/bench/_osuloop.c"],
+            include_dirs=[include],
+            library_dirs=[lib],
+            runtime_library_dirs=[lib],
+            libraries=["mpi"],
+            optional=True,
+        )
+    ]
+
+
 def _extensions() -> list:
     """The C loops, built against numpy's headers; none where numpy is not importable here."""
     try:
@@ -52,7 +71,7 @@ def _extensions() -> list:
             include_dirs=[numpy.get_include()],
             optional=True,
         )
-    ]
+    ] + _bench_loop()
 
 
 setup(

@@ -62,7 +62,10 @@ def _device_compile() -> float:
     times = []
     for _ in range(31):
         params = {
-            f"t{i:04d}": [Dev(np.zeros(100, np.float32), 0), Dev(np.zeros(100, np.float32), 1)]
+            f"t{i:04d}": [
+                Dev(np.full(100, 0.0, np.float32), 0),
+                Dev(np.full(100, 0.0, np.float32), 1),
+            ]
             for i in range(5000)
         }
         manifest = build_manifest(params, rank=1, size=2, root=0)

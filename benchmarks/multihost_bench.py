@@ -8,7 +8,7 @@ Per workload, timed interleaved (each iteration runs every strategy once, in a s
 that is the same on every rank; a barrier before each run; a sample is the slowest rank's time):
 
 - ``per-tensor loop``: one blocking ``Bcast`` per tensor, in sorted order;
-- ``flat Bcast``: one ``Bcast`` of one buffer of the same bytes (the ideal);
+- ``flat Bcast``: one ``Bcast`` of one buffer of the same bytes (a reference, not a bound);
 - ``first sync``: a new :class:`mpisync.ParamSync` (construction included) and its first sync;
 - ``steady``: repeated syncs of one ``ParamSync`` (after three untimed ones);
 - ``first F/C`` and ``steady F/C`` for every ``--settings F/C`` (fusion_bytes / max_concurrent).

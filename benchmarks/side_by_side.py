@@ -31,8 +31,11 @@ _TIME_KEYS = ("median_s", "lat_avg_us")
 def _rows(doc: dict) -> dict:
     """``{row name: seconds}`` for every timed row of one bench JSON document."""
     rows = {}
-    for r in doc.get("osu") or ():
-        rows[f"osu bcast {r['bytes']} B"] = r["lat_avg_us"] * 1e-6
+    osu = doc.get("osu") or {}
+    # {operation: rows}; a checkout from before the raw rows of four operations: Bcast's list
+    for op, entries in (osu if isinstance(osu, dict) else {"bcast": osu}).items():
+        for r in entries:
+            rows[f"osu {op} {r['bytes']} B"] = r["lat_avg_us"] * 1e-6
     for w in doc.get("workloads") or ():
         for r in w["results"]:
             rows[f"{w['workload']}: {r['strategy']}"] = r["median_s"]

@@ -64,7 +64,7 @@ def _rows(nbytes: int, rounds: int) -> list:
         ("all_to_all_single", lambda: dist.all_to_all_single(other, full)),
         ("all_to_all_single, one tensor", lambda: dist.all_to_all_single(full, full)),
     ]
-    comm, half = MPI.COMM_WORLD, np.empty(n // size, np.float32)
+    comm, half = MPI.COMM_WORLD, np.full(n // size, 0.0, np.float32)  # written: no zero page
     raw = full.numpy()
     pairs += [
         ("MPI_Ireduce_scatter_block", lambda: comm.Ireduce_scatter_block(raw, half).Wait()),

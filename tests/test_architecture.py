@@ -16,7 +16,7 @@ import collections
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mpisync"
-EXTENSIONS = {"mpisync._speedups"}  # compiled: no .py file to read
+EXTENSIONS = {"mpisync._speedups", "mpisync.tools.bench._osuloop"}  # compiled: no .py to read
 LAYERS = [
     {"mpisync.errors", "mpisync.report", "mpisync.config", "mpisync._speedups"},
     {"mpisync._runtime"},

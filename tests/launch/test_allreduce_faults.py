@@ -174,10 +174,12 @@ def test_bench_smoke(bounded_env):
     )
     assert result["ddp"]["mpisync_ms"] > 0 and result["ddp"]["gloo_ms"] > 0
     # every collective beside gloo at the sizes within --max-bytes (here 1 KiB), and the check
-    from mpisync.tools.bench.collectives import COLLECTIVES
+    from mpisync.tools.bench.collectives import COLLECTIVES, LIMITS
 
     assert [(r["collective"], r["bytes"]) for r in result["collectives"]] == [
         (name, 0 if name == "barrier" else 1024) for name in COLLECTIVES
     ]
     assert all(r["mpisync_us"] > 0 and r["gloo/mpisync"] > 0 for r in result["collectives"])
+    limited = [r for r in result["collectives"] if r["collective"] in LIMITS]
+    assert len(limited) == 8 and all(r["limit_us"] > 0 and r["of_limit"] > 0 for r in limited)
     assert [r["bytes"] for r in result["check"]] == [1024]

@@ -173,7 +173,11 @@ def test_side_by_side_gives_every_row_of_both_checkouts(bounded_env):
             "1",
             "--",
             "--quick",
-            "--no-osu",
+            "--osu-max",
+            "4",
+            "--osu-scale",
+            "0.01",
+            "--no-ibcast",
             "--no-sweep",
             "--workloads",
             "many-small",
@@ -187,3 +191,15 @@ def test_side_by_side_gives_every_row_of_both_checkouts(bounded_env):
     rows = [line.split() for line in out.splitlines() if line.startswith("many-small: ")]
     assert len(rows) >= 5 and all(float(row[-1]) > 0 for row in rows), out
     assert any("ParamSync" in " ".join(row) for row in rows), out
+    # the raw MPI rows of every operation, each size its own row
+    raw = {" ".join(line.split()[:3]) for line in out.splitlines() if line.startswith("osu ")}
+    assert raw == {
+        "osu bcast 1",
+        "osu bcast 2",
+        "osu bcast 4",
+        "osu allreduce 4",
+        "osu reduce 4",
+        "osu allgather 1",
+        "osu allgather 2",
+        "osu allgather 4",
+    }, out

@@ -257,24 +257,45 @@ def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tm
     assert "mpisync bench: 2 ranks" in proc.stdout and "resnet50: 320 tensors" in proc.stdout
     assert "many-small: 5000 tensors" in proc.stdout
     results = json.loads(out.with_suffix(".json").read_text())
-    assert results["meta"]["ranks"] == 2 and [r["bytes"] for r in results["osu"]][-1] == 4096
+    assert (
+        results["meta"]["ranks"] == 2 and [r["bytes"] for r in results["osu"]["bcast"]][-1] == 4096
+    )
+    assert list(results["osu"]) == ["bcast", "allreduce", "reduce", "allgather"]
+    # installed without a compiler: the raw rows' loop runs in Python, and the tables say so
+    assert results["meta"]["osu_method"] == "Python loop, call cost subtracted"
+    assert proc.stdout.count("timed loop: Python loop, call cost subtracted") == 4
     for w in results["workloads"]:
         by_name = {r["strategy"]: r for r in w["results"]}
         assert (
-            by_name["flat Bcast (ideal)"]["bandwidth_vs_flat"] == 1.0
+            by_name["flat Bcast"]["bandwidth_vs_flat"] == 1.0
             and by_name["ParamSync"]["median_s"] > 0
         )
+        assert by_name["limit (local copies)"]["of_limit"] == 1.0
+        assert by_name["ParamSync"]["of_limit"] > 0 and w["limit_bytes_per_rank"] == w["bytes"] // 2
         assert w["memory"]["extra_bytes_repeated"] <= w["memory"]["bound_bytes"] + (1 << 20)
     assert {(s["workload"], s["param"]) for s in results["sweeps"]} >= {
         ("resnet50", "fusion_bytes"),
         ("many-small", "max_concurrent"),
     }
-    assert out.with_suffix(".csv").read_text().startswith("section,workload,name,value,seconds")
+    assert (
+        out.with_suffix(".csv")
+        .read_text()
+        .startswith("section,workload,name,value,seconds,gbps,vs_flat,vs_per_tensor,of_limit\n")
+    )
+    assert "ideal" not in proc.stdout and "gloo DDP" not in proc.stdout
     assert out.with_suffix(".png").read_bytes()[:8] == PNG
-    # 13 OSU sizes (1 B - 4 KiB), then 2 workloads of 5 timed iterations and a memory row each
+    # 13 + 11 + 11 + 13 raw rows (Bcast and Allgather from 1 B, Allreduce and Reduce from 4 B, to
+    # 4 KiB), then 2 workloads of 5 timed iterations and a memory row each
     steps = [line for line in proc.stderr.splitlines() if line.startswith("mpisync bench: ")]
-    assert "\r" not in proc.stderr and steps[0].startswith("mpisync bench: 1/25 steps (4%) osu")
-    assert steps[-1] == "mpisync bench: 25/25 steps (100%) many-small: memory", proc.stderr
+    assert "\r" not in proc.stderr and steps[0].startswith("mpisync bench: 1/60 steps (1%) osu")
+    assert steps[-1] == "mpisync bench: 60/60 steps (100%) many-small: memory", proc.stderr
+
+
+def test_bench_help_is_printed_once_under_mpiexec(installed, bounded_env):
+    proc = installed.run(["bench", "--help"], bounded_env, ranks=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("usage: mpisync bench") == 1 and proc.stderr == "", proc.stdout
+    assert "docs/performance.md" in proc.stdout and "--osu-ops" in proc.stdout
 
 
 def test_bench_allreduce_rows_beside_gloo_and_flat_allreduce(installed, bounded_env, tmp_path):
@@ -311,13 +332,16 @@ def test_bench_allreduce_rows_beside_gloo_and_flat_allreduce(installed, bounded_
         timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "all-reduce bench, 2 ranks" in proc.stdout and "ddp step MLP" in proc.stdout, proc.stdout
+    assert "all-reduce bench, 2 ranks" in proc.stdout and "one DDP training step" in proc.stdout, (
+        proc.stdout
+    )
     reduced = json.loads((tmp_path / "ar.json").read_text())["allreduce"]
     assert [r["bytes"] for r in reduced["sweep"]] == [4, 16, 64]
     assert all(
         r["mpisync_us"] > 0 and r["gloo_us"] > 0 and r["mpi Allreduce_us"] > 0
         for r in reduced["sweep"]
     )
+    assert all(r["limit_us"] > 0 and r["of_limit"] > 0 for r in reduced["sweep"])
     (grads,) = reduced["grads"]
     assert (grads["workload"], grads["tensors"], grads["bytes"]) == (
         "many-small",

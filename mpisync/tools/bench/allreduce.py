@@ -6,12 +6,15 @@ side with its references in one interleaved loop
 (:func:`~mpisync.tools.bench.timing.measure_interleaved`:
 medians of the slowest rank's time):
 
-- ``sweep``: OSU-style ``all_reduce`` of float32 tensors, 4 B to ``--max-bytes``: the ``"mpisync"``
-  backend, gloo, and mpi4py's blocking ``Allreduce`` of the same buffer;
+- ``sweep``: ``all_reduce`` of float32 tensors, 4 B to ``--max-bytes`` (powers of 4, and 1 MiB and
+  25 MiB): the ``"mpisync"`` backend, gloo, mpi4py's blocking ``Allreduce`` of the same buffer, and
+  the all-reduce's limit row (:mod:`mpisync.tools.bench.limits`); not OSU's method (the raw
+  ``MPI_Allreduce`` rows by that method are :mod:`mpisync.tools.bench.osu`'s);
 - ``grads``: ``GradSync.allreduce`` of the gradient sets of ResNet-50, BERT-base and 5000 x 400 B
   (its fused buckets through the node's shared segment where every rank shares one node), the same
   with every bucket through MPI, the one-shot ``mpisync.allreduce`` (a new syncer each call), one
-  flat ``Allreduce`` of the same bytes and (5000 x 400 B) a loop of per-tensor ``Allreduce``;
+  flat ``Allreduce`` of the same bytes, the limit row, and (5000 x 400 B) a loop of per-tensor
+  ``Allreduce``;
 - ``ddp``: one DistributedDataParallel training step of an 8-layer 1024 x 1024 MLP (batch 32) on the
   ``"mpisync"`` backend, on gloo, the same step without communication, and through DDP with a
   communication hook that moves nothing (DDP's own cost: what compute/step is with free
@@ -35,6 +38,8 @@ from mpi4py import MPI
 from ..progressbar import Progress
 from ..workloads import make_params, workload
 from . import collectives as _collectives
+from . import limits as _limits
+from .buffers import written
 from .timing import measure_interleaved
 
 __all__ = ["GRAD_SETS", "ROWS", "main", "parser", "run", "table"]
@@ -80,26 +85,35 @@ def _sizes(max_bytes: int) -> list:
 
 
 def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
-    """``all_reduce`` latency per size on each backend, and mpi4py's ``Allreduce``."""
+    """``all_reduce`` latency per size on each backend, mpi4py's ``Allreduce`` and the limit row."""
     import torch
     import torch.distributed as dist
 
     rows = []
     for size in _sizes(max_bytes):
-        tensors = {name: torch.zeros(size // 4) for name in ("mpisync", "gloo")}
-        flat = _np.zeros(size // 4, _np.float32)
+        tensors = {
+            name: torch.from_numpy(written(size // 4, _np.float32)) for name in ("mpisync", "gloo")
+        }
+        flat = written(size // 4, _np.float32)
         runs: dict = {
             name: (lambda t=tensors[name], g=groups[name]: dist.all_reduce(t, group=g))
             for name in tensors
         }
         runs["mpi Allreduce"] = lambda f=flat: comm.Allreduce(MPI.IN_PLACE, f)
+        runs["limit"] = _limits.limit_run(comm, "all-reduce", size)
         # Every size gets every iteration: with fewer samples at the large sizes, gloo's median
         # there moved between runs (docs/allreduce.md, The bench rows).
         timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
         row = {"bytes": size, **{f"{k}_us": v.median * 1e6 for k, v in timings.items()}}
         row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
+        row["of_limit"] = _of_limit(comm, timings["limit"].median, timings["mpisync"].median)
         rows.append(row)
     return rows
+
+
+def _of_limit(comm, limit: float, row: float) -> float | None:
+    """``limit / row``; None at 1 rank (nothing to move: no limit)."""
+    return limit / row if comm.size > 1 else None
 
 
 def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
@@ -112,7 +126,7 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
         for array in params.values():
             array[...] = 0  # sums stay finite over every iteration
         nbytes = sum(a.nbytes for a in params.values())
-        flat = _np.zeros(nbytes // 4, _np.float32)
+        flat = written(nbytes // 4, _np.float32)
         syncer = GradSync(comm, op="sum")
         mpi_only = GradSync(comm, op="sum")
         mpi_only._node_segment = False  # every bucket through MPI
@@ -121,6 +135,7 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
             "GradSync, MPI only": lambda s=mpi_only, p=params: s.allreduce(p),
             "allreduce, one-shot": lambda p=params: allreduce(p, comm, op="sum"),
             "flat Allreduce": lambda f=flat: comm.Allreduce(MPI.IN_PLACE, f),
+            "limit": _limits.limit_run(comm, "all-reduce", nbytes),
         }
         if name == "many-small":
             views = [a.reshape(-1) for a in params.values()]
@@ -139,6 +154,7 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
         }
         row["channel"] = channel
         row["vs_flat"] = timings["flat Allreduce"].median / timings["GradSync"].median
+        row["of_limit"] = _of_limit(comm, timings["limit"].median, timings["GradSync"].median)
         row["vs_mpi_only"] = timings["GradSync, MPI only"].median / timings["GradSync"].median
         row["one_shot_vs_flat"] = (
             timings["flat Allreduce"].median / timings["allreduce, one-shot"].median
@@ -216,7 +232,7 @@ def ddp_step(comm, groups, iterations: int) -> dict:
 
 def run(comm, args) -> dict:
     """Run the rows ``args.rows`` asks for; return them (every rank)."""
-    out = {"ranks": comm.size}
+    out = {"ranks": comm.size, "iterations": args.iterations}
     groups, created = None, False
     if set(TORCH_ROWS) & set(args.rows):  # the grads row needs no torch
         import torch
@@ -269,45 +285,94 @@ def _every_collective(comm, groups, args) -> list:
         progress.close()
 
 
-def table(result: dict) -> str:
-    """The rows of :func:`run` as plain text."""
-    lines = [f"all-reduce bench, {result['ranks']} ranks (medians of the slowest rank)"]
-    for row in result.get("sweep", []):
+DOCS = "docs/performance.md"
+
+
+def _ratio(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _sweep_lines(rows: list) -> list:
+    lines = [
+        "",
+        "torch all_reduce, float32 sum, size by size (sweep)",
+        f"  {'size B':>10} {'mpisync us':>11} {'gloo us':>11} {'Allreduce us':>13} "
+        f"{'limit us':>10} {'x gloo':>7} {'of limit':>9}",
+    ]
+    for row in rows:
         lines.append(
-            f"sweep {row['bytes']:>10} B: mpisync {row['mpisync_us']:9.1f} us  gloo "
-            f"{row['gloo_us']:9.1f} us"
-            f"  mpi Allreduce {row['mpi Allreduce_us']:9.1f} us  x{row['speedup_vs_gloo']:.2f} vs "
-            "gloo"
+            f"  {row['bytes']:>10} {row['mpisync_us']:11.1f} {row['gloo_us']:11.1f} "
+            f"{row['mpi Allreduce_us']:13.1f} {row['limit_us']:10.1f} "
+            f"{_ratio(row['speedup_vs_gloo']):>7} {_ratio(row.get('of_limit')):>9}"
         )
-    for row in result.get("grads", []):
-        extra = (
-            (
-                f"  per-tensor {row['per-tensor Allreduce_ms']:.2f} ms x{row['vs_per_tensor']:.1f}"
-                f" (one-shot x{row['one_shot_vs_per_tensor']:.1f})"
+    lines.append(
+        "  us: median time per call, microseconds; mpisync: the torch backend; Allreduce: "
+        "mpi4py's in-place MPI_Allreduce of the same bytes (not OSU's method: the raw MPI rows "
+        "are); limit: the same reduction as local adds and copies on every rank at once; x gloo: "
+        "gloo's time / mpisync's; of limit: the limit's time / mpisync's (1.00x: at the memory "
+        f"limit) ({DOCS})"
+    )
+    return lines
+
+
+def _grads_lines(rows: list) -> list:
+    lines = [
+        "",
+        "GradSync.allreduce of gradient sets, sum (grads)",
+        f"  {'set':<11} {'tensors':>7} {'MB':>7} {'GradSync':>9} {'MPI only':>9} {'one-shot':>9} "
+        f"{'flat':>8} {'limit':>8} {'x flat':>7} {'of limit':>9}  channel",
+    ]
+    for row in rows:
+        lines.append(
+            f"  {row['workload']:<11} {row['tensors']:>7} {row['bytes'] / 1e6:7.1f} "
+            f"{row['GradSync_ms']:9.2f} {row['GradSync, MPI only_ms']:9.2f} "
+            f"{row['allreduce, one-shot_ms']:9.2f} {row['flat Allreduce_ms']:8.2f} "
+            f"{row['limit_ms']:8.2f} {_ratio(row['vs_flat']):>7} "
+            f"{_ratio(row.get('of_limit')):>9}  {row['channel']}"
+        )
+        if "vs_per_tensor" in row:
+            lines.append(
+                f"  {'':<11} per-tensor Allreduce loop {row['per-tensor Allreduce_ms']:.2f} ms: "
+                f"GradSync {_ratio(row['vs_per_tensor'])}, one-shot "
+                f"{_ratio(row['one_shot_vs_per_tensor'])} faster"
             )
-            if "vs_per_tensor" in row
-            else ""
-        )
-        lines.append(
-            f"grads {row['workload']:>10} ({row['tensors']} tensors, {row['bytes'] / 1e6:.1f} MB): "
-            "GradSync "
-            f"{row['GradSync_ms']:.2f} ms ({row['channel']})  MPI only "
-            f"{row['GradSync, MPI only_ms']:.2f} ms "
-            f"x{row['vs_mpi_only']:.2f}  one-shot allreduce {row['allreduce, one-shot_ms']:.2f} ms "
-            " "
-            f"flat {row['flat Allreduce_ms']:.2f} ms x{row['vs_flat']:.2f}{extra}"
-        )
+    lines.append(
+        "  times: medians, milliseconds; GradSync: a repeated allreduce of one syncer; MPI only: "
+        "the same with every bucket through MPI; one-shot: mpisync.allreduce (a new syncer per "
+        "call); flat: one in-place MPI_Allreduce of the same bytes; limit: the same reduction as "
+        "local adds and copies on every rank at once; x flat: flat's time / GradSync's; of limit: "
+        f"the limit's time / GradSync's (1.00x: at the memory limit) ({DOCS})"
+    )
+    return lines
+
+
+def _ddp_lines(row: dict) -> list:
+    return [
+        "",
+        "one DDP training step, MLP 8 x 1024^2, batch 32 (ddp)",
+        f"  mpisync {row['mpisync_ms']:.2f} ms, gloo {row['gloo_ms']:.2f} ms "
+        f"(gloo/mpisync {_ratio(row['speedup_vs_gloo'])}); no communication "
+        f"{row['no communication_ms']:.2f} ms (compute/step {row['compute_fraction']:.2f}); "
+        f"DDP with a hook that moves nothing {row['DDP, no-op hook_ms']:.2f} ms "
+        f"(compute/step {row['compute_fraction_free_communication']:.2f})",
+        "  ms: median step time; compute/step: the step without communication / the step "
+        f"(1.00: communication costs nothing) ({DOCS})",
+    ]
+
+
+def table(result: dict) -> str:
+    """The rows of :func:`run` as plain text, each table with a line saying what its columns
+    mean."""
+    lines = [
+        f"all-reduce bench, {result['ranks']} ranks: medians over "
+        f"{result.get('iterations', '?')} iterations of the slowest rank's time"
+    ]
+    if result.get("sweep"):
+        lines += _sweep_lines(result["sweep"])
+    if result.get("grads"):
+        lines += _grads_lines(result["grads"])
     if "ddp" in result:
-        row = result["ddp"]
-        lines.append(
-            f"ddp step MLP 8x1024^2 batch 32: mpisync {row['mpisync_ms']:.2f} ms  gloo "
-            f"{row['gloo_ms']:.2f} ms "
-            f"(x{row['speedup_vs_gloo']:.2f})  no communication {row['no communication_ms']:.2f} "
-            "ms "
-            f"(compute/step {row['compute_fraction']:.2f})  DDP, no-op hook "
-            f"{row['DDP, no-op hook_ms']:.2f} ms "
-            f"(compute/step {row['compute_fraction_free_communication']:.2f})"
-        )
+        lines += _ddp_lines(result["ddp"])
     return "\n".join(lines + _collectives.table(result))
 
 

@@ -1,12 +1,14 @@
 """Every torch.distributed collective on the ``"mpisync"`` backend beside gloo, and the cost of
 the backend's argument check.
 
-- ``collectives``: OSU-style latency of each collective at each size (1 KiB, 1 MiB and 25 MiB
+- ``collectives``: latency of each collective at each size (1 KiB, 1 MiB and 25 MiB
   by default): ``size`` is the bytes of each rank's input tensor (``scatter``: of each rank's
   output; ``all_to_all``: in all, split evenly between the ranks; ``send/recv``: one message
-  from rank 0 to rank 1), float32. mpisync and gloo are timed side by side in one interleaved
-  loop (:func:`~mpisync.tools.bench.timing.measure_interleaved`: medians of the slowest
-  rank's time); ``gloo/mpisync`` above 1 means mpisync is faster.
+  from rank 0 to rank 1; ``broadcast_coalesced``: DDP's start-up broadcast of 8 tensors of that
+  many bytes in all), float32. mpisync, gloo and (where :data:`LIMITS` has one) the operation's
+  limit row are timed side by side in one interleaved loop
+  (:func:`~mpisync.tools.bench.timing.measure_interleaved`: medians of the slowest rank's time);
+  ``gloo/mpisync`` above 1 means mpisync is faster, ``of limit`` is the limit's time / mpisync's.
 - ``check``: ``all_reduce`` on two mpisync groups, one with the argument check
   (``MPISYNC_TORCH_CHECK``, the default) and one without, side by side: what the check
   costs.
@@ -17,9 +19,13 @@ from __future__ import annotations
 import os as _os
 import typing as _typing
 
+import numpy as _np
+
+from . import limits as _limits
+from .buffers import written
 from .timing import measure_interleaved
 
-__all__ = ["COLLECTIVES", "SIZES", "check_cost", "collectives", "table"]
+__all__ = ["COLLECTIVES", "LIMITS", "SIZES", "check_cost", "collectives", "table"]
 
 SIZES = (1 << 10, 1 << 20, 25 << 20)
 _Builder = _typing.Callable[[_typing.Any, int, int, int], _typing.Callable[[], object]]
@@ -28,7 +34,7 @@ _Builder = _typing.Callable[[_typing.Any, int, int, int], _typing.Callable[[], o
 def _floats(nbytes: int):
     import torch
 
-    return torch.zeros(max(1, nbytes // 4))
+    return torch.from_numpy(written(max(1, nbytes // 4), _np.float32))
 
 
 def _broadcast(group, rank, size, nbytes):
@@ -36,6 +42,13 @@ def _broadcast(group, rank, size, nbytes):
 
     tensor = _floats(nbytes)
     return lambda: dist.broadcast(tensor, src=0, group=group)
+
+
+def _broadcast_coalesced(group, rank, size, nbytes):
+    import torch.distributed as dist
+
+    tensors = [t.clone() for t in _floats(nbytes).chunk(8)]
+    return lambda: dist._broadcast_coalesced(group, tensors, 250 * 1024 * 1024, 0)
 
 
 def _all_reduce(group, rank, size, nbytes):
@@ -137,6 +150,7 @@ def _barrier(group, rank, size, nbytes):
 
 COLLECTIVES: dict[str, _Builder] = {
     "broadcast": _broadcast,
+    "broadcast_coalesced": _broadcast_coalesced,
     "all_reduce": _all_reduce,
     "reduce": _reduce,
     "all_gather": _all_gather,
@@ -149,6 +163,20 @@ COLLECTIVES: dict[str, _Builder] = {
     "all_to_all_single": _all_to_all_single,
     "send/recv": _send_recv,
     "barrier": _barrier,
+}
+
+
+#: collective -> (its operation in :mod:`~mpisync.tools.bench.limits`, the operation's bytes from
+#: ``(size, ranks)``), for those with a limit row
+LIMITS: dict[str, tuple[str, _typing.Callable[[int, int], int]]] = {
+    "broadcast": ("broadcast", lambda b, n: b),
+    "broadcast_coalesced": ("broadcast", lambda b, n: b),
+    "all_reduce": ("all-reduce", lambda b, n: b),
+    "reduce": ("reduce", lambda b, n: b),
+    "all_gather": ("all-gather", lambda b, n: b * n),
+    "all_gather_into_tensor": ("all-gather", lambda b, n: b * n),
+    "reduce_scatter": ("reduce-scatter", lambda b, n: b * n),
+    "reduce_scatter_tensor": ("reduce-scatter", lambda b, n: b // 4 // n * n * 4),
 }
 
 
@@ -170,12 +198,18 @@ def collectives(comm, groups: dict, iterations: int, sizes=SIZES, progress=None)
             backend: COLLECTIVES[name](group, comm.rank, comm.size, nbytes)
             for backend, group in groups.items()
         }
+        if name in LIMITS and comm.size > 1:
+            operation, total = LIMITS[name]
+            runs["limit"] = _limits.limit_run(comm, operation, total(nbytes, comm.size))
         timings = measure_interleaved(
             comm, runs, iterations=iterations, warmup=2, progress=progress
         )
         row = {"collective": name, "bytes": nbytes}
         row.update({f"{k}_us": v.median * 1e6 for k, v in timings.items()})
         row["gloo/mpisync"] = timings["gloo"].median / timings["mpisync"].median
+        row["of_limit"] = (
+            timings["limit"].median / timings["mpisync"].median if "limit" in timings else None
+        )
         rows.append(row)
     return rows
 
@@ -234,25 +268,38 @@ def table(result: dict) -> list:
     if result.get("collectives"):
         lines += [
             "",
-            "torch.distributed collectives, mpisync beside gloo (latency us, medians of the "
-            "slowest rank; gloo/mpisync > 1: mpisync faster)",
-            f"{'collective':<24} {'size':>9} {'mpisync us':>12} {'gloo us':>12} "
-            f"{'gloo/mpisync':>13}",
+            "torch.distributed collectives, mpisync beside gloo (collectives)",
+            f"  {'collective':<24} {'size':>9} {'mpisync us':>12} {'gloo us':>12} "
+            f"{'limit us':>10} {'gloo/mpisync':>13} {'of limit':>9}",
         ]
         for row in result["collectives"]:
+            limit = row.get("limit_us")
+            of_limit = row.get("of_limit")
             lines.append(
-                f"{row['collective']:<24} {_size(row['bytes']):>9} {row['mpisync_us']:12.1f} "
-                f"{row['gloo_us']:12.1f} {row['gloo/mpisync']:12.2f}x"
+                f"  {row['collective']:<24} {_size(row['bytes']):>9} {row['mpisync_us']:12.1f} "
+                f"{row['gloo_us']:12.1f} {'-' if limit is None else f'{limit:.1f}':>10} "
+                f"{row['gloo/mpisync']:12.2f}x {'-' if of_limit is None else f'{of_limit:.2f}x':>9}"
             )
+        lines.append(
+            "  size: each rank's input (scatter: output; all_to_all: in all; broadcast_coalesced: "
+            "DDP's start-up broadcast, 8 tensors); us: median time per call of the slowest rank, "
+            "microseconds; limit: the operation's bytes as local copies and adds on every rank at "
+            "once (- where none is defined); gloo/mpisync: above 1x, mpisync faster; of limit: "
+            "the limit's time / mpisync's (1.00x: at the memory limit) (docs/performance.md)"
+        )
     if result.get("check"):
         lines += [
             "",
-            "the argument check (all_reduce, medians of the slowest rank)",
-            f"{'size':>9} {'checked us':>12} {'unchecked us':>13} {'cost':>7}",
+            "the torch backend's argument check, on all_reduce (check)",
+            f"  {'size':>9} {'checked us':>12} {'unchecked us':>13} {'cost':>7}",
         ]
         for row in result["check"]:
             lines.append(
-                f"{_size(row['bytes']):>9} {row['checked_us']:12.1f} {row['unchecked_us']:13.1f} "
-                f"{100 * row['cost']:6.1f}%"
+                f"  {_size(row['bytes']):>9} {row['checked_us']:12.1f} "
+                f"{row['unchecked_us']:13.1f} {100 * row['cost']:6.1f}%"
             )
+        lines.append(
+            "  us: median time per call of the slowest rank, microseconds, with the check "
+            "(MPISYNC_TORCH_CHECK, the default) and without; cost: checked / unchecked - 1"
+        )
     return lines

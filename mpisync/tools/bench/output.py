@@ -15,22 +15,39 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+DOCS = "docs/performance.md"
+_OSU_NAMES = {
+    "bcast": "MPI_Bcast (osu_bcast)",
+    "allreduce": "MPI_Allreduce, float32 sum (osu_allreduce)",
+    "reduce": "MPI_Reduce to the root, float32 sum (osu_reduce)",
+    "allgather": "MPI_Allgather, size from each rank (osu_allgather)",
+}
+
+
+def _ratio(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def table(results: dict) -> str:
     """A plain-text report of every section present in ``results``."""
     meta = results["meta"]
+    ranks = meta["ranks"]
     lines = [
-        f"mpisync bench: {meta['ranks']} rank{'' if meta['ranks'] == 1 else 's'}, root "
-        f"{meta['root']}, {meta['mpi_library']}, "
-        f"median of {meta['iterations']} iterations (slowest rank each)"
+        f"mpisync bench: {ranks} rank{'' if ranks == 1 else 's'}, root {meta['root']}, "
+        f"{meta['mpi_library']}, {meta.get('node_ranks', ranks)} of the ranks on rank 0's node",
+        "Raw MPI rows: OSU's method (means per call; OSU's own programs run at MPI thread level "
+        "single: MPI4PY_RC_THREAD_LEVEL=single to compare). Every other table: the median over "
+        f"{meta['iterations']} iterations (after {meta['warmup']} untimed) of the slowest rank's "
+        f"time. Each table's columns are explained under it; how each figure is made: {DOCS}.",
     ]
-    if meta["ranks"] == 1:
+    if ranks == 1:
         lines.append(
             "1 rank: no peer to broadcast to, so these times are mpisync's own cost on one process "
             "(validation, plans, packing, the local fan-out) and MPI's copy to itself; run under "
             "`mpiexec -n 2` or more to measure broadcasts"
         )
-    if results["osu"]:
-        lines += _osu_lines(results["osu"])
+    for op, rows in (results["osu"] or {}).items():
+        lines += _osu_lines(op, rows, meta)
     for w in results["workloads"]:
         lines += _workload_lines(w)
     if results["sweeps"]:
@@ -42,34 +59,66 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _osu_lines(rows: list) -> list:
+def _osu_lines(op: str, rows: list, meta: dict) -> list:
+    bcast = bool(rows) and "ibcast_avg_us" in rows[0]  # the Ibcast columns (not --no-ibcast)
     lines = [
         "",
-        "OSU-style Bcast sweep (latency us: min / avg / max; Ibcast overlap %)",
-        f"{'size':>10} {'min':>10} {'avg':>10} {'max':>10} {'GB/s':>7} {'Ibcast':>10} "
-        f"{'overlap':>8}",
+        f"{_OSU_NAMES[op]}: OSU's method, timed loop: {meta.get('osu_method', 'C loop')}, "
+        f"MPI thread level {meta.get('thread_level', '?')}",
+        f"{'size':>10} {'iters':>6} {'min us':>10} {'avg us':>10} {'max us':>10} {'GB/s':>7}"
+        + (f" {'Ibcast us':>10} {'overlap':>8}" if bcast else ""),
     ]
     for r in rows:
-        lines.append(
-            f"{_size(r['bytes']):>10} {r['lat_min_us']:10.2f} {r['lat_avg_us']:10.2f} "
-            f"{r['lat_max_us']:10.2f} {r['gbps']:7.2f} {r.get('ibcast_avg_us', 0):10.2f} "
-            f"{r.get('overlap_pct', 0):7.1f}%"
+        line = (
+            f"{_size(r['bytes']):>10} {r['iterations']:>6} {r['lat_min_us']:10.2f} "
+            f"{r['lat_avg_us']:10.2f} {r['lat_max_us']:10.2f} {r['gbps']:7.3f}"
         )
+        if bcast:
+            line += f" {r['ibcast_avg_us']:10.2f} {r['overlap_pct']:7.1f}%"
+        lines.append(line)
+    lines.append(
+        "  size: bytes per call (all-gather: from each rank); iters: timed calls per rank (after "
+        "untimed warm-up ones), each followed by a barrier; min/avg/max us: the lowest, mean and "
+        "highest across ranks of each rank's mean time per call, microseconds; GB/s: size / avg"
+        + (
+            "; Ibcast us: mean of Ibcast+Wait (timed from Python, across ranks); overlap: "
+            "osu_ibcast's share of a computation as long as Ibcast that Ibcast hides, %"
+            if bcast
+            else ""
+        )
+        + f" ({DOCS}, Raw MPI rows)"
+    )
     return lines
+
+
+_WORKLOAD_LEGEND = (
+    "  ms: median over iterations of the slowest rank's time for one whole sync, milliseconds; "
+    "GB/s: the set's bytes / ms; x flat: flat Bcast's time / this row's (above 1x: faster than "
+    "one Bcast of one buffer of the same bytes); x per-tensor: the per-tensor Bcast loop's time / "
+    "this row's; of limit: the limit row's time / this row's (1.00x: at this machine's memory "
+    "limit); channel: the transport mpisync chose. "
+)
 
 
 def _workload_lines(w: dict) -> list:
     lines = [
         "",
-        f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB",
-        f"  {'strategy':<26} {'ms':>9} {'GB/s':>7} {'vs flat':>8} {'vs per-tensor':>14}  channel",
+        f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB, broadcast",
+        f"  {'strategy':<26} {'ms':>9} {'GB/s':>7} {'x flat':>7} {'x per-tensor':>13} "
+        f"{'of limit':>9}  channel",
     ]
     for r in w["results"]:
         lines.append(
             f"  {r['strategy']:<26} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
-            f"{r['bandwidth_vs_flat']:8.3f} {r['speedup_vs_per_tensor']:13.2f}x  "
-            f"{r.get('channel') or ''}".rstrip()
+            f"{_ratio(r['bandwidth_vs_flat']):>7} {_ratio(r['speedup_vs_per_tensor']):>13} "
+            f"{_ratio(r.get('of_limit')):>9}  {r.get('channel') or ''}".rstrip()
         )
+    per_rank = w.get("limit_bytes_per_rank", 0)
+    lines.append(
+        _WORKLOAD_LEGEND
+        + f"The limit row: every rank copies {per_rank / 1e6:.1f} MB with numpy, all at once "
+        f"(the receivers' bytes shared by the ranks' cores; {DOCS}, The limit row)."
+    )
     m = w["memory"]
     if m is not None:  # None: not measured (torch sets)
         lines.append(
@@ -85,16 +134,21 @@ def _workload_lines(w: dict) -> list:
 def _sweep_lines(rows: list) -> list:
     lines = [
         "",
-        "Sweeps of repeated ParamSync.sync (other settings at their defaults)",
-        f"  {'workload':<12} {'setting':<15} {'value':>9} {'ms':>9} {'GB/s':>7} {'vs flat':>8} "
-        " channel",
+        "Sweeps of repeated ParamSync.sync, one setting changed (the others at their defaults)",
+        f"  {'workload':<12} {'setting':<15} {'value':>9} {'ms':>9} {'GB/s':>7} {'x flat':>7} "
+        f"{'of limit':>9}  channel",
     ]
     for r in rows:
         lines.append(
             f"  {r['workload']:<12} {r['param']:<15} {r['value']:>9} "
-            f"{r['median_s'] * 1e3:9.3f} "
-            f"{r['gbps']:7.2f} {r['bandwidth_vs_flat']:8.3f}  {r.get('channel') or ''}".rstrip()
+            f"{r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} {_ratio(r['bandwidth_vs_flat']):>7} "
+            f"{_ratio(r.get('of_limit')):>9}  {r.get('channel') or ''}".rstrip()
         )
+    lines.append(
+        "  ms: median over iterations of the slowest rank's time for one whole sync, "
+        "milliseconds; GB/s, x flat, of limit: as in the workload's table above, timed side by "
+        f"side with its rows ({DOCS})"
+    )
     return lines
 
 
@@ -104,22 +158,36 @@ def write_json(results: dict, path: str) -> None:
         _json.dump(results, f, indent=2)
 
 
+CSV_FIELDS = [
+    "section",
+    "workload",
+    "name",
+    "value",
+    "seconds",
+    "gbps",
+    "vs_flat",
+    "vs_per_tensor",
+    "of_limit",
+]
+
+
 def csv_rows(results: dict) -> list:
     """One flat row per measurement: section, workload, name, value, seconds, GB/s, ratios."""
     rows = []
-    for r in results["osu"]:
-        rows.append(
-            {
-                "section": "osu",
-                "workload": "",
-                "name": "Bcast",
-                "value": r["bytes"],
-                "seconds": r["lat_avg_us"] / 1e6,
-                "gbps": r["gbps"],
-                "vs_flat": "",
-                "vs_per_tensor": "",
-            }
-        )
+    for op, osu_rows in (results["osu"] or {}).items():
+        for r in osu_rows:
+            rows.append(
+                {
+                    "section": "osu",
+                    "workload": "",
+                    "name": op,
+                    "value": r["bytes"],
+                    "seconds": r["lat_avg_us"] / 1e6,
+                    "gbps": r["gbps"],
+                    "vs_flat": "",
+                    "vs_per_tensor": "",
+                }
+            )
     for w in results["workloads"]:
         for r in w["results"]:
             rows.append(
@@ -132,6 +200,7 @@ def csv_rows(results: dict) -> list:
                     "gbps": r["gbps"],
                     "vs_flat": r["bandwidth_vs_flat"],
                     "vs_per_tensor": r["speedup_vs_per_tensor"],
+                    "of_limit": r.get("of_limit") or "",
                 }
             )
     for r in results["sweeps"]:
@@ -145,6 +214,7 @@ def csv_rows(results: dict) -> list:
                 "gbps": r["gbps"],
                 "vs_flat": r["bandwidth_vs_flat"],
                 "vs_per_tensor": "",
+                "of_limit": r.get("of_limit") or "",
             }
         )
     return rows + _allreduce_rows(results.get("allreduce") or {})
@@ -242,7 +312,7 @@ def write_csv(results: dict, path: str) -> None:
     """Every measurement as one CSV row."""
     rows = csv_rows(results)
     with open(path, "w", newline="") as f:
-        writer = _csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["section"])
+        writer = _csv.DictWriter(f, fieldnames=CSV_FIELDS, restval="")
         writer.writeheader()
         writer.writerows(rows)
 
@@ -251,6 +321,7 @@ def write_plot(results: dict, path: str) -> None:
     """Bandwidth against message size, and per-strategy bandwidth bars for each workload."""
     try:
         import matplotlib
+        import matplotlib.patches
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -258,35 +329,58 @@ def write_plot(results: dict, path: str) -> None:
         raise SystemExit(
             "mpisync bench --plot needs matplotlib: pip install 'mpisync[plot]'"
         ) from None
-    workloads = results["workloads"]
-    panels = max(1, (1 if results["osu"] else 0) + len(workloads))
+    workloads, osu = results["workloads"], results["osu"] or {}
+    panels = max(1, (1 if osu else 0) + len(workloads))
     ncols = min(3, panels)
     nrows = -(-panels // ncols)
     fig, grid = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, 4.4 * nrows), squeeze=False)
     axes = list(grid.flat)
     for unused in axes[panels:]:
         unused.set_visible(False)
-    if results["osu"]:
+    if osu:
         ax = axes.pop(0)
-        sizes = [r["bytes"] for r in results["osu"]]
-        ax.plot(sizes, [r["gbps"] for r in results["osu"]], marker="o", label="Bcast")
+        for op, rows in osu.items():
+            ax.plot(
+                [r["bytes"] for r in rows],
+                [r["gbps"] for r in rows],
+                marker="o",
+                markersize=3,
+                label=_OSU_NAMES[op].split(" (")[0],
+            )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("GB/s")
-        ax.set_title(f"Bcast bandwidth, {results['meta']['ranks']} ranks")
+        ax.set_ylabel("GB/s (size / mean latency)")
+        ax.set_title(f"raw MPI rows, OSU's method, {results['meta']['ranks']} ranks")
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
+    colours = {"mpisync": "tab:green", "reference": "tab:gray", "limit": "tab:blue"}
     for ax, w in zip(axes, workloads):
         names = [r["strategy"] for r in w["results"]]
         values = [r["gbps"] for r in w["results"]]
-        bars = ax.barh(
-            names,
-            values,
-            color=["tab:green" if n.startswith("ParamSync") else "tab:gray" for n in names],
-        )
+        kinds = [_kind(n) for n in names]
+        bars = ax.barh(names, values, color=[colours[k] for k in kinds])
         ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=8, padding=2)
         ax.invert_yaxis()
-        ax.set_xlabel("GB/s (higher is better)")
+        ax.set_xlabel("GB/s, the set's bytes / median time (higher is better)")
         ax.set_title(f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.0f} MB")
+        handles = [
+            matplotlib.patches.Patch(color=colours[k], label=label)
+            for k, label in (
+                ("mpisync", "mpisync"),
+                ("reference", "MPI references"),
+                ("limit", "limit: local copies"),
+            )
+            if k in kinds
+        ]
+        ax.legend(handles=handles, fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _kind(strategy: str) -> str:
+    if strategy.startswith("limit"):
+        return "limit"
+    if strategy.startswith(("ParamSync", "sync_params")):
+        return "mpisync"
+    return "reference"

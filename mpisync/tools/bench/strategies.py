@@ -1,4 +1,4 @@
-"""Ways to broadcast a parameter set, side by side: baselines, mpisync, and torch gloo.
+"""Ways to broadcast a parameter set, side by side: baselines and mpisync.
 
 Each factory takes ``(comm, params, root)`` (``params``: name -> numpy array)
 and returns ``(run, close)``; ``run()`` does one whole broadcast.
@@ -6,12 +6,13 @@ and returns ``(run, close)``; ``run()`` does one whole broadcast.
 
 from __future__ import annotations
 
-import numpy as _np
 from mpi4py import MPI
 
 import mpisync
 
-__all__ = ["STRATEGIES", "evict_caches", "flat_buffer", "paramsync", "torch_gloo_available"]
+from .buffers import written
+
+__all__ = ["STRATEGIES", "evict_caches", "flat_buffer", "paramsync"]
 
 
 def _noop():
@@ -90,7 +91,7 @@ def evict_caches() -> None:
     behind."""
     global _eviction
     if _eviction is None:
-        _eviction = _np.zeros(_EVICTION_BYTES, dtype=_np.uint8)
+        _eviction = written(_EVICTION_BYTES)
     _eviction[::64] += 1
 
 
@@ -124,7 +125,7 @@ def paramsync_one_buffer(comm, params, root):
     Not a way to sync your model: a measurement of how much the memory layout
     (one allocation versus one per tensor) alone costs the broadcast.
     """
-    arena = _np.ones(sum(a.nbytes for a in params.values()), dtype=_np.uint8)
+    arena = written(sum(a.nbytes for a in params.values()), value=1)
     relocated, offset = {}, 0
     for name, a in params.items():
         view = arena[offset : offset + a.nbytes].view(a.dtype).reshape(a.shape)
@@ -135,69 +136,12 @@ def paramsync_one_buffer(comm, params, root):
 
 
 def flat_buffer(comm, params, root):
-    """One ``Bcast`` of a single contiguous buffer of the same bytes: the ideal."""
-    flat = _np.ones(sum(int(a.nbytes) for a in params.values()), dtype=_np.uint8)
+    """One ``Bcast`` of a single contiguous buffer of the same bytes (written on every rank): the
+    reference of the ``x flat`` column, not a bound (the limit row is one)."""
+    flat = written(sum(int(a.nbytes) for a in params.values()), value=1)
 
     def run():
         comm.Bcast(flat, root)
-
-    return run, _noop
-
-
-def torch_gloo_available(comm) -> bool:
-    """Whether torch.distributed with gloo can run here (decided the same way on every rank)."""
-    try:
-        import torch.distributed as dist
-
-        ok = dist.is_available() and dist.is_gloo_available()
-    except Exception:
-        ok = False
-    flag = _np.array([int(ok)], dtype=_np.int64)
-    comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
-    return bool(flag[0]) and comm.size > 1 and comm == MPI.COMM_WORLD
-
-
-def _init_gloo(comm):
-    import datetime
-    import socket
-
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return dist
-    # Rank 0 picks the rendezvous address; it travels as fixed-size bytes, never pickled.
-    meta = _np.zeros(258, dtype=_np.uint8)
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        name = MPI.Get_processor_name().encode()[:256] if comm.size > 1 else b"127.0.0.1"
-        meta[:2] = _np.frombuffer(port.to_bytes(2, "little"), _np.uint8)
-        meta[2 : 2 + len(name)] = _np.frombuffer(name, _np.uint8)
-    comm.Bcast(meta, 0)
-    port = int.from_bytes(meta[:2].tobytes(), "little")
-    host = meta[2:].tobytes().rstrip(b"\0").decode()
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{host}:{port}",
-        rank=comm.rank,
-        world_size=comm.size,
-        timeout=datetime.timedelta(seconds=120),
-    )
-    return dist
-
-
-def torch_gloo_ddp(comm, params, root):
-    """torch.distributed on gloo, DDP's start-up path: ``_broadcast_coalesced`` with 250 MB
-    buckets."""
-    import torch
-
-    dist = _init_gloo(comm)
-    tensors = [torch.from_numpy(params[n]) for n in sorted(params)]
-    group = dist.distributed_c10d._get_default_group()
-
-    def run():
-        dist._broadcast_coalesced(group, tensors, 250 * 1024 * 1024, root)
 
     return run, _noop
 
@@ -208,7 +152,7 @@ TORCH_STRATEGIES = (
     "sync_params cold",
     "ParamSync first sync",
     "ParamSync",
-    "flat Bcast (ideal)",
+    "flat Bcast",
 )
 
 STRATEGIES = {
@@ -221,6 +165,5 @@ STRATEGIES = {
     "ParamSync, MPI only": paramsync("mpi"),
     "ParamSync, one buffer": paramsync_one_buffer,
     "ParamSync, shared memory": paramsync("shared memory"),
-    "flat Bcast (ideal)": flat_buffer,
-    "torch gloo DDP": torch_gloo_ddp,
+    "flat Bcast": flat_buffer,
 }

@@ -1,5 +1,6 @@
-"""``mpisync bench``: the OSU-style sweep, the workloads with strategies side by side, sweeps, and
-(``--allreduce``) the all-reduce rows of :mod:`mpisync.tools.bench.allreduce`."""
+"""``mpisync bench``: the raw MPI rows by OSU's method, the workloads with strategies and their
+limit row side by side, sweeps, and (``--allreduce``) the all-reduce rows of
+:mod:`mpisync.tools.bench.allreduce`. What each column means: docs/performance.md."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import mpisync
 from ... import config as _config
 from .. import progressbar as _progress
 from ..workloads import WORKLOADS, make_params, workload
+from . import limits as _limits
 from . import memory as _memory
 from . import osu as _osu
 from . import output as _output
@@ -38,6 +40,7 @@ QUICK: dict[str, Any] = {
     "warmup": 1,
     "osu_max": 1 << 20,
     "osu_scale": 0.05,
+    "osu_ops": "bcast,allreduce,reduce,allgather",
     "sweep_concurrency": "1,4,16",
     "sweep_fusion": "0,65536,1048576",
     "allreduce_max": 1 << 20,
@@ -50,6 +53,7 @@ FULL: dict[str, Any] = {
     "warmup": 2,
     "osu_max": 1 << 26,
     "osu_scale": 1.0,
+    "osu_ops": "bcast,allreduce,reduce,allgather",
     "sweep_concurrency": "1,2,4,8,16,32",
     "sweep_fusion": "0,16384,65536,262144,1048576,4194304",
     "allreduce_max": 1 << 26,
@@ -60,24 +64,57 @@ FULL: dict[str, Any] = {
 ALLREDUCE_ROWS = ("sweep", "grads", "ddp", "collectives", "check")
 
 
+class _Parser(_argparse.ArgumentParser):
+    """Prints its help, usage and errors on rank 0 only: every rank parses the same arguments, and
+    ``mpiexec -n 2 mpisync bench --help`` should print the help once."""
+
+    def _print_message(self, message, file=None):
+        if MPI.COMM_WORLD.rank == 0:
+            super()._print_message(message, file)
+
+
+LIMIT = "limit (local copies)"  # the label of the limit row in the workload tables
+
+
 def parser() -> _argparse.ArgumentParser:
     """The argument parser of ``mpisync bench``."""
-    p = _argparse.ArgumentParser(
+    p = _Parser(
         prog="mpisync bench",
         description=(
-            "Broadcast microbenchmarks; run under mpiexec, e.g. `mpiexec -n 2 mpisync bench "
-            "--quick`. "
-            "Times are the median over iterations of the slowest rank's time."
+            "Broadcast (and, with --allreduce, all-reduce) microbenchmarks; run under mpiexec, "
+            "e.g. `mpiexec -n 2 mpisync bench --quick`. The raw MPI rows follow OSU's method "
+            "(each rank's mean latency, min/avg/max across ranks); every other row is the median "
+            "over iterations of the slowest rank's time, beside a limit row (the same bytes as "
+            "local memory copies on every rank's core). Each table says what its columns mean; "
+            "docs/performance.md says how each figure is made."
         ),
     )
-    p.add_argument("--quick", action="store_true", help="a short run (under 30 s at 2 ranks)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run: 2 workloads, 5 iterations, raw MPI rows to 1 MiB at 5%% of OSU's "
+        "iteration counts (20-40 s at 2 ranks on a shared 2-core VM; the full run: minutes)",
+    )
     p.add_argument("--workloads", help=f"comma-separated, from {', '.join(WORKLOADS)}")
     p.add_argument("--iterations", type=int, help="timed iterations per measurement")
     p.add_argument("--warmup", type=int, help="untimed iterations first")
     p.add_argument("--root", type=int, default=0)
-    p.add_argument("--osu-max", type=int, help="largest size of the OSU sweep, bytes")
-    p.add_argument("--osu-scale", type=float, help="fraction of OSU's iteration counts")
-    p.add_argument("--no-osu", action="store_true", help="skip the OSU-style sweep")
+    p.add_argument("--osu-max", type=int, help="largest size of the raw MPI rows, bytes")
+    p.add_argument(
+        "--osu-scale", type=float, help="fraction of OSU's iteration counts (1000/100 per size)"
+    )
+    p.add_argument(
+        "--osu-ops",
+        type=_osu_ops,
+        help=f"raw MPI rows, comma-separated from {', '.join(_osu.OPERATIONS)} (default: all)",
+    )
+    p.add_argument("--no-osu", action="store_true", help="skip the raw MPI rows")
+    p.add_argument(
+        "--no-ibcast",
+        action="store_true",
+        help="no Ibcast and overlap columns in the Bcast rows (not part of osu_bcast; timed "
+        "from Python)",
+    )
     p.add_argument(
         "--no-sweep", action="store_true", help="skip the max_concurrent / fusion_bytes sweeps"
     )
@@ -89,9 +126,10 @@ def parser() -> _argparse.ArgumentParser:
         nargs="?",
         const=",".join(ALLREDUCE_ROWS),
         metavar="ROWS",
-        help="also the all-reduce rows, comma-separated from sweep (OSU-style, the torch backend "
-        "beside gloo and Allreduce), grads (GradSync on ResNet-50, BERT-base, 5000 x 400 B), ddp "
-        "(a DDP step beside gloo), collectives (every torch.distributed collective beside gloo at "
+        help="also the all-reduce rows, comma-separated from sweep (the torch backend's "
+        "all_reduce beside gloo and Allreduce, size by size), grads (GradSync on ResNet-50, "
+        "BERT-base, 5000 x 400 B), ddp (a DDP step beside gloo), collectives (every "
+        "torch.distributed collective beside gloo, DDP's start-up broadcast among them, at "
         "1 KiB, 1 MiB, 25 MiB), check (the backend's argument check's cost); alone: all five",
     )
     p.add_argument("--allreduce-max", type=int, help="largest size of the all-reduce sweep, bytes")
@@ -110,6 +148,29 @@ def parser() -> _argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def _node_ranks(comm) -> int:
+    """How many of ``comm``'s ranks share this rank's node (the limit row's cores there)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.size
+    finally:
+        node.Free()
+
+
+def _osu_ops(text: str) -> str:
+    """``--osu-ops``: comma-separated names of :data:`osu.OPERATIONS`."""
+    unknown = [op for op in text.split(",") if op and op not in _osu.OPERATIONS]
+    if unknown or not text.strip(","):
+        raise _argparse.ArgumentTypeError(
+            f"choose from {', '.join(_osu.OPERATIONS)}, comma-separated; got {text!r}"
+        )
+    return text
+
+
+def _osu_sizes(op: str, sizes: list) -> list:
+    return [s for s in sizes if s >= _osu.OPERATIONS[op][2]]
 
 
 def _ints(text: str) -> list:
@@ -135,8 +196,6 @@ def _strategy_list(comm, defaults) -> list:
                 f"Ibcast ring (cap {defaults['max_concurrent']})",
                 _strategies.ibcast_ring(defaults["max_concurrent"]),
             )
-        if name == "torch gloo DDP" and not _strategies.torch_gloo_available(comm):
-            continue
         out.append((name, factory))
     return out
 
@@ -187,10 +246,12 @@ def _workload(comm, name, args, opt, strategies, sweeps, progress) -> tuple:
     factories.update(
         {("sweep", key, value): _strategies.paramsync(**{key: value}) for key, value in sweeps}
     )
-    runs, closers = {}, []
+    runs: dict = {}
+    closers = []
     for label, factory in factories.items():
         runs[label], close = factory(comm, params, args.root)
         closers.append(close)
+    runs[LIMIT] = _limits.limit_run(comm, "broadcast", nbytes, args.root)
     try:
         timings = _measure(comm, runs, opt, lambda n=name: progress.step(n))
     finally:
@@ -200,6 +261,7 @@ def _workload(comm, name, args, opt, strategies, sweeps, progress) -> tuple:
     per = next(
         t.median for k, t in timings.items() if isinstance(k, str) and k.startswith("per-tensor")
     )
+    limit = timings[LIMIT].median
     channel = {k: getattr(runs[k], "channel", None) for k in timings}  # mpisync's own strategies
     rows = [
         {
@@ -208,6 +270,7 @@ def _workload(comm, name, args, opt, strategies, sweeps, progress) -> tuple:
             "gbps": nbytes / t.median / 1e9,
             "bandwidth_vs_flat": flat / t.median,
             "speedup_vs_per_tensor": per / t.median,
+            "of_limit": limit / t.median if comm.size > 1 else None,
             "channel": channel[k],
         }
         for k, t in timings.items()
@@ -221,6 +284,7 @@ def _workload(comm, name, args, opt, strategies, sweeps, progress) -> tuple:
             "median_s": t.median,
             "gbps": nbytes / t.median / 1e9,
             "bandwidth_vs_flat": flat / t.median,
+            "of_limit": limit / t.median if comm.size > 1 else None,
             "channel": channel[k],
         }
         for k, t in timings.items()
@@ -228,7 +292,13 @@ def _workload(comm, name, args, opt, strategies, sweeps, progress) -> tuple:
     ]
     memory = _memory_row(comm, params, args.root)
     progress.step(f"{name}: memory")
-    row = {"workload": name, "tensors": len(params), "bytes": nbytes, "results": rows}
+    row = {
+        "workload": name,
+        "tensors": len(params),
+        "bytes": nbytes,
+        "limit_bytes_per_rank": _limits.work("broadcast", nbytes, comm.size).copy,
+        "results": rows,
+    }
     return {**row, "memory": memory}, swept
 
 
@@ -249,12 +319,14 @@ def run(comm, args) -> dict:
     strategies = _strategy_list(comm, defaults)
     concurrency, fusion = _ints(opt["sweep_concurrency"]), _ints(opt["sweep_fusion"])
     osu_sizes = [] if args.no_osu else _osu.sizes_up_to(opt["osu_max"])
+    osu_ops = [op for op in opt["osu_ops"].split(",") if op] if osu_sizes else []
     sweeps = [
         (key, value)
         for key, values in (("max_concurrent", concurrency), ("fusion_bytes", fusion))
         for value in values
     ]
-    total = len(osu_sizes) + len(names) * (opt["iterations"] + 1)
+    total = sum(len(_osu_sizes(op, osu_sizes)) for op in osu_ops)
+    total += len(names) * (opt["iterations"] + 1)
     progress = _Progress(comm, total, not args.no_progress)
     results: dict[str, Any] = {
         "meta": {
@@ -267,19 +339,23 @@ def run(comm, args) -> dict:
             "iterations": opt["iterations"],
             "warmup": opt["warmup"],
             "defaults": defaults,
+            "osu_method": _osu.method(),
+            "thread_level": _osu.thread_level(),
+            "node_ranks": _node_ranks(comm),
         },
-        "osu": [],
+        "osu": {},
         "workloads": [],
         "sweeps": [],
     }
-    if osu_sizes:
-        results["osu"] = _osu.bcast_sweep(
-            comm,
-            osu_sizes,
-            scale=opt["osu_scale"],
-            root=args.root,
-            progress=lambda: progress.step("osu"),
-        )
+    for op in osu_ops:
+        step = lambda o=op: progress.step(f"osu {o}")  # noqa: E731
+        kwargs = {"scale": opt["osu_scale"], "root": args.root, "progress": step}
+        if op == "bcast":
+            results["osu"][op] = _osu.bcast_sweep(
+                comm, osu_sizes, overlap=not args.no_ibcast, **kwargs
+            )
+        else:
+            results["osu"][op] = _osu.sweep(comm, op, osu_sizes, **kwargs)
     for name in names:
         row, swept = _workload(
             comm, name, args, opt, strategies, sweeps if name in sweep_names else [], progress
