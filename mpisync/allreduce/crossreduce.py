@@ -24,7 +24,6 @@ import numpy as _np
 from mpi4py import MPI
 
 from ..transports import cma as _cma
-from . import ops as _ops
 
 __all__ = ["CrossReduce", "MIN_BYTES"]
 
@@ -33,6 +32,7 @@ __all__ = ["CrossReduce", "MIN_BYTES"]
 MIN_BYTES = 1 << 20
 # Bytes read from a peer per call into the scratch, then combined: the scratch stays in cache.
 _CHUNK = 256 << 10
+_SCRATCH = _np.empty(2 * _CHUNK, _np.uint8)  # the scratch's shape (never written)
 
 
 class CrossReduce:
@@ -52,7 +52,17 @@ class CrossReduce:
     def bind(self, comm, buffers: list, call) -> CrossProgram:
         """The reads of one set of large step buffers (the same sizes, in the same order, on
         every rank). Collective: one all-gather of addresses."""
-        return CrossProgram(self, comm, buffers, call)
+        program = self.program(comm.rank, comm.size, buffers)
+        call(comm.Iallgather(program.row, program.table))
+        program.bind()
+        return program
+
+    def program(self, rank: int, size: int, buffers: list, take=None) -> CrossProgram:
+        """The reads of ``buffers``, to be bound once every rank's :attr:`CrossProgram.row` is
+        gathered into its :attr:`CrossProgram.table` (an all-gather the caller posts); its own
+        arrays come from ``take(like)`` where given (reused buffers: see
+        :meth:`CrossProgram.arrays`)."""
+        return CrossProgram(self.pids, rank, size, buffers, take)
 
 
 def _slices(count: int, size: int) -> list:
@@ -62,21 +72,26 @@ def _slices(count: int, size: int) -> list:
 class CrossProgram:
     """One rank's reads and combines for one set of buffers, bound to every rank's addresses."""
 
-    def __init__(self, reduce: CrossReduce, comm, buffers: list, call):
-        rank, size = comm.rank, comm.size
-        self.rank, self.size, self.buffers = rank, size, buffers
+    def __init__(self, pids: list, rank: int, size: int, buffers: list, take=None):
+        self.pids, self.rank, self.size, self.buffers = pids, rank, size, buffers
         self.slices = [_slices(len(b), size) for b in buffers]
         mine = [b[lo:hi] for b, (lo, hi) in zip(buffers, (s[rank] for s in self.slices))]
-        self.results = [_np.empty_like(part) for part in mine]
+        take = take or _np.empty_like
+        self.results = [take(part) for part in mine]
         self._mine = mine
-        row = _np.array(
+        #: this rank's (buffer address, result address) per buffer; :attr:`table`: every rank's
+        self.row = _np.array(
             [(b.ctypes.data, r.ctypes.data) for b, r in zip(buffers, self.results)], _np.int64
         ).reshape(len(buffers), 2)
-        table = _np.empty((size,) + row.shape, _np.int64)
-        call(comm.Iallgather(row, table))
-        self._scratch = _np.empty(2 * _CHUNK, _np.uint8)
-        self._first = self._first_phase(reduce.pids, table)
-        self._second = self._second_phase(reduce.pids, table)
+        self.table = _np.empty((size,) + self.row.shape, _np.int64)
+        self._scratch = take(_SCRATCH)
+        self._first: list = []
+        self._second: list = []
+
+    def bind(self) -> None:
+        """Compile the reads from every rank's addresses (:attr:`table`, gathered)."""
+        self._first = self._first_phase(self.pids, self.table)
+        self._second = self._second_phase(self.pids, self.table)
 
     def _first_phase(self, pids: list, table) -> list:
         """Per buffer, per chunk of this rank's slice: its view in the result, and for every rank
@@ -118,10 +133,11 @@ class CrossProgram:
             batches += _cma._batches(read, pids[peer], pairs)
         return batches
 
-    def combine(self, op: str) -> bool:
-        """The first phase: this rank's slice of every buffer combined over the ranks into its
-        result buffers; False when a read failed or fell short."""
-        combine, run = _ops.local_op(op), _cma.Copies.run_batches
+    def combine(self, combine) -> bool:
+        """The first phase: this rank's slice of every buffer combined over the ranks with the
+        ufunc ``combine``, in rank order, into its result buffers; False when a read failed or
+        fell short."""
+        run = _cma.Copies.run_batches
         with _np.errstate(all="ignore"):
             for result, sources in self._first:
                 values = []
@@ -143,9 +159,17 @@ class CrossProgram:
             mine[...] = result
         return _cma.Copies.run_batches(self._second)
 
-    def redo_gather(self, comm, call) -> None:
-        """After a failed second phase: every rank's reduced slice to every rank through MPI."""
+    def regather(self, comm) -> list:
+        """After a failed second phase: the requests carrying every rank's reduced slice to every
+        rank through MPI."""
+        requests = []
         for buffer, slices in zip(self.buffers, self.slices):
             counts = [hi - lo for lo, hi in slices]
             displs = [lo for lo, _ in slices]
-            call(comm.Iallgatherv(MPI.IN_PLACE, [buffer, (counts, displs)]))
+            requests.append(comm.Iallgatherv(MPI.IN_PLACE, [buffer, (counts, displs)]))
+        return requests
+
+    def arrays(self) -> list:
+        """This program's own arrays (results and scratch), to hand back for reuse once every
+        rank has agreed that the second phase is over."""
+        return [*self.results, self._scratch]

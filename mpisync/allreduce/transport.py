@@ -189,11 +189,12 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
                 step.load()
         try:
             call(comm.Ibarrier())  # every buffer loaded; the last call's reads of results done
-            if not _everyone(comm, reads.combine(self.op), call):
+            if not _everyone(comm, reads.combine(_ops.local_op(self.op)), call):
                 for step in large:
                     call(comm.Iallreduce(MPI.IN_PLACE, step.buffer, op))
             elif not _everyone(comm, reads.gather(), call):
-                reads.redo_gather(comm, call)
+                for request in reads.regather(comm):
+                    call(request)
         except Expired as expired:
             expired.pending = [n for label in ring.pending_labels() for n in label] + [
                 n for step in large for n in step.label
