@@ -20,6 +20,8 @@ combined once, by its owner, and copied.
 
 from __future__ import annotations
 
+import ctypes as _ctypes
+
 import numpy as _np
 from mpi4py import MPI
 
@@ -85,37 +87,12 @@ class CrossProgram:
         ).reshape(len(buffers), 2)
         self.table = _np.empty((size,) + self.row.shape, _np.int64)
         self._scratch = take(_SCRATCH)
-        self._first: list = []
         self._second: list = []
 
     def bind(self) -> None:
-        """Compile the reads from every rank's addresses (:attr:`table`, gathered)."""
-        self._first = self._first_phase(self.pids, self.table)
+        """Compile the second phase's reads from every rank's addresses (:attr:`table`,
+        gathered); the first phase's are made as it runs, a chunk at a time."""
         self._second = self._second_phase(self.pids, self.table)
-
-    def _first_phase(self, pids: list, table) -> list:
-        """Per buffer, per chunk of this rank's slice: its view in the result, and for every rank
-        in order, the batch reading that rank's values into a scratch half (None: this rank's
-        own values, read in place)."""
-        read, rank, scratch = _cma._CALLS[0], self.rank, self._scratch
-        plan = []
-        for index, (buffer, result) in enumerate(zip(self.buffers, self.results)):
-            itemsize, lo = buffer.itemsize, self.slices[index][rank][0]
-            step = max(1, _CHUNK // itemsize)
-            for start in range(0, len(result), step):
-                stop = min(len(result), start + step)
-                nbytes = (stop - start) * itemsize
-                sources: list = []
-                for peer in range(self.size):
-                    if peer == rank:
-                        sources.append((None, self._mine[index][start:stop]))
-                        continue
-                    half = scratch[(len(sources) % 2) * _CHUNK :][:nbytes]
-                    there = int(table[peer, index, 0]) + (lo + start) * itemsize
-                    batch = _cma._batches(read, pids[peer], [(half.ctypes.data, there, nbytes)])
-                    sources.append((batch, half.view(buffer.dtype)))
-                plan.append((result[start:stop], sources))
-        return plan
 
     def _second_phase(self, pids: list, table) -> list:
         """The batches reading every other rank's result into its slice of this rank's
@@ -137,19 +114,43 @@ class CrossProgram:
         """The first phase: this rank's slice of every buffer combined over the ranks with the
         ufunc ``combine``, in rank order, into its result buffers; False when a read failed or
         fell short."""
-        run = _cma.Copies.run_batches
         with _np.errstate(all="ignore"):
-            for result, sources in self._first:
-                values = []
-                for batch, part in sources:
-                    if batch is not None and not run(batch):
+            for index in range(len(self.buffers)):
+                if not self._combine_one(index, combine):
+                    return False
+        return True
+
+    def _combine_one(self, index: int, combine) -> bool:
+        read, rank, pids = _cma._CALLS[0], self.rank, self.pids
+        # one pair of iovecs, rewritten for every read: the calls take their addresses
+        here, there = _cma._Iovec(), _cma._Iovec()
+        local, remote = _ctypes.addressof(here), _ctypes.addressof(there)
+        halves = (self._scratch[:_CHUNK], self._scratch[_CHUNK:])
+        mine, result = self._mine[index], self.results[index]
+        itemsize, dtype = mine.itemsize, mine.dtype
+        lo = self.slices[index][rank][0] * itemsize
+        bases = [int(self.table[peer, index, 0]) + lo for peer in range(self.size)]
+        step = max(1, _CHUNK // itemsize)
+        for start in range(0, len(result), step):
+            stop = min(len(result), start + step)
+            nbytes, offset, reads = (stop - start) * itemsize, start * itemsize, 0
+            total, out = None, result[start:stop]
+            for peer in range(self.size):
+                if peer == rank:
+                    part = mine[start:stop]
+                else:
+                    half = halves[reads % 2]
+                    reads += 1
+                    here.base, here.len = half.ctypes.data, nbytes
+                    there.base, there.len = bases[peer] + offset, nbytes
+                    if read(pids[peer], local, 1, remote, 1, 0) != nbytes:
                         return False
-                    values.append(part)
-                    if len(values) == 2:
-                        combine(values[0], values[1], out=result)
-                        values = [result]
-                if len(values) == 1 and values[0] is not result:
-                    result[...] = values[0]
+                    part = half[:nbytes].view(dtype)
+                if total is None:
+                    total = part
+                else:
+                    combine(total, part, out=out)
+                    total = out
         return True
 
     def gather(self) -> bool:
