@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import typing as _typing
 
-import numpy as _np
 from mpi4py import MPI
 
 from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired, TrackedRing
 from ..plan.arena import Arena
 from ..transports.base import Context, Transport
-from ..transports.selection import CROSS, SHARED
 from ..transports.selection import MPI as MPI_NAME
+from ..transports.selection import SHARED
 from . import ops as _ops
-from .crossreduce import MIN_BYTES, CrossProgram, CrossReduce
 from .plan import ReducePlan, fused_arena
 from .reduceset import ReduceSet
 from .segment import ReduceSegment
@@ -42,8 +40,6 @@ class ReduceProgram(_typing.NamedTuple):
     steps: list
     arena: Arena  # the fusion arena (private, or the node's segment)
     spans: list | None  # the segment's spans of the fused buckets, None when they go through MPI
-    # the large steps reduced by cross-memory reads, and their reads (None: every step on MPI)
-    across: tuple[list, CrossProgram] | None = None
 
 
 class ReduceTransport(Transport[ReduceSet, ReducePlan]):
@@ -58,8 +54,6 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         self.op, self.fusion = op, fusion_bytes
         self.segment: ReduceSegment | None = None
         self._segment_tried = not segment
-        self.cross: CrossReduce | None = None
-        self._cross_tried = comm.size == 1
         # Calls whose agreement passed: the same count on every rank, whatever fails after.
         self.agreed = 0
         self._ring: TrackedRing | None = None  # the ring of the run in progress
@@ -113,21 +107,7 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         steps = columns.steps(plan, arena, base)
         segment = self.segment
         spans = segment.spans(steps) if segment is not None and arena is segment.arena else None
-        return ReduceProgram(steps, arena, spans, self._across(steps, ctx.call))
-
-    def _across(self, steps: list, call) -> tuple[list, CrossProgram] | None:
-        """The large steps' cross-memory reads, bound (collectively) to every rank's buffers; the
-        reads are opened at the first set with such steps, the same set on every rank (the plan is
-        agreed). None: every step goes through MPI."""
-        large = [step for step in steps if not step.fused and step.buffer.nbytes >= MIN_BYTES]
-        if not large:
-            return None
-        if not self._cross_tried:
-            self._cross_tried = True
-            self.cross = CrossReduce.open(self.comm, call)
-        if self.cross is None:
-            return None
-        return large, self.cross.bind(self.comm, [step.buffer for step in large], call)
+        return ReduceProgram(steps, arena, spans)
 
     def run(self, program: ReduceProgram, ctx: Context) -> None:
         """Reduce every step's buffer over the ranks (collective), then store it; counts the
@@ -137,11 +117,9 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         ctx.pending = ring.pending_labels
         op = _ops.mpi_op(self.op)
         fused = [step for step in steps if step.fused] if spans is not None else ()
-        across = program.across
-        elsewhere = {id(step) for step in across[0]} if across is not None else set()
         for step in steps:
-            if (fused and step.fused) or id(step) in elsewhere:
-                continue  # through the segment or by cross-memory reads, below
+            if fused and step.fused:
+                continue  # through the segment, below
             ring.make_room()
             if step.load is not None:
                 step.load()
@@ -152,17 +130,14 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
                 step.store()
         if spans is not None and fused:
             self._reduce_on_segment(fused, spans, ring, ctx)
-        if across is not None:
-            self._reduce_across(*across, op, ring, ctx)
         ring.drain()
         self._ring, ctx.pending = None, None
         report = ctx.report
         if several:
             report.collectives += len(steps) - len(fused) + (2 if fused else 0)
-            report.collectives += 2 if across is not None else 0  # the three agreements, less
         report.fused_buckets = sum(1 for s in steps if s.fused)
         report.transfers = len(steps)
-        report.channel = SHARED if fused else CROSS if across is not None else MPI_NAME
+        report.channel = SHARED if fused else MPI_NAME
 
     def _reduce_on_segment(self, fused: list, spans: list, ring: TrackedRing, ctx: Context) -> None:
         # The large tensors' all-reduces stay in flight meanwhile; the barriers come after them on
@@ -180,40 +155,9 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         for step in fused:
             step.store()
 
-    def _reduce_across(self, large: list, reads: CrossProgram, op, ring, ctx: Context) -> None:
-        # Like the segment's barriers, these agreements come after the ring's collectives on every
-        # rank. A failed read anywhere: the phase is redone through MPI (see crossreduce).
-        comm, call = self.comm, ctx.call
-        for step in large:
-            if step.load is not None:
-                step.load()
-        try:
-            call(comm.Ibarrier())  # every buffer loaded; the last call's reads of results done
-            if not _everyone(comm, reads.combine(_ops.local_op(self.op)), call):
-                for step in large:
-                    call(comm.Iallreduce(MPI.IN_PLACE, step.buffer, op))
-            elif not _everyone(comm, reads.gather(), call):
-                for request in reads.regather(comm):
-                    call(request)
-        except Expired as expired:
-            expired.pending = [n for label in ring.pending_labels() for n in label] + [
-                n for step in large for n in step.label
-            ]
-            raise
-        for step in large:
-            if step.store is not None:
-                step.store()
-
     def close(self, broken: bool = False) -> None:
         """Let go of the segment; after a timeout (``broken``) keep it and the ring in flight
         alive, as collectives may still write into them."""
         if broken:
             keep_alive(self._ring, self.segment)
         self.segment, self._ring = None, None
-
-
-def _everyone(comm, ok: bool, call) -> bool:
-    """Whether ``ok`` holds on every rank of ``comm`` (collective)."""
-    flag = _np.array([int(ok)], _np.int64)
-    call(comm.Iallreduce(MPI.IN_PLACE, flag, MPI.MIN))
-    return bool(flag[0])

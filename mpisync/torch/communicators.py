@@ -32,7 +32,6 @@ import numpy as _np
 from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired, wait_request
 from .._runtime.timeouts import abort_job, timed_out
-from ..allreduce.crossreduce import CrossReduce
 from ..config import wire_settings
 from ..errors import SyncTimeoutError
 from ..params.agreement import agree_settings
@@ -87,20 +86,6 @@ def agree_on_settings(comm, timeout: float | None, what: str) -> None:
         )
     except Expired:
         timed_out(comm, f"settings agreement of {what}", [what], timeout, call="init_process_group")
-
-
-def cross_reads(comm, timeout: float | None, what: str) -> CrossReduce | None:
-    """The node's cross-memory reads between every two ranks of ``comm`` (the all-reduce of
-    large tensors), or None on every rank (several nodes, ``MPISYNC_CROSS_MEMORY=0``, a pair
-    that cannot reach each other); within ``timeout`` seconds."""
-    if comm.size == 1:
-        return None
-    deadline = None if timeout is None else _time.monotonic() + timeout
-    try:
-        return CrossReduce.open(comm, lambda request: wait_request(request, deadline, comm))
-    except Expired:
-        timed_out(comm, f"cross-memory probe of {what}", [what], timeout, call="init_process_group")
-        return None
 
 
 def members_communicator(parent, members: list, name: str, timeout: float | None):

@@ -24,7 +24,7 @@ from .._runtime.timeouts import timed_out
 from ..errors import PeerExitedError, SyncTimeoutError
 from . import movement, p2p, reductions
 from .checks import checked, checking
-from .communicators import agree_on_settings, cross_reads, duplicates
+from .communicators import agree_on_settings, duplicates
 from .engine import Engine
 from .errors import ArgumentError, MismatchError
 from .identity import Identity, backend_type
@@ -69,7 +69,6 @@ class ProcessGroupMPISync(Identity, dist.ProcessGroup):
             comm.Free()
             p2p.Free()
             raise
-        self._cross = cross_reads(comm, self._timeout, "the process group")
         self._checking = checking()
         self._engine = Engine(comm, settings.max_concurrent.value, self._timeout, self._timed_out)
         self._on_shutdown = on_shutdown
@@ -137,16 +136,15 @@ class ProcessGroupMPISync(Identity, dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):  # type: ignore[override]
         """All-reduce each tensor in place (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR; a
         sparse COO tensor: SUM)."""
-        return self._start(reductions.all_reduce(self._size, tensors, opts, cross=self._cross))
+        return self._start(reductions.all_reduce(self._size, tensors, opts))
 
     def allreduce_coalesced(self, tensors, opts=None):
         """As :meth:`allreduce`, one operation for all of ``tensors``."""
-        op = reductions.all_reduce(self._size, tensors, opts, "all_reduce_coalesced", self._cross)
-        return self._start(op)
+        return self._start(reductions.all_reduce(self._size, tensors, opts, "all_reduce_coalesced"))
 
     def reduce(self, tensors, opts):  # type: ignore[override]
         """Reduce into ``opts.rootRank``'s tensors."""
-        return self._start(reductions.reduce(self._rank, self._size, tensors, opts, self._cross))
+        return self._start(reductions.reduce(self._rank, self._size, tensors, opts))
 
     def broadcast(self, tensors, opts=None):  # type: ignore[override]
         """``opts.rootRank``'s tensors into every rank's."""

@@ -7,7 +7,6 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
-from ..allreduce.crossreduce import MIN_BYTES
 from .buffers import SCRATCH, ReduceBuffer, in_place_array, reduce_problem, reduction
 from .op import Once, Op, dtype_code, fold, joined, overlapping, shape_text
 from .refusals import refusing
@@ -42,10 +41,9 @@ def _signature(tensors, red, *extra) -> list:
 
 
 @refusing("all_reduce", sparse=True)
-def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", cross=None, root=None) -> Op:
-    """Every tensor of ``tensors`` reduced over the ranks, in place (one ``Iallreduce`` each, or
-    by ``cross``-memory reads on one node from :data:`CROSS_BYTES` in all); ``root``: the
-    ``reduce`` that serves (its root is part of what the ranks agree on)."""
+def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", root=None) -> Op:
+    """Every tensor of ``tensors`` reduced over the ranks, in place (one ``Iallreduce`` each);
+    ``root``: the ``reduce`` that serves (its root is part of what the ranks agree on)."""
     tensors = list(tensors)
     if root is None and any(t.layout == torch.sparse_coo for t in tensors):
         return sparse_all_reduce(size, tensors, opts)
@@ -77,59 +75,21 @@ def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", cross=None, r
         arrays, buffers = ready()
         if arrays is None:
             arrays = [b.start() for b in buffers]
-        # the same choice on every rank: the argument check agreed on dtypes and counts
-        if cross is not None and sum(a.nbytes for a in arrays) >= CROSS_BYTES:
-            yield from _across(cross, comm, arrays, red)
-        else:
-            yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
+        yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
         for b in buffers:
             b.finish()
 
     return Op(kind, signature, describe, body, tensors, prepare=ready)
 
 
-#: The fewest bytes an all-reduce moves by cross-memory reads (mpisync.allreduce.crossreduce).
-CROSS_BYTES = MIN_BYTES
-
-_COMBINE = {
-    "sum": _np.add,
-    "avg": _np.add,
-    "prod": _np.multiply,
-    "min": _np.minimum,
-    "max": _np.maximum,
-    "band": _np.bitwise_and,
-    "bor": _np.bitwise_or,
-    "bxor": _np.bitwise_xor,
-}
-
-
-def _across(cross, comm, arrays: list, red):
-    """The steps of an all-reduce of ``arrays`` by cross-memory reads: the addresses, each rank's
-    slices combined, an agreement, the others' slices read, an agreement; a phase that failed on
-    any rank is redone through MPI on every rank (see :mod:`mpisync.allreduce.crossreduce`)."""
-    reads = cross.program(comm.rank, comm.size, arrays, SCRATCH.take)
-    yield [comm.Iallgather(reads.row, reads.table)], False
-    reads.bind()
-    flag = _np.array([int(reads.combine(_COMBINE[red.name]))], _np.int64)
-    yield [comm.Iallreduce(MPI.IN_PLACE, flag, MPI.MIN)], False
-    if not flag[0]:
-        yield [comm.Iallreduce(MPI.IN_PLACE, a, red.mpi_op) for a in arrays], True
-    else:
-        flag[0] = reads.gather()
-        yield [comm.Iallreduce(MPI.IN_PLACE, flag, MPI.MIN)], False
-        yield ([] if flag[0] else reads.regather(comm)), True
-    for array in reads.arrays():  # no rank reads them any more
-        SCRATCH.give(array)
-
-
 @refusing("reduce")
-def reduce(rank: int, size: int, tensors, opts, cross=None) -> Op:
+def reduce(rank: int, size: int, tensors, opts) -> Op:
     """``tensors`` reduced over the ranks into ``opts.rootRank``'s. The other ranks' tensors hold
     the result too: torch leaves them unspecified (gloo leaves partial sums there), and an
     in-place all-reduce costs what the all-reduce does, where the others' results into scratch
     buffers cost 1.4-3x (a copy, and new pages on every call) and MPICH's Ireduce of large
     messages several times that (docs/allreduce.md, the backend's bench rows)."""
-    return all_reduce(size, tensors, opts, "reduce", cross, root=opts.rootRank)
+    return all_reduce(size, tensors, opts, "reduce", root=opts.rootRank)
 
 
 @refusing("reduce_scatter_tensor")

@@ -160,12 +160,10 @@ class CrossMemory:
         self.last = (0, 0)
 
     @classmethod
-    def open(
-        cls, comm, root: int, call, requested: bool | None = None, all_pairs: bool = False
-    ) -> CrossMemory | None:
-        """Check on every rank of ``comm`` that root and every other rank (``all_pairs``: every
-        two ranks) can reach each other; the object, or None on every rank. Collective (an
-        all-gather and an all-reduce, waited with ``call``)."""
+    def open(cls, comm, root: int, call, requested: bool | None = None) -> CrossMemory | None:
+        """Check on every rank of ``comm`` that root and every other rank can reach each other; the
+        object, or None on every rank. Collective (an all-gather and an all-reduce, waited with
+        ``call``)."""
         rank, size = comm.rank, comm.size
         mine = enabled(requested)
         # peers read this array
@@ -179,7 +177,7 @@ class CrossMemory:
         call(comm.Iallgather(row, table))
         # One node only (as MPI names them): on several, some pairs could not reach each other.
         ok = bool(table[:, 0].all()) and bool((table[:, 4] == host).all())
-        peers = [r for r in range(size) if r != rank] if rank == root or all_pairs else [root]
+        peers = [r for r in range(size) if r != rank] if rank == root else [root]
         probe = _np.zeros(2, dtype=_np.int64)
         try:
             for peer in peers if ok else ():
