@@ -53,6 +53,52 @@ def test_version(installed, bounded_env):
     assert proc.returncode == 0 and proc.stdout == "mpisync 0.1.0\n", proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("missing", ["libmpi", "mpi4py"])
+def test_without_mpi_version_help_and_info_say_what_to_install(
+    installed, bounded_env, tmp_path, missing
+):
+    """No MPI library (or no mpi4py): the diagnostic commands run, and say in one line what to
+    install; a command that needs MPI ends with that line, not a traceback."""
+    env = dict(bounded_env, MPI4PY_LIBMPI=str(tmp_path / "libmpi.so.12"))
+    without: tuple = ()
+    if missing == "mpi4py":
+        env, without = bounded_env, ("mpi4py",)
+    why = "mpi4py hidden by a test" if without else str(tmp_path / "libmpi.so.12")
+
+    version = installed.run(["--version"], env, without=without)
+    assert (version.returncode, version.stdout, version.stderr) == (0, "mpisync 0.1.0\n", "")
+    module = subprocess.run(
+        [sys.executable, "-m", "mpisync", "--version"],
+        env=installed.env(env, without=without),
+        cwd=installed.home,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (module.returncode, module.stdout, module.stderr) == (0, "mpisync 0.1.0\n", "")
+    usage = installed.run(["--help"], env, without=without)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: mpisync"), usage.stderr
+    assert usage.stderr == ""
+
+    info = installed.run(["info"], env, without=without)
+    assert info.returncode == 1 and info.stderr == "", info.stderr
+    rows = dict(line.split(" : ", 1) for line in info.stdout.splitlines() if " : " in line)
+    rows = {key.strip(): value for key, value in rows.items()}
+    assert rows["mpisync"] == "0.1.0" and rows["numpy"] != "not installed", info.stdout
+    line = rows["mpi_library"]
+    assert line.startswith("none: mpisync needs ") and why in line, line
+    assert 'install one: pip install "mpisync[mpich]"' in line, line
+    assert "  timeout         = 300.0" in info.stdout  # the settings still shown
+    as_json = installed.run(["info", "--json"], env, without=without)
+    assert as_json.returncode == 1
+    assert json.loads(as_json.stdout)["mpi_library"] == line
+
+    bench = installed.run(["bench", "--quick"], env, without=without)
+    assert bench.returncode == 1 and bench.stdout == "", bench.stdout
+    assert bench.stderr.startswith("mpisync bench: error: mpisync needs ") and why in bench.stderr
+    assert bench.stderr.count("\n") == 1, bench.stderr
+
+
 def test_info_shows_a_bad_setting_on_its_line_and_goes_on(installed, bounded_env):
     env = dict(
         bounded_env, MPISYNC_TIMEOUT="5m", MPISYNC_FUSION_BYTES="256K", MPISYNC_MAX_CONCURRENT="8"
