@@ -33,7 +33,8 @@ def _load() -> tuple:
         if not lines or "cannot load MPI library" not in lines[0]:
             raise
         tried = f" ({lines[1]})" if len(lines) > 1 else ""
-        return None, f"mpisync needs an MPI library, and mpi4py cannot load one{tried}: {INSTALL_HINT}"
+        why = f"mpisync needs an MPI library, and mpi4py cannot load one{tried}"
+        return None, f"{why}: {INSTALL_HINT}"
     return MPI, None
 
 

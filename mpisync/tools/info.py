@@ -17,6 +17,7 @@ from ..errors import InvalidParamError
 
 __all__ = ["collect_info"]
 
+
 def _version(dist: str) -> str:
     try:
         return _metadata.version(dist)
