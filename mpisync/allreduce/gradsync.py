@@ -29,6 +29,7 @@ from mpi4py import MPI
 from .._runtime.clock import Deadline, Trace
 from .._runtime.keepalive import keep_alive
 from .._runtime.lifecycle import Reusable, check_comm
+from .._runtime.observe import Timeline, timeline_for
 from .._runtime.ring import Expired
 from .._runtime.timeouts import timed_out
 from ..errors import SyncError
@@ -90,6 +91,8 @@ class GradSync(Reusable):
         self._node_segment = True  # False: every bucket through MPI (the bench's "MPI only" rows)
         self._closed = False
         self._broken: str | None = None
+        self._timeline: Timeline | None = None  # MPISYNC_TIMELINE's, read at the first call
+        self._traced = False
 
     @property
     def buffer_bytes(self) -> int:
@@ -120,6 +123,10 @@ class GradSync(Reusable):
         if self._broken:
             raise SyncError(f"mpisync: this GradSync is unusable: {self._broken}")
         start = _time.perf_counter()
+        if not self._traced:
+            self._timeline, self._traced = timeline_for(MPI.COMM_WORLD.rank), True
+        timeline = self._timeline
+        begin = timeline.now() if timeline is not None else 0
         comm = self._user_comm
         check_comm(comm)
         rank, size = comm.rank, comm.size
@@ -162,6 +169,10 @@ class GradSync(Reusable):
         except Expired as expired:
             self._timed_out(pending_names(expired, ctx, manifest.names), phase, prepared)
         report.seconds = _time.perf_counter() - start
+        if timeline is not None:  # one span per call, whatever the number of tensors
+            timeline.span(
+                "allreduce", begin, tensors=report.tensors, bytes=report.bytes, op=self._op
+            )
         return report
 
     def _agree(self, manifest, prepared, deadline, report) -> tuple:

@@ -426,6 +426,74 @@ def test_timeline_of_a_job_renders_every_span(installed, bounded_env, tmp_path):
     assert "chrome://tracing" in hidden.stderr and not (tmp_path / "x.png").exists()
 
 
+_EVERY_OPERATION = """
+import sys
+import numpy as np
+from mpi4py import MPI
+import mpisync
+from mpisync.tools.stage_checkpoint import stage_checkpoint
+
+comm = MPI.COMM_WORLD
+grads = {"w": np.ones(5000, np.float32), "b": np.ones(10, np.float32), "frozen": None}
+with mpisync.GradSync(comm, op="avg") as reducer:
+    for step in range(20):
+        reducer.allreduce(grads)
+mpisync.sync_params({"p": np.full(4, float(comm.rank))}, comm)
+stage_checkpoint(sys.argv[1], sys.argv[2] + "-{rank}", comm, per_rank=True)
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is not None:
+    import torch.distributed as dist
+    import mpisync.torch
+
+    mpisync.torch.init_process_group()
+    t = torch.ones(8)
+    for _ in range(5):
+        dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    dist.destroy_process_group()
+print("rank", comm.rank, "torch", torch is not None, flush=True)
+"""
+
+
+def test_timeline_records_every_operation(installed, bounded_env, tmp_path):
+    """Broadcasts, one span per all-reduce call, one per torch backend operation, one per
+    checkpoint staging: a 20-step GradSync run leaves 20 allreduce spans on each rank."""
+    source = tmp_path / "ckpt.bin"
+    source.write_bytes(bytes(range(256)) * 64)
+    env = dict(bounded_env, MPISYNC_TIMELINE=str(tmp_path / "tl-{rank}.json"))
+    script = tmp_path / "job.py"
+    script.write_text(_EVERY_OPERATION)
+    job = subprocess.run(
+        ["mpiexec", "-n", "2", sys.executable, script, source, tmp_path / "staged"],
+        env=installed.env(env),
+        cwd=installed.home,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert job.returncode == 0, job.stdout + job.stderr
+    with_torch = "torch True" in job.stdout
+    files = [tmp_path / "tl-0.json", tmp_path / "tl-1.json"]
+    for rank, path in enumerate(files):
+        events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+        count = {
+            name: sum(e["name"] == name for e in events) for name in {e["name"] for e in events}
+        }
+        assert count["allreduce"] == 20 and count["stage-checkpoint"] == 1, count
+        assert count["validate"] >= 1, count  # the sync_params broadcast
+        allreduce = [e for e in events if e["name"] == "allreduce"]
+        assert {e["args"]["tensors"] for e in allreduce} == {2}  # "frozen" skipped
+        assert all(e["args"]["bytes"] == 5010 * 4 and e["pid"] == rank for e in allreduce)
+        if with_torch:
+            assert count["torch all_reduce"] == 5 and count["torch broadcast"] == 1, count
+    png = tmp_path / "tl.png"
+    proc = installed.run(["timeline", *files, "--out", png], bounded_env)
+    assert proc.returncode == 0 and png.read_bytes()[:8] == PNG, proc.stderr
+
+
 _WRITER = """
 import os, signal, sys
 from mpisync._runtime.observe import Timeline
