@@ -7,12 +7,12 @@
 # frameworks: the MPI and those extras only)
 # torch: MPISYNC_TORCH_VERSION (default 2.13.0); MPISYNC_TORCH_INDEX, the index of CPU builds
 # (default https://download.pytorch.org/whl/cpu), asked when pip's own sources (a local wheel, a
-# mirror) have no CPU build; MPISYNC_TORCH=0 installs no torch (its tests are then skipped).
+# mirror) have no CPU build; MPISYNC_WITHOUT_TORCH=1 installs no torch (its tests are then skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv}
 mpi=${2:-mpich}
-extras=${3:-test,bench,plot,lint}
+extras=${3:-test,bench,plot,lint,package}
 torch_version=${MPISYNC_TORCH_VERSION:-2.13.0}
 torch_index=${MPISYNC_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 python3 -m venv "$venv"
@@ -59,7 +59,7 @@ print('setup: torch', torch.__version__)"
 }
 
 pip_install --upgrade pip
-if [ "${MPISYNC_TORCH:-1}" != 0 ]; then
+if [ "${MPISYNC_WITHOUT_TORCH:-0}" != 1 ]; then
   install_torch
 fi
 pip_install -e ".[$mpi,$extras]"
