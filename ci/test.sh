@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: set-up, lint and types, then every test at 1, 2, 3 and 4 ranks on the embedded
-# MPICH, the example batch scripts on a real Slurm (ci/slurm.sh), Open MPI, and several hosts.
+# The test command: set-up, lint and types, the package check, then every test at 1, 2, 3 and 4
+# ranks on the embedded MPICH, the example batch scripts on a real Slurm (ci/slurm.sh), Open MPI,
+# Intel MPI (without torch), and several hosts.
 # Every mpiexec is bounded twice: MPIEXEC_TIMEOUT (the launcher kills the job) and timeout(1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,9 @@ echo "== lint and types: ruff, mypy"
 timeout 300 ruff check .
 timeout 300 ruff format --check .
 timeout 600 mypy
+
+echo "== the package: sdist and wheel by python -m build, twine check --strict (ci/package_check.py)"
+timeout 900 python ci/package_check.py
 
 echo "== GPU check, dry run: ci/gpu-check.sh's wheel install and preflight, without a GPU"
 timeout 300 bash ci/gpu-wheels.sh
@@ -83,6 +87,13 @@ if [ "${MPISYNC_SKIP_OPENMPI:-0}" != 1 ]; then
         | tail -n 1 | sed "s/^/run $run, $n ranks: /"
     done
   done
+fi
+if [ "${MPISYNC_SKIP_IMPI:-0}" != 1 ]; then
+  # Intel MPI's runtime wheel (impi-rt; its mpiexec is Hydra; mpi4py loads its libmpi with no
+  # setting), in a venv without torch: the suite also collects and passes where torch is absent.
+  echo "== once more on Intel MPI (the impi-rt wheel), 2 ranks, without torch"
+  MPISYNC_WITHOUT_TORCH=1 timeout 900 bash ci/setup.sh .venv-impi impi test
+  MPIEXEC_TIMEOUT=900 timeout 960 .venv-impi/bin/mpiexec -n 2 .venv-impi/bin/python ci/mpi_pytest.py -q
 fi
 if [ "${MPISYNC_SKIP_MULTIHOST:-0}" != 1 ]; then
   echo "== several hosts on one machine (network namespaces, TCP between them)"

@@ -45,12 +45,13 @@ class Installed:
         env = dict(base)
         paths = [str(self.root / "shim"), str(self.site)]
         if without:
+            hidden = self.hidden / "-".join(sorted(without))  # these only, not another test's
             for name in without:
-                (self.hidden / name).mkdir(parents=True, exist_ok=True)
-                (self.hidden / name / "__init__.py").write_text(
+                (hidden / name).mkdir(parents=True, exist_ok=True)
+                (hidden / name / "__init__.py").write_text(
                     f"raise ImportError('{name} hidden by a test')\n"
                 )
-            paths.insert(0, str(self.hidden))
+            paths.insert(0, str(hidden))
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env["PATH"] = os.pathsep.join(
             [str(self.site / "bin"), str(Path(sys.executable).parent), env.get("PATH", "")]

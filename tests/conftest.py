@@ -6,6 +6,7 @@ the whole job, so CI fails fast and never hangs. Every ``mpiexec`` started by a
 test is bounded by ``MPIEXEC_TIMEOUT`` and a subprocess timeout.
 """
 
+import importlib.util
 import os
 import sys
 import time
@@ -13,6 +14,18 @@ import time
 import pytest
 
 from cliutil import installed  # noqa: F401  (the fixture of the command-line tests)
+
+
+def _hide_the_torch_test_folder() -> None:
+    """Without torch installed, ``import torch`` would find ``tests/torch`` (a folder on pytest's
+    pythonpath, named after mpisync's subpackage) as a namespace package, and
+    ``pytest.importorskip("torch")`` would not skip: make ``import torch`` fail instead."""
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin is None:  # a namespace package: a folder, not torch
+        sys.modules["torch"] = None  # type: ignore[assignment]
+
+
+_hide_the_torch_test_folder()
 
 
 def _world_size() -> int:

@@ -6,14 +6,18 @@ rank, unless the application configured the ``mpisync`` logger itself.
 ``{rank}`` replaced, else ``PATH.rank<N>.json``), viewable in chrome://tracing
 or Perfetto, or drawn as a PNG by ``mpisync timeline``: phases validate, pack,
 broadcast, unpack, fan-out, verify, and the other transports' spans
-(cross-memory, shared memory, device). Events are appended after each sync at
-a constant cost per event; the file is valid JSON at every moment. A
-``ParamSync`` reads it at its first sync.
+(cross-memory, shared memory, device); one span per all-reduce call
+(``allreduce``), per torch backend operation (``torch all_reduce``, ...) and per
+``stage-checkpoint``. Events are appended after each sync, else once a second
+or every 4096 events, at a constant cost per event; the file is valid JSON at
+every moment, and stops growing at 64 MiB (a warning says so). A
+``ParamSync`` or ``GradSync`` reads ``MPISYNC_TIMELINE`` at its first call.
 """
 
 from __future__ import annotations
 
 import atexit as _atexit
+import collections as _collections
 import json as _json
 import logging as _logging
 import os as _os
@@ -27,6 +31,9 @@ __all__ = ["logger", "configure_logging", "Timeline", "timeline_for", "timeline_
 logger = _logging.getLogger("mpisync")
 _configured = False
 _FLUSH_EVENTS = 4096  # a sync with more spans than this writes them in pieces
+_FLUSH_US = 1_000_000  # spans recorded outside a sync (all-reduces, torch operations): written
+# at least this often
+_MAX_BYTES = 64 << 20  # a trace file stops growing here: a long job's tracing stays bounded
 _O_CLOEXEC = getattr(_os, "O_CLOEXEC", 0)
 _ENCODER = _json.JSONEncoder(separators=(",", ":"), default=str)  # one encoder: no set-up per event
 
@@ -71,7 +78,8 @@ class Timeline:
     def __init__(self, path: str, rank: int):
         self.path = path
         self.rank = rank
-        self._pending: list = []
+        # appended by any thread without the lock; the flush takes what is there
+        self._pending: _collections.deque = _collections.deque()
         self._lock = _threading.Lock()
         self._origin = _time.perf_counter_ns()
         self._epoch_us = _time.time_ns() // 1000  # lines ranks up on a shared wall clock
@@ -92,6 +100,7 @@ class Timeline:
         self._fd = _os.open(path, _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC | _O_CLOEXEC, 0o644)
         _os.write(self._fd, body)
         self._end = len(body) - len(self._TAIL)  # where the next events go (over the tail)
+        self._flushed_us = self.now()
         _atexit.register(self.close)
 
     def now(self) -> int:
@@ -103,14 +112,22 @@ class Timeline:
         next flush."""
         end_us = self.now() if end_us is None else end_us
         self._pending.append((name, start_us, max(0, end_us - start_us), args))
-        if len(self._pending) >= _FLUSH_EVENTS:
+        if len(self._pending) >= _FLUSH_EVENTS or end_us - self._flushed_us >= _FLUSH_US:
             self.flush()
+
+    def span_since(self, name: str, monotonic_start: float, **args) -> None:
+        """Record ``name`` from ``monotonic_start`` (a ``time.monotonic()`` reading) to now."""
+        end_us = self.now()
+        start_us = end_us - int((_time.monotonic() - monotonic_start) * 1e6)
+        self.span(name, start_us, end_us, **args)
 
     def flush(self) -> None:
         """Append the events recorded since the last flush (one write; the file stays valid
         JSON)."""
         with self._lock:
-            events, self._pending = self._pending, []
+            pending = self._pending
+            events = [pending.popleft() for _ in range(len(pending))]
+            self._flushed_us = self.now()
             if not events or self._fd < 0:
                 return
             pid = self.rank
@@ -123,17 +140,22 @@ class Timeline:
                 ).encode()
                 + self._TAIL
             )
+            if self._end + len(chunk) > _MAX_BYTES:
+                self._stop(f"it reached {_MAX_BYTES >> 20} MiB")
+                return
             try:
                 written = _os.pwrite(self._fd, chunk, self._end)
             except OSError as exc:  # a full disk must not fail a sync: stop tracing instead
-                logger.warning(
-                    "MPISYNC_TIMELINE: writing %s failed (%s); tracing stops", self.path, exc
-                )
-                _os.close(self._fd)
-                self._fd = -1
+                self._stop(f"writing failed ({exc})")
                 return
             if written == len(chunk):
                 self._end += len(chunk) - len(self._TAIL)
+
+    def _stop(self, why: str) -> None:
+        """Stop tracing (the lock held): the file keeps what it holds, valid JSON."""
+        logger.warning("MPISYNC_TIMELINE: %s: %s; tracing stops", self.path, why)
+        _os.close(self._fd)
+        self._fd = -1
 
     def close(self) -> None:
         """Flush and close the file (also run at interpreter exit)."""

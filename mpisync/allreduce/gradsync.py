@@ -7,23 +7,33 @@ place, at most ``max_concurrent`` collectives in flight), then the result is
 copied back to every replica. Validation, errors and timeouts are those of
 :func:`mpisync.sync_params`: one all-reduce of a digest agrees that every
 rank may start, or on the one error every rank raises.
+
+A name that maps to ``None`` (a frozen or unused layer's ``p.grad``) is skipped and stays
+``None``, as DDP skips unused parameters; the names skipped are part of what the ranks agree on,
+so a name that is ``None`` on some ranks and an array on others is the same
+:class:`~mpisync.ManifestMismatchError` on every rank (pass zeros there, as
+``mpisync.horovod.DistributedOptimizer`` does).
 """
 
 from __future__ import annotations
 
+import functools as _functools
 import json as _json
+import operator as _operator
 import time as _time
 import typing as _typing
+from collections.abc import Mapping
 
 from mpi4py import MPI
 
 from .._runtime.clock import Deadline, Trace
 from .._runtime.keepalive import keep_alive
 from .._runtime.lifecycle import Reusable, check_comm
+from .._runtime.observe import Timeline, timeline_for
 from .._runtime.ring import Expired
 from .._runtime.timeouts import timed_out
 from ..errors import SyncError
-from ..params.agreement import agree, diagnose
+from ..params.agreement import NO_GRADIENT, agree, diagnose
 from ..params.bulk import BulkManifest
 from ..params.layout import host_layout
 from ..params.manifest import Manifest, build_manifest
@@ -81,6 +91,8 @@ class GradSync(Reusable):
         self._node_segment = True  # False: every bucket through MPI (the bench's "MPI only" rows)
         self._closed = False
         self._broken: str | None = None
+        self._timeline: Timeline | None = None  # MPISYNC_TIMELINE's, read at the first call
+        self._traced = False
 
     @property
     def buffer_bytes(self) -> int:
@@ -111,12 +123,19 @@ class GradSync(Reusable):
         if self._broken:
             raise SyncError(f"mpisync: this GradSync is unusable: {self._broken}")
         start = _time.perf_counter()
+        if not self._traced:
+            self._timeline, self._traced = timeline_for(MPI.COMM_WORLD.rank), True
+        timeline = self._timeline
+        begin = timeline.now() if timeline is not None else 0
         comm = self._user_comm
         check_comm(comm)
         rank, size = comm.rank, comm.size
         if size > 1 and self._comm is None and self._dup is None:
             self._dup = comm.Idup()  # overlaps this rank's manifest building
+        params, skipped = without_none(params)
         prepared = matching(self._prepared, params, devices_key_of(devices))
+        if prepared is not None and prepared.manifest.settings.get(NO_GRADIENT, []) != skipped:
+            prepared = None
         manifest = (
             prepared.manifest
             if prepared is not None
@@ -128,7 +147,7 @@ class GradSync(Reusable):
                 self._op,
                 self._values["fusion_bytes"],
                 self._settings_error,
-                self._wire,
+                {**self._wire, NO_GRADIENT: skipped} if skipped else self._wire,
             )
         )
         report = SyncReport.of(
@@ -150,6 +169,10 @@ class GradSync(Reusable):
         except Expired as expired:
             self._timed_out(pending_names(expired, ctx, manifest.names), phase, prepared)
         report.seconds = _time.perf_counter() - start
+        if timeline is not None:  # one span per call, whatever the number of tensors
+            timeline.span(
+                "allreduce", begin, tensors=report.tensors, bytes=report.bytes, op=self._op
+            )
         return report
 
     def _agree(self, manifest, prepared, deadline, report) -> tuple:
@@ -200,6 +223,24 @@ class GradSync(Reusable):
         if kept is not None:  # a mapping of bare arrays: the same objects may come back
             self._prepared = prepared
         return prepared
+
+
+_is_none = _functools.partial(_operator.is_, None)
+
+
+def without_none(params) -> tuple:
+    """``(params, [])``, or where a mapping holds ``None`` values, ``(a dict without them, their
+    names, sorted)``: what :meth:`GradSync.allreduce` reduces and what it skips."""
+    if not isinstance(params, Mapping):
+        return params, []
+    try:
+        if not any(map(_is_none, params.values())):
+            return params, []
+        items = list(params.items())
+    except Exception:  # noqa: BLE001 - reading params fails again, as an agreed error
+        return params, []
+    skipped = sorted(str(name) for name, value in items if value is None)
+    return {name: value for name, value in items if value is not None}, skipped
 
 
 def _reduce_manifest(params, devices, rank, size, op, fusion_bytes, settings_error, wire):

@@ -16,6 +16,8 @@ import os as _os
 
 from mpi4py import MPI
 
+from .._runtime.mpilib import library_name
+
 __all__ = ["cuda_aware_mpi", "choose_transport", "gpus_seen", "mpi_library_path"]
 
 _MPIX_GPU_SUPPORT_CUDA = 0
@@ -49,9 +51,7 @@ def cuda_aware_mpi() -> tuple:
     else:
         reasons.append("the MPI library's path is unknown")
     version = MPI.Get_library_version()
-    vendor = (
-        "Open MPI" if version.startswith("Open MPI") else (version.split(maxsplit=1) or ["MPI"])[0]
-    )
+    vendor = library_name(version).rsplit(" ", 1)[0]  # "MPICH", "Open MPI", "Intel MPI"
     if library is not None and hasattr(library, "MPIX_GPU_query_support"):  # MPICH and derivatives
         if _os.environ.get("MPIR_CVAR_ENABLE_GPU", "").strip() == "0":
             return False, f"{vendor}: GPU support disabled by MPIR_CVAR_ENABLE_GPU=0"

@@ -20,6 +20,7 @@ from mpi4py import MPI
 from ..errors import InvalidParamError, ManifestMismatchError
 
 __all__ = [
+    "NO_GRADIENT",
     "all_equal",
     "allgather_bytes",
     "agree",
@@ -31,6 +32,8 @@ __all__ = [
 ]
 
 _MAX_ITEMS = 20
+#: The all-reduce's setting that lists the names it skips for a ``None`` value, sorted.
+NO_GRADIENT = "no_gradient"
 
 
 def max_and_min(comm, words, call) -> tuple:
@@ -192,6 +195,23 @@ def _param_differences(docs: list, root: int) -> list:
     return problems
 
 
+def _none_differences(docs: list) -> list:
+    """One text per name that is ``None`` on some ranks (:data:`NO_GRADIENT`) but not on all."""
+    nones = [set(doc["settings"].get(NO_GRADIENT) or ()) for doc in docs]
+    found = []
+    for name in sorted(set().union(*nones)):
+        none = [rank for rank, names in enumerate(nones) if name in names]
+        if len(none) == len(docs):
+            continue
+        held = [r for r, doc in enumerate(docs) if any(row[0] == name for row in doc["params"])]
+        other = [r for r in range(len(docs)) if r not in none and r not in held]
+        text = f"{name!r} is None on rank(s) {rank_list(none)}"
+        text += f", an array on rank(s) {rank_list(held)}" if held else ""
+        text += f", absent on rank(s) {rank_list(other)}" if other else ""
+        found.append(text)
+    return found
+
+
 def diagnose(docs: list) -> Exception:
     """The error every rank raises, computed identically on every rank from all manifests.
 
@@ -205,6 +225,14 @@ def diagnose(docs: list) -> Exception:
         ranks = [rank for rank, doc in enumerate(docs) if doc["errors"]]
         return InvalidParamError(
             f"mpisync: invalid input on rank(s) {rank_list(ranks)}: {_limited(invalid)}"
+        )
+    missing = _none_differences(docs)
+    if missing:
+        return ManifestMismatchError(
+            "mpisync: a gradient is None on some ranks and an array on others: "
+            f"{_limited(missing)}; a None value is skipped only where it is None on every rank: "
+            "pass zeros where a rank has no gradient (torch.zeros_like(p)), as "
+            "mpisync.horovod.DistributedOptimizer does"
         )
     differing = _settings_differences(docs)
     if differing:

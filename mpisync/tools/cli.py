@@ -5,6 +5,10 @@ Options are checked before any work: a missing optional package (matplotlib
 for ``--plot`` and ``timeline``), a folder that does not exist for an output
 file, a bad number, each ends the command at once with status 2 and one line
 saying what to do. Under ``mpiexec`` only rank 0 prints tables and messages.
+
+Without an MPI library, ``--version``, ``--help``, ``info`` (which then says in one line what to
+install, and exits with status 1) and ``timeline`` still run; the other commands print that line
+and exit with status 1.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os as _os
 import sys as _sys
 from collections.abc import Sequence
 
+from .._runtime import mpilib as _mpilib
 from .outputs import prepare_output
 
 __all__ = ["main"]
@@ -28,8 +33,14 @@ def plural(count: int, word: str, many: str | None = None) -> str:
     return f"{count} {word if count == 1 else many or word + 's'}"
 
 
+_NEEDS_NO_MPI = ("info", "timeline")
+
+
 def _world():
-    """``(rank, size)`` of ``MPI.COMM_WORLD`` (MPI starts here: a singleton without a launcher)."""
+    """``(rank, size)`` of ``MPI.COMM_WORLD`` (MPI starts here: a singleton without a launcher);
+    ``(0, 1)`` without an MPI library."""
+    if _mpilib.PROBLEM is not None:
+        return 0, 1
     from mpi4py import MPI
 
     return MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
@@ -77,11 +88,12 @@ def _info(args) -> int:
     from .info import collect_info
 
     info = collect_info()
+    status = 0 if _mpilib.PROBLEM is None else 1  # mpi_library then says what to install
     if _world()[0] != 0:  # under mpiexec every rank collects, one prints
         return 0
     if args.json:
         print(_json.dumps(info, indent=2))
-        return 0
+        return status
     width = max(len(k) for k in info)
     for key, value in info.items():
         if isinstance(value, list):  # setting_errors, unknown_settings, gpus
@@ -99,7 +111,7 @@ def _info(args) -> int:
                 )
             else:
                 print(f"  {name:<15} = {d['value']!s:<10} ({d['source']}; set with {d['env']})")
-    return 0
+    return status
 
 
 def _bench_problem(rest: list) -> tuple:
@@ -373,6 +385,9 @@ def main(args: Sequence[str] | None = None) -> int:
     """Run the command line with ``args`` (default: ``sys.argv[1:]``); return the exit status."""
     argv = list(_sys.argv[1:] if args is None else args)
     parsed, rest = _parser().parse_known_args(argv)
+    if _mpilib.PROBLEM is not None and parsed.command not in _NEEDS_NO_MPI:
+        print(f"mpisync {parsed.command}: error: {_mpilib.PROBLEM}", file=_sys.stderr)
+        return 1
     if parsed.command in ("bench", "tune"):  # each has its own parser (``mpisync bench --help``)
         return parsed.func(parsed, rest)
     if rest:

@@ -1,24 +1,21 @@
-"""Facts about the MPI library and mpisync's effective settings, for ``mpisync info``."""
+"""Facts about the MPI library and mpisync's effective settings, for ``mpisync info``.
+
+Without an MPI library, :func:`collect_info` still reports the versions and settings, with
+``mpi_library`` saying in one line what to install (``mpisync info`` exists to diagnose that).
+"""
 
 from __future__ import annotations
 
 import importlib.metadata as _metadata
 import os as _os
-
-from mpi4py import MPI
+import platform as _platform
 
 from .. import __version__
 from .. import config as _config
+from .._runtime import mpilib as _mpilib
 from ..errors import InvalidParamError
 
 __all__ = ["collect_info"]
-
-_THREAD_LEVELS = {
-    MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
-    MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
-    MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
-    MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE",
-}
 
 
 def _version(dist: str) -> str:
@@ -28,23 +25,53 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _thread_level(MPI) -> str:
+    level = MPI.Query_thread()
+    for name in ("SINGLE", "FUNNELED", "SERIALIZED", "MULTIPLE"):
+        if level == getattr(MPI, f"THREAD_{name}"):
+            return f"MPI_THREAD_{name}"
+    return str(level)
+
+
+def _without_mpi(problem: str) -> dict:
+    """What ``mpisync info`` can say where no MPI library loads: the versions, the settings,
+    and the one line naming what to install."""
+    return {
+        "mpisync": __version__,
+        "python": _platform.python_version(),
+        "mpi4py": _version("mpi4py"),
+        "numpy": _version("numpy"),
+        "torch": _version("torch"),
+        "mpi_library": f"none: {problem}",
+        "defaults": _defaults(),
+        "setting_errors": [
+            f"{problem}; every sync raises until it is fixed or unset"
+            for problem in _config.environment_problems()
+        ],
+    }
+
+
 def collect_info() -> dict:
     """Everything ``mpisync info`` prints, as a JSON-safe dict."""
+    if _mpilib.PROBLEM is not None:
+        return _without_mpi(_mpilib.PROBLEM)
+    from mpi4py import MPI
+
     from .._runtime.launch import launch_status
     from ..devices.detect import choose_transport, cuda_aware_mpi, gpus_seen
 
-    library = MPI.Get_library_version().strip().splitlines()
     defaults = _defaults()
     aware, aware_why = cuda_aware_mpi()
     transport, transport_why = choose_transport(defaults["gpu_transport"]["value"] or "auto")
     return {
         "mpisync": __version__,
+        "python": _platform.python_version(),
         "mpi4py": _version("mpi4py"),
         "numpy": _version("numpy"),
         "torch": _version("torch"),
-        "mpi_library": library[0].strip() if library else "unknown",
+        "mpi_library": _mpilib.library_name(MPI.Get_library_version()),
         "mpi_standard": "{}.{}".format(*MPI.Get_version()),
-        "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
+        "thread_level": _thread_level(MPI),
         "world_size": MPI.COMM_WORLD.size,
         "launch": launch_status(MPI.COMM_WORLD.size),
         "cuda_aware_mpi": "yes" if aware else "no",

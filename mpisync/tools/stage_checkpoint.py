@@ -38,6 +38,7 @@ from collections.abc import Callable
 import numpy as _np
 from mpi4py import MPI
 
+from .._runtime.observe import timeline_for
 from .._runtime.ring import TrackedRing
 from ..errors import InvalidParamError, SyncError
 from ..sync import ParamSync
@@ -209,6 +210,8 @@ def stage_checkpoint(
     source's permission bits, or on none.
     """
     start = _time.perf_counter()
+    timeline = timeline_for(MPI.COMM_WORLD.rank)  # MPISYNC_TIMELINE: one span per staging
+    begin = timeline.now() if timeline is not None else 0
     with ParamSync(comm, root=root, max_concurrent=max_concurrent, timeout=timeout) as syncer:
 
         def exchange(world, call):
@@ -218,6 +221,9 @@ def stage_checkpoint(
         size, writers, wrote, digest = syncer._collective_exchange(
             "checkpoint staging", [src], exchange
         )
+    if timeline is not None:
+        timeline.span("stage-checkpoint", begin, bytes=size, writers=writers)
+        timeline.flush()
     return StageReport(size, _time.perf_counter() - start, writers, wrote, digest)
 
 

@@ -5,7 +5,9 @@
 
 One row per rank and span name: validate, pack, broadcast, unpack, fan-out,
 verify, and every transport's own spans (cross-memory, shared memory, the
-device transports), also names this renderer does not know yet. Needs
+device transports); ``allreduce`` (one per all-reduce call), ``stage-checkpoint``,
+``torch all_reduce``, ``torch broadcast``, ... (one per operation of the torch
+backend), also names this renderer does not know yet. Needs
 matplotlib (``pip install 'mpisync[plot]'``); reading the files does not.
 """
 
@@ -29,6 +31,8 @@ ORDER = (
     "staged",
     "cuda-aware",
     "verify",
+    "allreduce",
+    "stage-checkpoint",
 )
 _COLORS = {
     "validate": "tab:blue",
@@ -42,6 +46,8 @@ _COLORS = {
     "staged": "tab:pink",
     "cuda-aware": "gold",
     "verify": "tab:red",
+    "allreduce": "tab:blue",
+    "stage-checkpoint": "tab:gray",
 }
 
 

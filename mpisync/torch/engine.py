@@ -52,6 +52,7 @@ from mpi4py import MPI
 
 from .._runtime.failfast import departed_in
 from .._runtime.keepalive import keep_alive
+from .._runtime.observe import timeline_for
 from .driving import Driver
 from .entry import Entry, MpiCalls, settle
 from .errors import AgreedError, CountError, OperationError, OperationTimeoutError
@@ -80,6 +81,7 @@ class Engine:
         self._driver = Driver(self, mpi, self._cond, _threading.Condition(lock), self._ledger)
         self.threaded = self._driver.threaded
         self._settler = Settler(settle) if self.threaded else None
+        self._timeline = timeline_for(MPI.COMM_WORLD.rank)  # MPISYNC_TIMELINE: a span per operation
         self._driver.start()
 
     # -- submitting and posting -------------------------------------------------------------------
@@ -188,6 +190,8 @@ class Engine:
             if finished is None:
                 return  # finished already (failed with the engine)
             self._cond.notify_all()  # its waiters
+        if self._timeline is not None:
+            self._timeline.span_since(f"torch {entry.label.split()[0]}", entry.posted, ok=not error)
         future, freed = finished
         if future is not None and self._settler is not None:
             self._settler.submit(entry, future)  # its callbacks may wait: not on this thread

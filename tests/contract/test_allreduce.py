@@ -570,3 +570,68 @@ def test_the_reduce_transport_runs_a_set_behind_the_transport_interface(comm, re
         assert [a.tobytes() for a in got] == [want] * replicas, name
     transport.close()
     dup.Free()
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_none_on_every_rank_is_skipped_and_stays_none(comm, kind):
+    """A frozen or unused layer (``p.grad is None`` on every rank) is skipped, as DDP does; the
+    other names are reduced, at 1-4 ranks, also on the reused plan."""
+
+    def make(n, value):
+        return np.full(n, float(value))
+
+    if kind == "torch":
+        torch = pytest.importorskip("torch")  # installed or not: the same on every rank
+
+        def make(n, value):
+            return torch.full((n,), float(value))
+
+    size = comm.size
+    with mpisync.GradSync(comm, op="avg") as reducer:
+        for step in range(3):
+            grads = {
+                "frozen.w": None,
+                "fc.b": make(5, comm.rank + step),
+                "fc.w": make(70_000, 2 * comm.rank),
+                "unused.b": None,
+            }
+            report = reducer.allreduce(grads)
+            assert grads["frozen.w"] is None and grads["unused.b"] is None
+            assert sorted(grads) == ["fc.b", "fc.w", "frozen.w", "unused.b"]
+            assert report.tensors == 2
+            mean = sum(range(size)) / size
+            assert np.array_equal(np.asarray(grads["fc.b"]), np.full(5, mean + step))
+            assert np.array_equal(np.asarray(grads["fc.w"]), np.full(70_000, 2 * mean))
+    everything_none = {"a": None, "b": None}
+    assert mpisync.allreduce(everything_none, comm).tensors == 0
+    assert everything_none == {"a": None, "b": None}
+
+
+def test_none_on_some_ranks_raises_everywhere_and_writes_nothing(comm):
+    need_ranks(comm, 2)
+    last = last_rank(comm)
+    grads = {"w": np.full(4, 1.0), "v": None if comm.rank == last else np.full(3, 7.0)}
+    message = raises_everywhere(
+        comm,
+        mpisync.ManifestMismatchError,
+        lambda: mpisync.allreduce(grads, comm),
+        f"'v' is None on rank(s) {last}, an array on rank(s) ",
+        "torch.zeros_like(p)",
+        "mpisync.horovod.DistributedOptimizer",
+    )
+    assert message.startswith("mpisync: a gradient is None on some ranks and an array on others")
+    assert np.all(grads["w"] == 1.0)
+    assert grads["v"] is None if comm.rank == last else np.all(grads["v"] == 7.0)
+    # The reusable form: a name None on every rank at one call and an array at the next.
+    with mpisync.GradSync(comm) as reducer:
+        w = np.full(4, 1.0)
+        reducer.allreduce({"w": w, "v": None})
+        v = np.full(3, float(comm.rank))
+        reducer.allreduce({"w": w, "v": v})
+        assert np.all(w == comm.size**2) and np.all(v == sum(range(comm.size)))
+        raises_everywhere(
+            comm,
+            mpisync.ManifestMismatchError,
+            lambda: reducer.allreduce({"w": w, "v": None if comm.rank == 0 else v}),
+            "'v' is None on rank(s) 0, an array on rank(s) ",
+        )

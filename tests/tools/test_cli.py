@@ -53,6 +53,52 @@ def test_version(installed, bounded_env):
     assert proc.returncode == 0 and proc.stdout == "mpisync 0.1.0\n", proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("missing", ["libmpi", "mpi4py"])
+def test_without_mpi_version_help_and_info_say_what_to_install(
+    installed, bounded_env, tmp_path, missing
+):
+    """No MPI library (or no mpi4py): the diagnostic commands run, and say in one line what to
+    install; a command that needs MPI ends with that line, not a traceback."""
+    env = dict(bounded_env, MPI4PY_LIBMPI=str(tmp_path / "libmpi.so.12"))
+    without: tuple = ()
+    if missing == "mpi4py":
+        env, without = bounded_env, ("mpi4py",)
+    why = "mpi4py hidden by a test" if without else str(tmp_path / "libmpi.so.12")
+
+    version = installed.run(["--version"], env, without=without)
+    assert (version.returncode, version.stdout, version.stderr) == (0, "mpisync 0.1.0\n", "")
+    module = subprocess.run(
+        [sys.executable, "-m", "mpisync", "--version"],
+        env=installed.env(env, without=without),
+        cwd=installed.home,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (module.returncode, module.stdout, module.stderr) == (0, "mpisync 0.1.0\n", "")
+    usage = installed.run(["--help"], env, without=without)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: mpisync"), usage.stderr
+    assert usage.stderr == ""
+
+    info = installed.run(["info"], env, without=without)
+    assert info.returncode == 1 and info.stderr == "", info.stderr
+    rows = dict(line.split(" : ", 1) for line in info.stdout.splitlines() if " : " in line)
+    rows = {key.strip(): value for key, value in rows.items()}
+    assert rows["mpisync"] == "0.1.0" and rows["numpy"] != "not installed", info.stdout
+    line = rows["mpi_library"]
+    assert line.startswith("none: mpisync needs ") and why in line, line
+    assert 'install one: pip install "mpisync[mpich]"' in line, line
+    assert "  timeout         = 300.0" in info.stdout  # the settings still shown
+    as_json = installed.run(["info", "--json"], env, without=without)
+    assert as_json.returncode == 1
+    assert json.loads(as_json.stdout)["mpi_library"] == line
+
+    bench = installed.run(["bench", "--quick"], env, without=without)
+    assert bench.returncode == 1 and bench.stdout == "", bench.stdout
+    assert bench.stderr.startswith("mpisync bench: error: mpisync needs ") and why in bench.stderr
+    assert bench.stderr.count("\n") == 1, bench.stderr
+
+
 def test_info_shows_a_bad_setting_on_its_line_and_goes_on(installed, bounded_env):
     env = dict(
         bounded_env, MPISYNC_TIMEOUT="5m", MPISYNC_FUSION_BYTES="256K", MPISYNC_MAX_CONCURRENT="8"
@@ -402,6 +448,74 @@ def test_timeline_of_a_job_renders_every_span(installed, bounded_env, tmp_path):
         and "drawing needs matplotlib: pip install 'mpisync[plot]'" in hidden.stderr
     )
     assert "chrome://tracing" in hidden.stderr and not (tmp_path / "x.png").exists()
+
+
+_EVERY_OPERATION = """
+import sys
+import numpy as np
+from mpi4py import MPI
+import mpisync
+from mpisync.tools.stage_checkpoint import stage_checkpoint
+
+comm = MPI.COMM_WORLD
+grads = {"w": np.ones(5000, np.float32), "b": np.ones(10, np.float32), "frozen": None}
+with mpisync.GradSync(comm, op="avg") as reducer:
+    for step in range(20):
+        reducer.allreduce(grads)
+mpisync.sync_params({"p": np.full(4, float(comm.rank))}, comm)
+stage_checkpoint(sys.argv[1], sys.argv[2] + "-{rank}", comm, per_rank=True)
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is not None:
+    import torch.distributed as dist
+    import mpisync.torch
+
+    mpisync.torch.init_process_group()
+    t = torch.ones(8)
+    for _ in range(5):
+        dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    dist.destroy_process_group()
+print("rank", comm.rank, "torch", torch is not None, flush=True)
+"""
+
+
+def test_timeline_records_every_operation(installed, bounded_env, tmp_path):
+    """Broadcasts, one span per all-reduce call, one per torch backend operation, one per
+    checkpoint staging: a 20-step GradSync run leaves 20 allreduce spans on each rank."""
+    source = tmp_path / "ckpt.bin"
+    source.write_bytes(bytes(range(256)) * 64)
+    env = dict(bounded_env, MPISYNC_TIMELINE=str(tmp_path / "tl-{rank}.json"))
+    script = tmp_path / "job.py"
+    script.write_text(_EVERY_OPERATION)
+    job = subprocess.run(
+        ["mpiexec", "-n", "2", sys.executable, script, source, tmp_path / "staged"],
+        env=installed.env(env),
+        cwd=installed.home,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert job.returncode == 0, job.stdout + job.stderr
+    with_torch = "torch True" in job.stdout
+    files = [tmp_path / "tl-0.json", tmp_path / "tl-1.json"]
+    for rank, path in enumerate(files):
+        events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+        count = {
+            name: sum(e["name"] == name for e in events) for name in {e["name"] for e in events}
+        }
+        assert count["allreduce"] == 20 and count["stage-checkpoint"] == 1, count
+        assert count["validate"] >= 1, count  # the sync_params broadcast
+        allreduce = [e for e in events if e["name"] == "allreduce"]
+        assert {e["args"]["tensors"] for e in allreduce} == {2}  # "frozen" skipped
+        assert all(e["args"]["bytes"] == 5010 * 4 and e["pid"] == rank for e in allreduce)
+        if with_torch:
+            assert count["torch all_reduce"] == 5 and count["torch broadcast"] == 1, count
+    png = tmp_path / "tl.png"
+    proc = installed.run(["timeline", *files, "--out", png], bounded_env)
+    assert proc.returncode == 0 and png.read_bytes()[:8] == PNG, proc.stderr
 
 
 _WRITER = """
