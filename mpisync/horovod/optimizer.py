@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import InvalidParamError
 from .compression import Compression
-from .context import require
+from .context import default_comm, require
 from .ops import Average, Sum, reduce_op
 
 __all__ = ["DistributedOptimizer"]
@@ -28,17 +28,17 @@ _FLAGS = "mpisync.horovod.has_grad"  # rides in the same all-reduce: who has whi
 class _Reduction:
     """The reduction state of one distributed optimizer: its own :class:`~mpisync.GradSync`."""
 
-    def __init__(self, context, named, compression, op, predivide, sparse_as_dense):
+    def __init__(self, comm, named, compression, op, predivide, sparse_as_dense):
         import torch
 
-        self.context = context
+        self.comm = comm
         self.named = named  # [(name, parameter)], in the optimizer's order
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         # A predivided average is a sum scaled before and after, as Horovod does it.
         self.predivide = predivide
         self.op = "sum" if op == Sum or predivide != 1.0 else "avg"
-        self.scale_after = predivide / context.size if predivide != 1.0 else 1.0
+        self.scale_after = predivide / comm.Get_size() if predivide != 1.0 else 1.0
         self.reducer = None  # made at the first reduction
         self.flags = torch.zeros(len(named), dtype=torch.float32)
         self.synchronized = False
@@ -72,7 +72,7 @@ class _Reduction:
         from ..allreduce import GradSync
 
         if self.reducer is None:
-            self.reducer = GradSync(self.context.comm, op=self.op)
+            self.reducer = GradSync(self.comm, op=self.op)
         sending, kept = {}, []
         for i, (name, p) in enumerate(self.named):
             self.flags[i] = 0.0 if p.grad is None else 1.0
@@ -172,9 +172,6 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
     """Wrap a torch optimizer: ``step()`` averages (``op=hvd.Sum``: sums) every gradient over
     the ranks first. ``groups`` is accepted and not needed (mpisync fuses small tensors by
     itself)."""
-    from .context import check_process_set
-
-    check_process_set(process_set)
     context = require()
     reduce_op(None, op)  # Adasum and unknown ops are refused here, before any step
     if op not in (Average, Sum):
@@ -192,7 +189,12 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
     wrapped: Any = object.__new__(cls)  # not __init__: the optimizer's own state is taken below
     wrapped.__dict__.update(optimizer.__dict__)  # the same state and parameter groups
     wrapped._mpisync = _Reduction(
-        context, named, compression, op, float(gradient_predivide_factor), sparse_as_dense
+        default_comm(process_set),
+        named,
+        compression,
+        op,
+        float(gradient_predivide_factor),
+        sparse_as_dense,
     )
     context.optimizers.add(wrapped)
     return wrapped

@@ -25,7 +25,7 @@ from ..errors import InvalidParamError
 from ..params.agreement import all_equal, allgather_bytes, merge_ranks, rank_list
 from ..state import _broadcast_bytes, sync_state
 from ..sync import ParamSync
-from .context import check_process_set, default_comm
+from .context import default_comm
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state"]
 
@@ -77,8 +77,7 @@ def broadcast_parameters(
     ``(name, tensor)`` pairs (``model.named_parameters()``); the semantics are
     :func:`mpisync.sync_params`'s with ``root=root_rank``. Returns ``None``.
     """
-    check_process_set(process_set)
-    with ParamSync(default_comm() if comm is None else comm, root=root_rank) as syncer:
+    with ParamSync(default_comm(process_set) if comm is None else comm, root=root_rank) as syncer:
         try:
             mapping, error = _as_mapping(params)
         except Exception as exc:  # an iterable that fails while it is read: every rank hears of it
@@ -178,7 +177,8 @@ def broadcast_optimizer_state(
     every tensor takes root's bytes and every other value (step counts,
     learning rate, betas) root's value and type, through :func:`mpisync.sync_state`.
     """
-    check_process_set(process_set)
+    if comm is None and process_set is not None:
+        comm = default_comm(process_set)
     root, comm = _root_and_comm(root_rank, root, comm)
     with ParamSync(comm, root=root) as syncer:
 
