@@ -31,32 +31,17 @@ from .context import *  # noqa: F403
 from .errors import HorovodArgumentError, HorovodInternalError
 from .object_ops import *  # noqa: F403
 from .ops import *  # noqa: F403
+from .ops import DIFFERENTIABLE
 from .optimizer import DistributedOptimizer
 from .process_sets import *  # noqa: F403
 from .state_broadcast import broadcast_optimizer_state, broadcast_parameters
-
-# The differentiable collectives need torch: imported at first use, so that ``import mpisync``
-# does not import torch (mpisync.horovod.autograd's __all__, checked by tests/horovod).
-_DIFFERENTIABLE = (
-    "allreduce",
-    "allreduce_",
-    "grouped_allreduce",
-    "grouped_allreduce_",
-    "allgather",
-    "grouped_allgather",
-    "broadcast",
-    "broadcast_",
-    "alltoall",
-    "reducescatter",
-    "grouped_reducescatter",
-)
 
 __all__ = [
     *_context.__all__,
     *_build_info.__all__,
     *_process_sets.__all__,
     *_ops.__all__,
-    *_DIFFERENTIABLE,
+    *DIFFERENTIABLE,
     *_object_ops.__all__,
     "Compression",
     "HorovodInternalError",
@@ -83,7 +68,7 @@ _NOT_PROVIDED = {
 
 
 def __getattr__(name: str):
-    if name in _DIFFERENTIABLE:
+    if name in DIFFERENTIABLE:
         from . import autograd
 
         return getattr(autograd, name)

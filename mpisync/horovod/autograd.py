@@ -14,21 +14,10 @@ import torch
 from . import ops as _ops
 from .compression import Compression
 from .context import rank
+from .ops import DIFFERENTIABLE
 from .process_sets import global_process_set
 
-__all__ = [
-    "allreduce",
-    "allreduce_",
-    "grouped_allreduce",
-    "grouped_allreduce_",
-    "allgather",
-    "grouped_allgather",
-    "broadcast",
-    "broadcast_",
-    "alltoall",
-    "reducescatter",
-    "grouped_reducescatter",
-]
+__all__ = list(DIFFERENTIABLE)  # torch-free in ops: mpisync.horovod imports this lazily
 
 
 def _set(process_set):
@@ -48,25 +37,13 @@ class _GroupedAllreduce(torch.autograd.Function):
 
 
 def grouped_allreduce(
-    tensors,
-    average=None,
-    name=None,
-    compression=Compression.none,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
+    tensors, average=None, name=None, compression=Compression.none, op=None, **scales_and_set
 ):
-    """The reduction of each tensor over the set (default: the average), as new tensors."""
+    """The reduction of each tensor over the set (default: the average), as new tensors
+    (``prescale_factor``, ``postscale_factor``, ``process_set`` as in Horovod)."""
     packed = [compression.compress(t) for t in tensors]
-    options = dict(
-        average=average,
-        name=name,
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=_set(process_set),
-    )
+    options = {"average": average, "name": name, "op": op, **scales_and_set}
+    options["process_set"] = _set(options.get("process_set"))
     reduced = _GroupedAllreduce.apply(options, *[t for t, _ in packed])
     return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, packed)]
 

@@ -43,6 +43,21 @@ __all__ = [
     "synchronize",
 ]
 
+# The blocking, differentiable collectives (mpisync.horovod.autograd, which needs torch)
+DIFFERENTIABLE = (
+    "allreduce",
+    "allreduce_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "allgather",
+    "grouped_allgather",
+    "broadcast",
+    "broadcast_",
+    "alltoall",
+    "reducescatter",
+    "grouped_reducescatter",
+)
+
 # Horovod's ReduceOp values
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _OPS = {Sum: "sum", Min: "min", Max: "max", Product: "prod"}
@@ -94,6 +109,16 @@ def _desc(kind: str, match: list, shapes: list, extra: Any = None, error: str = 
     return {"k": kind, "m": match, "s": shapes, "x": extra, "e": error}
 
 
+def _refused(tensors) -> str:
+    """Why these tensors cannot travel (a sparse or meta tensor), or "": found before the
+    operation is submitted, so that every rank hears of it instead of waiting."""
+    for i, t in enumerate(tensors):
+        if t.is_sparse or t.device.type == "meta":
+            what = "sparse" if t.is_sparse else "meta"
+            return f"tensor {i} is a {what} tensor (sparse: use sparse_allreduce_async)"
+    return ""
+
+
 def _dtype(tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
@@ -121,7 +146,11 @@ def grouped_allreduce_async(
     pre = float(prescale_factor)
     shapes = [list(t.shape) for t in tensors]
     desc = _desc(
-        "allreduce", [mpi_op, [_dtype(t) for t in tensors], shapes], shapes, [mpi_op, pre, post]
+        "allreduce",
+        [mpi_op, [_dtype(t) for t in tensors], shapes],
+        shapes,
+        [mpi_op, pre, post],
+        _refused(tensors),
     )
 
     def run(comm, call, descs):
@@ -165,7 +194,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     """Submit the concatenation of every rank's tensors along their first dimension."""
     tensors = [t.reshape(1) if t.dim() == 0 else t for t in tensors]
     match = [[_dtype(t) for t in tensors], [list(t.shape[1:]) for t in tensors]]
-    desc = _desc("allgather", match, [list(t.shape) for t in tensors])
+    desc = _desc("allgather", match, [list(t.shape) for t in tensors], error=_refused(tensors))
 
     def run(comm, call, descs):
         return [
@@ -195,6 +224,7 @@ def set_root(root_rank: int, process_set) -> tuple[int, str]:
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Submit the broadcast of root_rank's ``tensor``; the result is a new tensor."""
     root, error = set_root(root_rank, process_set)
+    error = error or _refused([tensor])
     desc = _desc("broadcast", [root_rank, _dtype(tensor), list(tensor.shape)], [], error=error)
 
     def run(comm, call, descs):
@@ -240,6 +270,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     send, error = _splits(tensor, splits, process_set.size())
     if tensor.dim() == 0:
         error = "alltoall needs a tensor of at least one dimension"
+    error = error or _refused([tensor])
     match = [_dtype(tensor), list(tensor.shape[1:])]
     desc = _desc("alltoall", match, [list(tensor.shape)], send, error)
 
@@ -268,6 +299,7 @@ def grouped_reducescatter_async(
     shapes = [list(t.shape) for t in tensors]
     scalar = any(t.dim() == 0 for t in tensors)
     error = "reducescatter needs tensors of at least one dimension" if scalar else ""
+    error = error or _refused(tensors)
     desc = _desc("reducescatter", [mpi_op, [_dtype(t) for t in tensors], shapes], shapes, None)
     desc["e"] = error
 

@@ -15,10 +15,10 @@ import contextlib as _contextlib
 import warnings as _warnings
 from typing import Any
 
-from ..errors import InvalidParamError
 from .compression import Compression
 from .context import default_comm, require
 from .ops import Average, Sum, reduce_op
+from .process_sets import global_process_set
 
 __all__ = ["DistributedOptimizer"]
 
@@ -28,17 +28,20 @@ _FLAGS = "mpisync.horovod.has_grad"  # rides in the same all-reduce: who has whi
 class _Reduction:
     """The reduction state of one distributed optimizer: its own :class:`~mpisync.GradSync`."""
 
-    def __init__(self, comm, named, compression, op, predivide, sparse_as_dense):
+    def __init__(self, process_set, named, compression, op, predivide, sparse_as_dense):
         import torch
 
-        self.comm = comm
+        # a rank outside the process set steps with its own gradients, as in Horovod
+        self.process_set = process_set
+        self.comm = default_comm(process_set) if process_set.included() else None
+        self.horovod_op = op
         self.named = named  # [(name, parameter)], in the optimizer's order
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         # A predivided average is a sum scaled before and after, as Horovod does it.
         self.predivide = predivide
         self.op = "sum" if op == Sum or predivide != 1.0 else "avg"
-        self.scale_after = predivide / comm.Get_size() if predivide != 1.0 else 1.0
+        self.scale_after = predivide / process_set.size() if predivide != 1.0 else 1.0
         self.reducer = None  # made at the first reduction
         self.flags = torch.zeros(len(named), dtype=torch.float32)
         self.synchronized = False
@@ -57,34 +60,50 @@ class _Reduction:
         if grad is None:
             return torch.zeros_like(p, memory_format=torch.contiguous_format)
         if grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise InvalidParamError(
-                    f"parameter {name!r} has a sparse gradient, and mpisync reduces dense "
-                    "tensors: pass sparse_as_dense=True to DistributedOptimizer"
-                )
             grad = p.grad = grad.to_dense()
         if not grad.is_contiguous():
             grad = p.grad = grad.contiguous()
         return grad
 
+    def _sparse(self) -> list:
+        """Submit the sparse gradients (Horovod's allgather of indices and values); their
+        ``[(parameter, handle)]``."""
+        from .ops import sparse_allreduce_async
+
+        return [
+            (p, sparse_allreduce_async(p.grad, f"sparse.{name}", self.horovod_op, self.process_set))
+            for name, p in self.named
+            if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense
+        ]
+
     def reduce(self) -> None:
-        """Reduce every gradient over the ranks, in one call."""
+        """Reduce every gradient over the ranks: the dense ones in one call."""
         from ..allreduce import GradSync
 
+        if self.comm is None:
+            self.synchronized = True
+            return
         if self.reducer is None:
             self.reducer = GradSync(self.comm, op=self.op)
+        sparse = self._sparse()
+        sparse_ids = {id(p) for p, _ in sparse}
         sending, kept = {}, []
         for i, (name, p) in enumerate(self.named):
+            if id(p) in sparse_ids:
+                self.flags[i] = 0.0
+                continue
             self.flags[i] = 0.0 if p.grad is None else 1.0
             grad = self._gradient(name, p)
             sent, ctx = self.compression.compress(grad)
             if self.predivide != 1.0:
                 sent = sent / self.predivide
             sending[name] = sent
-            kept.append((sent, ctx))
+            kept.append((i, p, sent, ctx))
         sending[_FLAGS] = self.flags
         self.reducer.allreduce(sending)
-        for i, ((_, p), (sent, ctx)) in enumerate(zip(self.named, kept)):
+        for p, handle in sparse:
+            p.grad = handle()
+        for i, p, sent, ctx in kept:
             if not self.flags[i] > 0:  # no rank has a gradient: the optimizer skips it
                 continue
             result = self.compression.decompress(sent, ctx)
@@ -189,7 +208,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
     wrapped: Any = object.__new__(cls)  # not __init__: the optimizer's own state is taken below
     wrapped.__dict__.update(optimizer.__dict__)  # the same state and parameter groups
     wrapped._mpisync = _Reduction(
-        default_comm(process_set),
+        global_process_set if process_set is None else process_set,
         named,
         compression,
         op,

@@ -141,6 +141,24 @@ def _skeleton(optimizer, root_description: dict, mine: dict) -> dict:
     return {**state_dict, "state": state}
 
 
+def _zero_gradients(optimizer) -> None:
+    """What Horovod does to an optimizer without state: a zero ``.grad`` for each parameter
+    that requires one and has none (sparse for ``SparseAdam``)."""
+    try:
+        if optimizer.state_dict()["state"]:
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+    except Exception:  # noqa: BLE001 - the exchange below reports an unreadable optimizer
+        return
+    import torch
+
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    for p in params:
+        if p.requires_grad and p.grad is None:
+            grad = torch.zeros_like(p)
+            p.grad = grad.to_sparse() if sparse else grad
+
+
 def _root_and_comm(root_rank, root, comm) -> tuple:
     """``(root, comm)`` from Horovod's ``root_rank``, ``root=`` (another name of it) and
     ``comm``; the older call ``broadcast_optimizer_state(optimizer, comm, root=r)`` still works,
@@ -179,6 +197,7 @@ def broadcast_optimizer_state(
     """
     if comm is None and process_set is not None:
         comm = default_comm(process_set)
+    _zero_gradients(optimizer)
     root, comm = _root_and_comm(root_rank, root, comm)
     with ParamSync(comm, root=root) as syncer:
 

@@ -78,3 +78,26 @@ def test_sparse_allreduce_is_the_dense_one(started):
     dense[4] = 2.0
     handle = hvd.sparse_allreduce_async(dense.to_sparse(), name="s", op=hvd.Average)
     assert torch.equal(handle().to_dense(), hvd.allreduce(dense))
+
+
+def test_sparse_gradients_in_distributed_optimizer(started):
+    comm = started
+    embedding = torch.nn.Embedding(6, 2, sparse=True)
+    torch.nn.init.zeros_(embedding.weight)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=1.0), op=hvd.Sum)
+    embedding(torch.tensor([comm.rank % 6, 5])).sum().backward()
+    assert embedding.weight.grad.is_sparse
+    opt.step()
+    expected = torch.zeros(6, 2)
+    for r in range(comm.size):
+        expected[r % 6] -= 1.0
+    expected[5] -= comm.size
+    assert torch.equal(embedding.weight.detach(), expected)
+
+
+def test_broadcast_optimizer_state_gives_zero_grads_as_horovod(started):
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    trained = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([frozen, trained], lr=0.1, momentum=0.9)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert frozen.grad is None and torch.equal(trained.grad, torch.zeros(3))

@@ -95,3 +95,15 @@ def test_join_feeds_zeros_to_the_others_allreduces_and_returns_the_last(started)
         last = hvd.join()
     assert last == (comm.size - 1 if comm.size > 1 else 0)
     assert hvd.allgather_object(last) == [last] * comm.size
+
+
+def test_a_tensor_that_cannot_travel_on_one_rank_raises_on_every_rank(started):
+    comm = started
+    dense = torch.eye(3)
+    x = dense.to_sparse() if comm.rank == comm.size - 1 else dense
+    raises_everywhere(
+        comm,
+        hvd.HorovodArgumentError,
+        lambda: hvd.allreduce(x, name="sp"),
+        f"rank {comm.size - 1}: tensor 0 is a sparse tensor",
+    )

@@ -27,6 +27,6 @@ def test_error_types_are_horovods_and_mpisyncs():
 def test_differentiable_names_are_the_autograd_module():
     from mpisync.horovod import autograd
 
-    assert set(hvd._DIFFERENTIABLE) == set(autograd.__all__)
-    assert set(hvd._DIFFERENTIABLE) <= set(hvd.__all__)
+    assert set(hvd.DIFFERENTIABLE) == set(autograd.__all__)
+    assert set(hvd.DIFFERENTIABLE) <= set(hvd.__all__)
     assert all(hasattr(hvd, name) for name in hvd.__all__)

@@ -56,3 +56,16 @@ def test_init_with_process_sets(comm):
     finally:
         hvd.shutdown()
     assert first.process_set_id is None
+
+
+def test_distributed_optimizer_on_a_process_set(started):
+    comm = started
+    if comm.size == 1:
+        pytest.skip("needs a set other than the global one (two ranks)")
+    first = hvd.add_process_set([0])
+    weight = torch.nn.Parameter(torch.zeros(2))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([weight], lr=1.0), process_set=first)
+    weight.grad = torch.full((2,), comm.rank + 1.0)
+    opt.step()  # rank 0 alone in the set; the others step with their own gradients
+    assert weight.tolist() == [-(comm.rank + 1.0)] * 2
+    hvd.remove_process_set(first)
