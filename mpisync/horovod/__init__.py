@@ -14,8 +14,8 @@ their grouped and ``*_async`` forms, barrier, join) match by name across ranks a
 differentiable with Horovod's gradients. Ranks that disagree get the same
 :class:`HorovodInternalError` (a ``RuntimeError`` and an :class:`mpisync.SyncError`); bad
 arguments the same :class:`HorovodArgumentError` (a ``ValueError``). What Horovod has and this
-module does not (Adasum, elastic training, the timeline API, ``SyncBatchNorm``, TensorFlow,
-Keras, MXNet) is an error naming it. docs/horovod.md lists every name.
+module does not (Adasum, elastic training, the timeline API, TensorFlow, Keras, MXNet) is an
+error naming it. docs/horovod.md lists every name.
 """
 
 from __future__ import annotations
@@ -49,14 +49,13 @@ __all__ = [
     "broadcast_parameters",
     "broadcast_optimizer_state",
     "DistributedOptimizer",
+    "SyncBatchNorm",  # noqa: F405 - imported at first use (it needs torch)
 ]
 
 # Horovod names this module does not provide, with what to use instead.
 _NOT_PROVIDED = {
     "elastic": "elastic training (hvd.elastic): restart the job from a checkpoint instead "
     "(mpisync stage-checkpoint)",
-    "SyncBatchNorm": "hvd.SyncBatchNorm: use torch.nn.SyncBatchNorm with DDP on the mpisync "
-    "torch.distributed backend",
     "start_timeline": "Horovod's timeline: set MPISYNC_TIMELINE=/path/tl-{rank}.json",
     "stop_timeline": "Horovod's timeline: set MPISYNC_TIMELINE=/path/tl-{rank}.json",
     "tensorflow": "TensorFlow: mpisync.horovod is Horovod's PyTorch API only",
@@ -72,6 +71,10 @@ def __getattr__(name: str):
         from . import autograd
 
         return getattr(autograd, name)
+    if name == "SyncBatchNorm":
+        from .sync_batch_norm import SyncBatchNorm
+
+        return SyncBatchNorm
     if name in _NOT_PROVIDED:
         raise AttributeError(f"mpisync.horovod does not provide {_NOT_PROVIDED[name]}")
     raise AttributeError(f"module 'mpisync.horovod' has no attribute {name!r}")

@@ -88,8 +88,8 @@ def test_unsupported_ops_are_named(started):
         hvd.allreduce(torch.ones(1), average=True, op=hvd.Sum)
     with pytest.raises(AttributeError, match=r"does not provide elastic training \(hvd.elastic\)"):
         hvd.elastic.run  # noqa: B018
-    with pytest.raises(AttributeError, match="does not provide hvd.SyncBatchNorm"):
-        hvd.SyncBatchNorm  # noqa: B018
+    with pytest.raises(AttributeError, match="does not provide Horovod's timeline"):
+        hvd.start_timeline  # noqa: B018
     with pytest.raises(ImportError, match="Horovod's PyTorch API only"):
         import mpisync.horovod.tensorflow  # noqa: F401
 

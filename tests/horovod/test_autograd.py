@@ -52,3 +52,25 @@ def test_reducescatter_grad_is_the_allgather_of_the_gradient(started):
     (out * (comm.rank + 1)).sum().backward()
     expected = [float((r + 1) * comm.size) for r in range(comm.size) for _ in range(2)]
     assert x.grad[:, 0].tolist() == expected
+
+
+def test_sync_batch_norm_is_batch_norm_over_every_ranks_batch(started):
+    comm = started
+    torch.manual_seed(0)
+    full = torch.randn(2 * comm.size, 3, 4, dtype=torch.float64)
+    mine = full[2 * comm.rank : 2 * comm.rank + 2].clone().requires_grad_()
+    whole = full.clone().requires_grad_()
+    sync_bn = hvd.SyncBatchNorm(3).double()
+    bn = torch.nn.BatchNorm1d(3).double()
+    out, reference = sync_bn(mine), bn(whole)
+    assert torch.allclose(out, reference[2 * comm.rank : 2 * comm.rank + 2], atol=1e-12)
+    assert torch.allclose(sync_bn.running_mean, bn.running_mean, atol=1e-12)
+    assert torch.allclose(sync_bn.running_var, bn.running_var, atol=1e-12)
+    weights = torch.arange(full.numel(), dtype=torch.float64).reshape(full.shape)
+    (out * weights[2 * comm.rank : 2 * comm.rank + 2]).sum().backward()
+    (reference * weights).sum().backward()
+    assert torch.allclose(mine.grad, whole.grad[2 * comm.rank : 2 * comm.rank + 2], atol=1e-9)
+    summed = hvd.allreduce(sync_bn.weight.grad, op=hvd.Sum)
+    assert torch.allclose(summed, bn.weight.grad, atol=1e-9)
+    sync_bn.eval()
+    assert torch.allclose(sync_bn(mine), bn.eval()(whole)[2 * comm.rank : 2 * comm.rank + 2])
