@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from .._runtime.launch import check_launch
 from ..errors import InvalidParamError
-from .engine import Engine
+from . import process_sets as _process_sets
 
 __all__ = [
     "init",
@@ -30,8 +30,6 @@ class _Context:
     engines."""
 
     def __init__(self, comm: MPI.Intracomm):
-        from .process_sets import global_process_set
-
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -40,23 +38,13 @@ class _Context:
         self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
         local.Free()
         cross.Free()
-        self.engine = Engine(comm)  # the global process set's
-        global_process_set.ranks = list(range(self.size))
-        global_process_set.process_set_id, global_process_set.engine = 0, self.engine
-        self.process_sets = {0: global_process_set}
+        self.engine = _process_sets.start(comm)  # the global process set's
         self.optimizers: _weakref.WeakSet = _weakref.WeakSet()  # their reducers close with us
 
     def close(self) -> None:
-        from .process_sets import global_process_set
-
-        for process_set in list(self.process_sets.values()):
-            if process_set is not global_process_set:
-                process_set._invalidate()
-        self.engine.close()
-        global_process_set.process_set_id, global_process_set.engine = None, None
+        _process_sets.stop()
         for optimizer in list(self.optimizers):
             optimizer._mpisync.close()
-        self.process_sets.clear()
 
 
 _context: _Context | None = None
@@ -84,11 +72,9 @@ def init(comm: MPI.Intracomm | None = None, process_sets=None) -> None:
     check_launch(comm)
     _context = _Context(comm)
     if process_sets:
-        from .process_sets import add_process_set
-
         try:
             for process_set in process_sets:
-                add_process_set(process_set)
+                _process_sets.add_process_set(process_set)
         except BaseException:
             shutdown()  # a refused set leaves nothing started
             raise
@@ -110,16 +96,14 @@ def is_initialized() -> bool:
 def require() -> _Context:
     """The context of ``init()``, or the error Horovod gives before it."""
     if _context is None:
-        raise ValueError("mpisync.horovod has not been initialized; use hvd.init().")
+        raise ValueError(_process_sets.NOT_INITIALIZED)
     return _context
 
 
 def default_comm(process_set=None) -> MPI.Intracomm:
     """``process_set``'s communicator; without one, ``init()``'s, or ``MPI.COMM_WORLD`` before
     ``init()``."""
-    from .process_sets import global_process_set
-
-    if process_set is not None and process_set is not global_process_set:
+    if process_set is not None and process_set is not _process_sets.global_process_set:
         return process_set.require_engine().syncer._user_comm
     return MPI.COMM_WORLD if _context is None else _context.comm
 

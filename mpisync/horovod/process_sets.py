@@ -19,6 +19,8 @@ from .errors import HorovodArgumentError
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
 
+NOT_INITIALIZED = "mpisync.horovod has not been initialized; use hvd.init()."
+
 
 class ProcessSet:
     """A set of ranks of ``init()``'s communicator (a list of ranks, or an mpi4py
@@ -50,9 +52,7 @@ class ProcessSet:
 
     def rank(self) -> int:
         """This process's rank within the set (-1: not in it)."""
-        from .context import rank
-
-        mine = rank()
+        mine = _world_comm().rank
         return self.ranks.index(mine) if mine in self.ranks else -1
 
     def included(self) -> bool:
@@ -61,9 +61,7 @@ class ProcessSet:
 
     def require_engine(self) -> Engine:
         """The set's engine: this rank must be in the set, and the set registered."""
-        from .context import require
-
-        require()
+        _world_comm()
         if self.process_set_id is None:
             raise HorovodArgumentError(
                 f"mpisync.horovod: process set {self.ranks} has not been added "
@@ -89,12 +87,39 @@ class ProcessSet:
 
 
 global_process_set = ProcessSet()
+_registry: dict[int, ProcessSet] = {}  # id -> set, while initialized (0: the global one)
 
 
-def register(process_set: ProcessSet, context) -> ProcessSet:
-    """Make ``process_set`` usable: every rank of ``context``'s communicator calls this with
+def _world_comm():
+    """``init()``'s communicator, or the error Horovod gives before ``init()``."""
+    if global_process_set.engine is None:
+        raise ValueError(NOT_INITIALIZED)
+    return global_process_set.engine.syncer._user_comm
+
+
+def start(comm) -> Engine:
+    """Make ``global_process_set`` every rank of ``comm`` (``init()``); its engine."""
+    global_process_set.ranks = list(range(comm.Get_size()))
+    global_process_set.process_set_id, global_process_set.engine = 0, Engine(comm)
+    _registry[0] = global_process_set
+    return global_process_set.engine
+
+
+def stop() -> None:
+    """Close every process set and the global one's engine (``shutdown()``)."""
+    for process_set in list(_registry.values()):
+        if process_set is not global_process_set:
+            process_set._invalidate()
+    if global_process_set.engine is not None:
+        global_process_set.engine.close()
+    global_process_set.process_set_id, global_process_set.engine = None, None
+    _registry.clear()
+
+
+def _register(process_set: ProcessSet) -> ProcessSet:
+    """Make ``process_set`` usable: every rank of ``init()``'s communicator calls this with
     the same ranks, in the same order (checked: a difference raises on every rank)."""
-    comm = context.comm
+    comm = _world_comm()
     ranks = process_set.ranks
 
     def agree(world, call):
@@ -105,40 +130,38 @@ def register(process_set: ProcessSet, context) -> ProcessSet:
                 + "; ".join(f"rank {r}: [{p.decode()}]" for r, p in enumerate(parts))
             )
 
-    context.engine.syncer._collective_exchange("process set agreement", [], agree)
+    global_process_set.require_engine().syncer._collective_exchange(
+        "process set agreement", [], agree
+    )
     bad = [r for r in ranks if not 0 <= r < comm.size]
     if not ranks or bad or len(set(ranks)) != len(ranks):
         raise HorovodArgumentError(
             f"mpisync.horovod: a process set needs distinct ranks in [0, {comm.size}), got {ranks}"
         )
-    if any(ps.ranks == ranks for ps in context.process_sets.values()):
+    if any(ps.ranks == ranks for ps in _registry.values()):
         raise HorovodArgumentError(f"mpisync.horovod: a process set with ranks {ranks} exists")
     sub = comm.Split(0 if comm.rank in ranks else MPI.UNDEFINED, key=comm.rank)
-    process_set.process_set_id = max(context.process_sets) + 1
+    process_set.process_set_id = max(_registry) + 1
     if sub != MPI.COMM_NULL:
         process_set.mpi_comm, process_set.engine = sub, Engine(sub)
-    context.process_sets[process_set.process_set_id] = process_set
+    _registry[process_set.process_set_id] = process_set
     return process_set
 
 
 def add_process_set(process_set) -> ProcessSet:
     """Add a process set (a :class:`ProcessSet` or a list of ranks); every rank calls it."""
-    from .context import require
-
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise HorovodArgumentError(f"mpisync.horovod: {process_set!r} was already added")
-    return register(process_set, require())
+    return _register(process_set)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Remove a process set added before; every rank calls it. False if it was not added."""
-    from .context import require
-
-    context = require()
+    _world_comm()
     if process_set is global_process_set or process_set.process_set_id is None:
         return False
-    context.process_sets.pop(process_set.process_set_id, None)
+    _registry.pop(process_set.process_set_id, None)
     process_set._invalidate()
     return True
