@@ -145,9 +145,9 @@ class _DistributedOptimizer:
         if not state.skip:
             if state.synchronized:
                 _warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() without "
-                    "optimizer.skip_synchronize(): the gradients were already reduced and are "
-                    "not reduced again",
+                    "optimizer.step() called without optimizer.skip_synchronize() context "
+                    "after optimizer.synchronize() (Horovod's warning): the gradients were "
+                    "already reduced and are not reduced again",
                     UserWarning,
                     stacklevel=2,
                 )
