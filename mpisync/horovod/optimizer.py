@@ -25,6 +25,16 @@ __all__ = ["DistributedOptimizer"]
 _FLAGS = "mpisync.horovod.has_grad"  # rides in the same all-reduce: who has which gradient
 
 
+def _densified(sparse):
+    """``sparse.to_dense()``, summed by index (``to_dense`` of a hybrid sparse tensor, as an
+    embedding's gradient is, gives zeros in some torch builds)."""
+    import torch
+
+    dense = torch.zeros(sparse.shape, dtype=sparse.dtype, device=sparse.device)
+    indices = sparse._indices()
+    return dense.index_put_(tuple(indices), sparse._values(), accumulate=True)
+
+
 class _Reduction:
     """The reduction state of one distributed optimizer: its own :class:`~mpisync.GradSync`."""
 
@@ -59,8 +69,8 @@ class _Reduction:
         grad = p.grad
         if grad is None:
             return torch.zeros_like(p, memory_format=torch.contiguous_format)
-        if grad.is_sparse:
-            grad = p.grad = grad.to_dense()
+        if grad.is_sparse:  # sparse_as_dense: reduced dense, given back sparse
+            grad = _densified(grad)
         if not grad.is_contiguous():
             grad = p.grad = grad.contiguous()
         return grad
@@ -111,6 +121,8 @@ class _Reduction:
                 result = result * self.scale_after
             if p.grad is None:
                 p.grad = result
+            elif p.grad.is_sparse:
+                p.grad = result.to_sparse(p.grad.sparse_dim())
             elif result is not p.grad:
                 p.grad.copy_(result)
         self.synchronized = True
@@ -207,6 +219,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
     cls = type(base.__name__, (base,), {**methods, "_mpisync_base": base, "__doc__": base.__doc__})
     wrapped: Any = object.__new__(cls)  # not __init__: the optimizer's own state is taken below
     wrapped.__dict__.update(optimizer.__dict__)  # the same state and parameter groups
+    wrapped._parameter_names = {p: name for name, p in named}  # Horovod's attribute
     wrapped._mpisync = _Reduction(
         global_process_set if process_set is None else process_set,
         named,

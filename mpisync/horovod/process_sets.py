@@ -48,6 +48,8 @@ class ProcessSet:
 
     def size(self) -> int:
         """The number of ranks in the set."""
+        if self is global_process_set:
+            _world_comm()  # before init(): Horovod's error, not a size of 0
         return len(self.ranks)
 
     def rank(self) -> int:

@@ -101,3 +101,31 @@ def test_broadcast_optimizer_state_gives_zero_grads_as_horovod(started):
     opt = torch.optim.SGD([frozen, trained], lr=0.1, momentum=0.9)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     assert frozen.grad is None and torch.equal(trained.grad, torch.zeros(3))
+
+
+def test_sparse_as_dense_gives_sparse_gradients_back(started):
+    comm = started
+    embedding = torch.nn.Embedding(4, 1, sparse=True)
+    torch.nn.init.zeros_(embedding.weight)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SparseAdam(list(embedding.parameters()), lr=0.1),
+        named_parameters=embedding.named_parameters(),
+        sparse_as_dense=True,
+        op=hvd.Sum,
+    )
+    assert list(opt._parameter_names.values()) == ["weight"]
+    embedding(torch.tensor([comm.rank % 4])).sum().backward()
+    opt.step()  # SparseAdam refuses dense gradients: the reduced one is sparse again
+    grad = embedding.weight.grad.coalesce()
+    assert grad.is_sparse
+    assert grad.sparse_dim() == 1  # as the embedding gave it
+    dense = torch.zeros(4, 1).index_add_(0, grad.indices()[0], grad.values())
+    counts = [float(sum(1 for r in range(comm.size) if r % 4 == i)) for i in range(4)]
+    assert dense[:, 0].tolist() == counts
+
+
+def test_objects_may_be_sets(started):
+    comm = started
+    got = hvd.allgather_object({"rank", comm.rank})
+    assert got == [{"rank", r} for r in range(comm.size)]
+    assert hvd.broadcast_object(frozenset({1, 2})) == frozenset({1, 2})
