@@ -1,5 +1,8 @@
 """Horovod's ``DistributedOptimizer``: the wrapped optimizer's own class, whose ``step()`` first
-averages (or sums) every gradient over the ranks through one :class:`~mpisync.GradSync` call.
+averages (or sums) every dense gradient over the ranks through one :class:`~mpisync.GradSync`
+call (sparse ones as Horovod does: an allgather of indices and values, or reduced dense and given
+back sparse with ``sparse_as_dense=True``), over the ranks of ``process_set`` (a rank outside it
+steps with its own gradients).
 
 The object returned is an instance of a subclass of the optimizer's class that shares the
 optimizer's state and parameter groups, so learning-rate schedulers, ``state_dict()`` and
