@@ -1,6 +1,5 @@
-"""``hvd.init()`` and what it sets up: the communicator, ranks and sizes, and the syncers the
-operations reuse (one :class:`~mpisync.ParamSync` per root, one :class:`~mpisync.GradSync` per
-reduction), closed by ``hvd.shutdown()``."""
+"""``hvd.init()`` and what it sets up: the communicator, ranks and sizes, the global process
+set and its :class:`~mpisync.horovod.engine.Engine`, closed by ``hvd.shutdown()``."""
 
 from __future__ import annotations
 
@@ -9,9 +8,8 @@ import weakref as _weakref
 from mpi4py import MPI
 
 from .._runtime.launch import check_launch
-from ..allreduce import GradSync
 from ..errors import InvalidParamError
-from ..sync import ParamSync
+from . import process_sets as _process_sets
 
 __all__ = [
     "init",
@@ -24,14 +22,12 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "mpi_threads_supported",
-    "require",
-    "default_comm",
-    "check_process_set",
 ]
 
 
 class _Context:
-    """What ``init()`` made: the communicator and its layout, and the syncers in use."""
+    """What ``init()`` made: the communicator and its layout, the process sets and their
+    engines."""
 
     def __init__(self, comm: MPI.Intracomm):
         self.comm = comm
@@ -42,29 +38,13 @@ class _Context:
         self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
         local.Free()
         cross.Free()
-        self._syncers: dict[int, ParamSync] = {}
-        self._reducers: dict[str, GradSync] = {}
+        self.engine = _process_sets.start(comm)  # the global process set's
         self.optimizers: _weakref.WeakSet = _weakref.WeakSet()  # their reducers close with us
 
-    def syncer(self, root: int) -> ParamSync:
-        """The broadcaster from ``root`` (made at first use, reused)."""
-        if root not in self._syncers:
-            self._syncers[root] = ParamSync(self.comm, root=root)
-        return self._syncers[root]
-
-    def reducer(self, op: str) -> GradSync:
-        """The all-reduce with ``op`` (made at first use, reused)."""
-        if op not in self._reducers:
-            self._reducers[op] = GradSync(self.comm, op=op)
-        return self._reducers[op]
-
     def close(self) -> None:
-        for syncer in [*self._syncers.values(), *self._reducers.values()]:
-            syncer.close()
+        _process_sets.stop()
         for optimizer in list(self.optimizers):
             optimizer._mpisync.close()
-        self._syncers.clear()
-        self._reducers.clear()
 
 
 _context: _Context | None = None
@@ -72,31 +52,36 @@ _context: _Context | None = None
 
 def init(comm: MPI.Intracomm | None = None, process_sets=None) -> None:
     """Start: ``comm`` (an mpi4py intracommunicator, default ``MPI.COMM_WORLD``) becomes the
-    job's; a second call is a no-op, as in Horovod. A process alone in its MPI world while its
-    launcher started more (torchrun, srun without ``--mpi``) is refused here
+    job's; ``process_sets`` (a list of :class:`~mpisync.horovod.ProcessSet`) are added. A
+    second call is a no-op, as in Horovod. A process alone in its MPI world while its launcher
+    started more (torchrun, srun without ``--mpi``) is refused here
     (:func:`mpisync._runtime.launch.check_launch`)."""
     global _context
-    if process_sets:
-        raise NotImplementedError(
-            "mpisync.horovod does not provide process sets: run the job's operations on one "
-            "communicator (hvd.init(comm) takes any mpi4py intracommunicator)"
-        )
     if _context is not None:
         return
     if comm is None:
         comm = MPI.COMM_WORLD
+    if isinstance(comm, list):  # Horovod's form: the ranks of COMM_WORLD to run on
+        group = MPI.COMM_WORLD.Get_group().Incl(comm)
+        comm = MPI.COMM_WORLD.Create_group(group)
+        group.Free()
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise InvalidParamError(
-            f"hvd.init(comm): comm must be an mpi4py intracommunicator, got {comm!r} (a list of "
-            "ranks is Horovod's form: make the communicator with MPI.COMM_WORLD.Create_group or "
-            "Split)"
+            f"hvd.init(comm): comm must be an mpi4py intracommunicator, got {comm!r}"
         )
     check_launch(comm)
     _context = _Context(comm)
+    if process_sets:
+        try:
+            for process_set in process_sets:
+                _process_sets.add_process_set(process_set)
+        except BaseException:
+            shutdown()  # a refused set leaves nothing started
+            raise
 
 
 def shutdown() -> None:
-    """Close every syncer ``init()`` made; ``init()`` may be called again."""
+    """Close every engine and process set ``init()`` made; ``init()`` may be called again."""
     global _context
     if _context is not None:
         _context.close()
@@ -111,31 +96,16 @@ def is_initialized() -> bool:
 def require() -> _Context:
     """The context of ``init()``, or the error Horovod gives before it."""
     if _context is None:
-        raise ValueError("mpisync.horovod has not been initialized; use hvd.init().")
+        raise ValueError(_process_sets.NOT_INITIALIZED)
     return _context
 
 
-def default_comm() -> MPI.Intracomm:
-    """``init()``'s communicator, or ``MPI.COMM_WORLD`` before ``init()``."""
+def default_comm(process_set=None) -> MPI.Intracomm:
+    """``process_set``'s communicator; without one, ``init()``'s, or ``MPI.COMM_WORLD`` before
+    ``init()``."""
+    if process_set is not None and process_set is not _process_sets.global_process_set:
+        return process_set.require_engine().syncer._user_comm
     return MPI.COMM_WORLD if _context is None else _context.comm
-
-
-def check_process_set(process_set) -> None:
-    """Only the global process set (the default) is provided."""
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError(
-            "mpisync.horovod does not provide process sets: only the global one (the default)"
-        )
-
-
-class _GlobalProcessSet:
-    """Horovod's ``global_process_set``: every rank of ``init()``'s communicator."""
-
-    def __repr__(self) -> str:
-        return "global_process_set"
-
-
-global_process_set = _GlobalProcessSet()
 
 
 def rank() -> int:

@@ -1,9 +1,9 @@
 """The safe encoding of ``broadcast_object`` and ``allgather_object``: tagged JSON, never pickle.
 
 Scalars as :mod:`mpisync.state` sends non-array leaves (exact types, numpy scalars kept); lists,
-tuples and dicts with str or int keys; numpy arrays and torch tensors as dtype, shape and bytes
-(a tensor arrives on the CPU). Anything else is refused, naming its type: receiving an object
-must never run code.
+tuples, sets and frozensets, and dicts with str or int keys; numpy arrays and torch tensors as
+dtype, shape and bytes (a tensor arrives on the CPU). Anything else is refused, naming its
+type: receiving an object must never run code.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ def _encode(obj, depth: int):
         return ["l", [_encode(v, depth + 1) for v in obj]]
     if type(obj) is tuple:
         return ["t", [_encode(v, depth + 1) for v in obj]]
+    if type(obj) in (set, frozenset):
+        tag = "s" if type(obj) is set else "f"
+        return [tag, [_encode(v, depth + 1) for v in obj]]
     if type(obj) is dict:
         bad = [k for k in obj if not isinstance(k, (str, int)) or isinstance(k, bool)]
         if bad:
@@ -69,6 +72,9 @@ def _decode(doc):
         return [_decode(v) for v in value]
     if tag == "t":
         return tuple(_decode(v) for v in value)
+    if tag in ("s", "f"):
+        items = [_decode(v) for v in value]
+        return set(items) if tag == "s" else frozenset(items)
     if tag == "d":
         return {_decode_scalar(k): _decode(v) for k, v in value}
     dtype, shape, data = value

@@ -1,22 +1,21 @@
-"""Horovod's collective operations on tensors and objects, over ``hvd.init()``'s communicator.
+"""Horovod's asynchronous operations: each is submitted to its process set's
+:class:`~mpisync.horovod.engine.Engine` and returns a handle; :func:`synchronize` waits for it,
+:func:`poll` says whether it is done. The operations match by name across ranks (unnamed ones
+by a per-kind count, as Horovod names them); a description of every tensor travels with the
+name, so ranks that disagree get the same error.
 
-Every operation runs at once, in the calling order, which must be the same on every rank (as
-for any MPI program: Horovod matches operations by name instead). The ``*_async`` forms run at
-once too and return a handle that :func:`synchronize` resolves. Reductions go through
-:class:`~mpisync.GradSync`, broadcasts through :class:`~mpisync.ParamSync`: validation, errors
-(the same on every rank) and timeouts are mpisync's.
+The differentiable forms (``allreduce``, ``allgather``, ...) are in
+:mod:`mpisync.horovod.autograd`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from ..errors import InvalidParamError
-from ..params.agreement import allgather_bytes
-from ..state import _broadcast_bytes
-from . import objects as _objects
-from .compression import Compression
-from .context import check_process_set, require
+from . import kernels
+from .engine import Op
+from .process_sets import global_process_set
 
 __all__ = [
     "Average",
@@ -25,33 +24,47 @@ __all__ = [
     "Min",
     "Max",
     "Product",
-    "allreduce",
-    "allreduce_",
+    "Handle",
     "allreduce_async",
     "allreduce_async_",
-    "grouped_allreduce",
-    "grouped_allreduce_",
-    "broadcast",
-    "broadcast_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "allgather_async",
+    "grouped_allgather_async",
     "broadcast_async",
     "broadcast_async_",
-    "broadcast_object",
-    "allgather",
-    "allgather_async",
-    "allgather_object",
+    "alltoall_async",
+    "reducescatter_async",
+    "grouped_reducescatter_async",
+    "sparse_allreduce_async",
     "barrier",
-    "synchronize",
+    "join",
     "poll",
+    "synchronize",
 ]
+
+# The blocking, differentiable collectives (mpisync.horovod.autograd, which needs torch)
+DIFFERENTIABLE = (
+    "allreduce",
+    "allreduce_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "allgather",
+    "grouped_allgather",
+    "broadcast",
+    "broadcast_",
+    "alltoall",
+    "reducescatter",
+    "grouped_reducescatter",
+)
 
 # Horovod's ReduceOp values
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
-_OPS = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+_OPS = {Sum: "sum", Min: "min", Max: "max", Product: "prod"}
 
 
-def reduce_op(average=None, op=None) -> str:
-    """mpisync's name of Horovod's ``op`` (``average=True``/``False``: the old way of saying
-    Average or Sum; neither: Average)."""
+def reduce_op(average=None, op=None) -> int:
+    """Horovod's ``op`` from ``op`` and the older ``average=True/False`` (neither: Average)."""
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
     if op is None:
@@ -61,215 +74,278 @@ def reduce_op(average=None, op=None) -> str:
             "mpisync.horovod does not provide Adasum (Horovod's adaptive summation): use "
             "op=hvd.Average or hvd.Sum"
         )
-    if op not in _OPS:
+    if op not in (Average, *_OPS):
         raise ValueError(f"unknown reduction op {op!r}: use hvd.Average, Sum, Min, Max or Product")
-    return _OPS[op]
+    return op
 
 
-def _fresh(tensor):
-    """A contiguous copy that owns its memory (the result of the out-of-place forms)."""
-    import torch
-
-    return tensor.detach().clone(memory_format=torch.contiguous_format)
-
-
-def _scaled(tensors, factor) -> None:
-    if factor != 1.0:
-        for t in tensors:
-            t.mul_(factor)
+def _mpi_op(op: int, postscale: float, process_set) -> tuple[str, float]:
+    """mpisync's reduction and the postscale factor: an average is a sum scaled after."""
+    if op == Average:
+        return "sum", postscale / process_set.size()
+    return _OPS[op], postscale
 
 
-def grouped_allreduce_(
+class Handle:
+    """What an ``*_async`` operation returns; :func:`synchronize` gives its result."""
+
+    def __init__(self, engine, op: Op, post: Callable[[Any], Any] = lambda result: result):
+        self.engine, self.op, self.post = engine, op, post
+
+
+def poll(handle: Handle) -> bool:
+    """Whether the operation of ``handle`` is done (then :func:`synchronize` does not wait)."""
+    return bool(handle.op.done)
+
+
+def synchronize(handle):
+    """Wait for the operation of ``handle``; its result (its error, raised on every rank)."""
+    if callable(handle) and not isinstance(handle, Handle):
+        return handle()
+    return handle.post(handle.engine.wait(handle.op))
+
+
+def _desc(kind: str, match: list, shapes: list, extra: Any = None, error: str = "") -> dict:
+    return {"k": kind, "m": match, "s": shapes, "x": extra, "e": error}
+
+
+def _refused(tensors) -> str:
+    """Why these tensors cannot travel (a sparse or meta tensor), or "": found before the
+    operation is submitted, so that every rank hears of it instead of waiting."""
+    for i, t in enumerate(tensors):
+        if t.is_sparse or t.device.type == "meta":
+            what = "sparse" if t.is_sparse else "meta"
+            return f"tensor {i} is a {what} tensor (sparse: use sparse_allreduce_async)"
+    return ""
+
+
+def _dtype(tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _submit(process_set, kind: str, name, desc: dict, run) -> tuple:
+    process_set = global_process_set if process_set is None else process_set
+    engine = process_set.require_engine()
+    op = Op(name if name is not None else engine.auto_name(kind), desc, run)
+    return engine, engine.submit(op)
+
+
+def grouped_allreduce_async(
     tensors,
     average=None,
     name=None,
     op=None,
     prescale_factor=1.0,
     postscale_factor=1.0,
-    process_set=None,
-):
-    """All-reduce every tensor of ``tensors`` in place, in one call; return them."""
-    check_process_set(process_set)
-    mop = reduce_op(average, op)
-    context = require()
+    process_set=global_process_set,
+) -> Handle:
+    """Submit the reduction of each tensor of ``tensors``; the handle's result is the list of
+    reduced tensors (new; the inputs are left as they are)."""
     tensors = list(tensors)
-    base = name or "tensor"
-    names = [base] if len(tensors) == 1 else [f"{base}.{i:06d}" for i in range(len(tensors))]
-    _scaled(tensors, prescale_factor)
-    context.reducer(mop).allreduce(dict(zip(names, tensors)))
-    _scaled(tensors, postscale_factor)
-    return tensors
+    mpi_op, post = _mpi_op(reduce_op(average, op), float(postscale_factor), process_set)
+    pre = float(prescale_factor)
+    shapes = [list(t.shape) for t in tensors]
+    desc = _desc(
+        "allreduce",
+        [mpi_op, [_dtype(t) for t in tensors], shapes],
+        shapes,
+        [mpi_op, pre, post],
+        _refused(tensors),
+    )
+
+    def run(comm, call, descs):
+        return [kernels.allreduce(comm, call, t, mpi_op, pre, post) for t in tensors]
+
+    return Handle(*_submit(process_set, "allreduce", name, desc, run))
 
 
-def grouped_allreduce(
-    tensors,
-    average=None,
-    name=None,
-    compression=Compression.none,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=None,
-):
-    """The all-reduce of each tensor, as new tensors (the inputs are left as they are)."""
-    packed = [compression.compress(t) for t in tensors]
-    out = [_fresh(t) for t, _ in packed]
-    grouped_allreduce_(out, average, name, op, prescale_factor, postscale_factor, process_set)
-    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(out, packed)]
+def _copied_into(targets):
+    def post(results):
+        for target, result in zip(targets, results):
+            target.data.copy_(result)
+        return targets
+
+    return post
 
 
-def allreduce_(
-    tensor,
-    average=None,
-    name=None,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=None,
-):
-    """All-reduce ``tensor`` in place over every rank (default: the average); return it."""
-    grouped_allreduce_([tensor], average, name, op, prescale_factor, postscale_factor, process_set)
-    return tensor
+def grouped_allreduce_async_(tensors, *args, **kwargs) -> Handle:
+    """:func:`grouped_allreduce_async` whose result is written into ``tensors``."""
+    tensors = list(tensors)
+    handle = grouped_allreduce_async(tensors, *args, **kwargs)
+    handle.post = _copied_into(tensors)
+    return handle
 
 
-def allreduce(
-    tensor,
-    average=None,
-    name=None,
-    compression=Compression.none,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=None,
-):
-    """The all-reduce of ``tensor`` over every rank (default: the average), as a new tensor."""
-    return grouped_allreduce(
-        [tensor], average, name, compression, op, prescale_factor, postscale_factor, process_set
-    )[0]
+def allreduce_async(tensor, *args, **kwargs) -> Handle:
+    """Submit the reduction of ``tensor`` (default: the average over the set)."""
+    handle = grouped_allreduce_async([tensor], *args, **kwargs)
+    handle.post = lambda results: results[0]
+    return handle
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=None):
-    """Make ``tensor`` root_rank's, in place; return it."""
-    check_process_set(process_set)
-    require().syncer(root_rank).sync({name or "tensor": tensor})
-    return tensor
+def allreduce_async_(tensor, *args, **kwargs) -> Handle:
+    """:func:`allreduce_async` whose result is written into ``tensor``."""
+    handle = grouped_allreduce_async([tensor], *args, **kwargs)
+    handle.post = lambda results: _copied_into([tensor])(results)[0]
+    return handle
 
 
-def broadcast(tensor, root_rank, name=None, process_set=None):
-    """root_rank's ``tensor``, as a new tensor (the input is left as it is)."""
-    return broadcast_(_fresh(tensor), root_rank, name, process_set)
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
+    """Submit the concatenation of every rank's tensors along their first dimension."""
+    tensors = [t.reshape(1) if t.dim() == 0 else t for t in tensors]
+    match = [[_dtype(t) for t in tensors], [list(t.shape[1:]) for t in tensors]]
+    desc = _desc("allgather", match, [list(t.shape) for t in tensors], error=_refused(tensors))
+
+    def run(comm, call, descs):
+        return [
+            kernels.allgather(comm, call, t, [d["s"][i][0] for d in descs])
+            for i, t in enumerate(tensors)
+        ]
+
+    return Handle(*_submit(process_set, "allgather", name, desc, run))
 
 
-def _exchange(root_rank: int, name: str, exchange):
-    """Run ``exchange(comm, call)`` on root_rank's broadcaster under mpisync's timeout."""
-    return require().syncer(root_rank)._collective_exchange(f"{name} exchange", [name], exchange)
+def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
+    """Submit the concatenation of every rank's ``tensor`` along the first dimension."""
+    handle = grouped_allgather_async([tensor], name, process_set)
+    handle.post = lambda results: results[0]
+    return handle
 
 
-def broadcast_object(obj: Any = None, root_rank: int = 0, name=None, process_set=None):
-    """root_rank's ``obj`` on every rank, sent in a safe encoding (never pickle): numbers,
-    strings, None, lists, tuples, dicts, numpy arrays and torch tensors
-    (:mod:`mpisync.horovod.objects`)."""
-    check_process_set(process_set)
-    label = name or "broadcast_object"
-
-    def exchange(comm, call):
-        payload = b""
-        if comm.rank == root_rank:
-            try:
-                payload = b"o" + _objects.encode(obj)
-            # whatever fails (a meta tensor, a sparse one, a user's type), root's failure travels
-            # instead of its object: no rank waits
-            except Exception as exc:  # noqa: BLE001
-                payload = b"e" + f"rank {root_rank}: cannot send {exc}".encode()
-        data = _broadcast_bytes(comm, payload, root_rank, call)
-        if data[:1] == b"e":
-            raise InvalidParamError(f"mpisync: broadcast_object: {data[1:].decode()}")
-        return _objects.decode(data[1:])
-
-    return _exchange(root_rank, label, exchange)
+def set_root(root_rank: int, process_set) -> tuple[int, str]:
+    """``root_rank`` (a rank of ``init()``'s communicator, as in Horovod) as a rank of the
+    process set, and why it cannot be (or "")."""
+    ranks = (global_process_set if process_set is None else process_set).ranks
+    if root_rank not in ranks:
+        return 0, f"root_rank {root_rank} is not in the process set (ranks {ranks})"
+    return ranks.index(root_rank), ""
 
 
-def allgather_object(obj: Any, name=None, process_set=None) -> list:
-    """Every rank's ``obj``, in rank order, sent in the safe encoding of
-    :func:`broadcast_object`."""
-    check_process_set(process_set)
-    label = name or "allgather_object"
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    """Submit the broadcast of root_rank's ``tensor``; the result is a new tensor."""
+    root, error = set_root(root_rank, process_set)
+    error = error or _refused([tensor])
+    desc = _desc("broadcast", [root_rank, _dtype(tensor), list(tensor.shape)], [], error=error)
 
-    def exchange(comm, call):
-        try:
-            payload = b"o" + _objects.encode(obj)
-        except Exception as exc:  # noqa: BLE001 - whatever it is, every rank learns it
-            payload = b"e" + f"rank {comm.rank}: cannot send {exc}".encode()
-        parts = allgather_bytes(comm, payload, call)
-        errors = [p[1:].decode() for p in parts if p[:1] == b"e"]
-        if errors:
-            raise InvalidParamError("mpisync: allgather_object: " + "; ".join(errors))
-        return [_objects.decode(p[1:]) for p in parts]
+    def run(comm, call, descs):
+        return kernels.broadcast(comm, call, tensor, root)
 
-    return _exchange(0, label, exchange)
+    return Handle(*_submit(process_set, "broadcast", name, desc, run))
 
 
-def allgather(tensor, name=None, process_set=None):
-    """Every rank's ``tensor`` concatenated along the first dimension, in rank order (first
-    dimensions may differ; the others and the dtype may not)."""
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    """:func:`broadcast_async` whose result is written into ``tensor``."""
+    handle = broadcast_async(tensor, root_rank, name, process_set)
+    handle.post = lambda result: _copied_into([tensor])([result])[0]
+    return handle
+
+
+def _splits(tensor, splits, size: int) -> tuple[list, str]:
+    """The rows to send to each rank, and why they cannot be (or "")."""
     import torch
 
-    parts = allgather_object(
-        tensor.detach().reshape(1) if tensor.dim() == 0 else tensor, name, process_set
+    rows = tensor.shape[0] if tensor.dim() else 0
+    if splits is None:
+        if rows % size:
+            return [0] * size, f"the first dimension {rows} does not divide by {size} ranks"
+        return [rows // size] * size, ""
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype not in (torch.int32, torch.int64):
+            return [0] * size, f"splits must be int32 or int64, got {splits.dtype}"
+        splits = splits.tolist()
+    splits = [int(s) for s in splits]
+    if len(splits) != size or min(splits) < 0:
+        return [0] * size, f"splits must hold {size} counts >= 0, got {splits}"
+    if sum(splits) > rows:
+        return [0] * size, f"splits sum to {sum(splits)}, more than the first dimension {rows}"
+    return splits, ""
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
+    """Submit the exchange: ``splits[i]`` rows (default: equal parts) of ``tensor`` to rank i.
+    The result is ``(output, received_splits)``."""
+    import torch
+
+    process_set = global_process_set if process_set is None else process_set
+    send, error = _splits(tensor, splits, process_set.size())
+    if tensor.dim() == 0:
+        error = "alltoall needs a tensor of at least one dimension"
+    error = error or _refused([tensor])
+    match = [_dtype(tensor), list(tensor.shape[1:])]
+    desc = _desc("alltoall", match, [list(tensor.shape)], send, error)
+
+    def run(comm, call, descs):
+        received = [d["x"][comm.rank] for d in descs]
+        output = kernels.alltoall(comm, call, tensor, send, received)
+        return output, torch.tensor(received, dtype=torch.int32)
+
+    return Handle(*_submit(process_set, "alltoall", name, desc, run))
+
+
+def grouped_reducescatter_async(
+    tensors,
+    name=None,
+    op=Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+) -> Handle:
+    """Submit the reduction of each tensor, of which this rank keeps its block of rows (the
+    first ``rows % size`` ranks one row more)."""
+    tensors = list(tensors)
+    process_set = global_process_set if process_set is None else process_set
+    mpi_op, post = _mpi_op(reduce_op(None, op), float(postscale_factor), process_set)
+    pre = float(prescale_factor)
+    shapes = [list(t.shape) for t in tensors]
+    scalar = any(t.dim() == 0 for t in tensors)
+    error = "reducescatter needs tensors of at least one dimension" if scalar else ""
+    error = error or _refused(tensors)
+    desc = _desc("reducescatter", [mpi_op, [_dtype(t) for t in tensors], shapes], shapes, None)
+    desc["e"] = error
+
+    def run(comm, call, descs):
+        return [kernels.reducescatter(comm, call, t, mpi_op, pre, post) for t in tensors]
+
+    return Handle(*_submit(process_set, "reducescatter", name, desc, run))
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, **scales):
+    """Submit the reduce-scatter of ``tensor`` (see :func:`grouped_reducescatter_async`)."""
+    handle = grouped_reducescatter_async([tensor], name, op, process_set, **scales)
+    handle.post = lambda results: results[0]
+    return handle
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Reduce a sparse tensor as Horovod does: allgather its indices and its values; the
+    handle is a function returning the (uncoalesced) sparse sum or average."""
+    process_set = global_process_set if process_set is None else process_set
+    indices = allgather_async(
+        tensor._indices().transpose(0, 1).contiguous(), f"{name}.indices", process_set
     )
-    described = {(str(p.dtype), tuple(p.shape[1:])) for p in parts}
-    if len(described) > 1:
-        shown = ", ".join(f"rank {r}: {p.dtype} {tuple(p.shape)}" for r, p in enumerate(parts))
-        raise InvalidParamError(
-            f"mpisync: allgather: dtypes or trailing dimensions differ between ranks: {shown}"
-        )
-    return torch.cat(parts).to(tensor.device)
+    values = allgather_async(tensor._values(), f"{name}.values", process_set)
+
+    def handle():
+        gathered_values = synchronize(values)
+        gathered_indices = synchronize(indices)
+        if op == Average:
+            gathered_values = gathered_values / process_set.size()
+        return tensor.new(gathered_indices.transpose(0, 1), gathered_values, tensor.size())
+
+    return handle
 
 
-def barrier(process_set=None) -> None:
-    """Wait until every rank has called it (bounded by mpisync's timeout)."""
-    check_process_set(process_set)
-    _exchange(0, "barrier", lambda comm, call: call(comm.Ibarrier()))
+def barrier(process_set=global_process_set) -> None:
+    """Wait until every rank of the set has called it; pending operations every rank has
+    submitted run meanwhile."""
+
+    def run(comm, call, descs):
+        call(comm.Ibarrier())
+
+    synchronize(Handle(*_submit(process_set, "barrier", None, _desc("barrier", [], []), run)))
 
 
-class _Handle:
-    """What an ``*_async`` operation returns: it already ran; :func:`synchronize` gives the
-    result."""
-
-    def __init__(self, result):
-        self.result = result
-
-
-def allreduce_async(tensor, *args, **kwargs) -> _Handle:
-    """:func:`allreduce`, run now; its handle."""
-    return _Handle(allreduce(tensor, *args, **kwargs))
-
-
-def allreduce_async_(tensor, *args, **kwargs) -> _Handle:
-    """:func:`allreduce_`, run now; its handle."""
-    return _Handle(allreduce_(tensor, *args, **kwargs))
-
-
-def broadcast_async(tensor, root_rank, *args, **kwargs) -> _Handle:
-    """:func:`broadcast`, run now; its handle."""
-    return _Handle(broadcast(tensor, root_rank, *args, **kwargs))
-
-
-def broadcast_async_(tensor, root_rank, *args, **kwargs) -> _Handle:
-    """:func:`broadcast_`, run now; its handle."""
-    return _Handle(broadcast_(tensor, root_rank, *args, **kwargs))
-
-
-def allgather_async(tensor, *args, **kwargs) -> _Handle:
-    """:func:`allgather`, run now; its handle."""
-    return _Handle(allgather(tensor, *args, **kwargs))
-
-
-def poll(handle: _Handle) -> bool:
-    """Whether the operation of ``handle`` is done: always, operations run at once."""
-    return True
-
-
-def synchronize(handle: _Handle):
-    """The result of the operation of ``handle``."""
-    return handle.result
+def join(device=-1) -> int:
+    """This rank has no more data: it takes part in the others' all-reduces with zeros until
+    every rank has joined. Returns the rank that joined last."""
+    return global_process_set.require_engine().join()

@@ -1,5 +1,8 @@
 """Horovod's ``DistributedOptimizer``: the wrapped optimizer's own class, whose ``step()`` first
-averages (or sums) every gradient over the ranks through one :class:`~mpisync.GradSync` call.
+averages (or sums) every dense gradient over the ranks through one :class:`~mpisync.GradSync`
+call (sparse ones as Horovod does: an allgather of indices and values, or reduced dense and given
+back sparse with ``sparse_as_dense=True``), over the ranks of ``process_set`` (a rank outside it
+steps with its own gradients).
 
 The object returned is an instance of a subclass of the optimizer's class that shares the
 optimizer's state and parameter groups, so learning-rate schedulers, ``state_dict()`` and
@@ -15,30 +18,43 @@ import contextlib as _contextlib
 import warnings as _warnings
 from typing import Any
 
-from ..errors import InvalidParamError
 from .compression import Compression
-from .context import require
+from .context import default_comm, require
 from .ops import Average, Sum, reduce_op
+from .process_sets import global_process_set
 
 __all__ = ["DistributedOptimizer"]
 
 _FLAGS = "mpisync.horovod.has_grad"  # rides in the same all-reduce: who has which gradient
 
 
+def _densified(sparse):
+    """``sparse.to_dense()``, summed by index (``to_dense`` of a hybrid sparse tensor, as an
+    embedding's gradient is, gives zeros in some torch builds)."""
+    import torch
+
+    dense = torch.zeros(sparse.shape, dtype=sparse.dtype, device=sparse.device)
+    indices = sparse._indices()
+    return dense.index_put_(tuple(indices), sparse._values(), accumulate=True)
+
+
 class _Reduction:
     """The reduction state of one distributed optimizer: its own :class:`~mpisync.GradSync`."""
 
-    def __init__(self, context, named, compression, op, predivide, sparse_as_dense):
+    def __init__(self, process_set, named, compression, op, predivide, sparse_as_dense):
         import torch
 
-        self.context = context
+        # a rank outside the process set steps with its own gradients, as in Horovod
+        self.process_set = process_set
+        self.comm = default_comm(process_set) if process_set.included() else None
+        self.horovod_op = op
         self.named = named  # [(name, parameter)], in the optimizer's order
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         # A predivided average is a sum scaled before and after, as Horovod does it.
         self.predivide = predivide
         self.op = "sum" if op == Sum or predivide != 1.0 else "avg"
-        self.scale_after = predivide / context.size if predivide != 1.0 else 1.0
+        self.scale_after = predivide / process_set.size() if predivide != 1.0 else 1.0
         self.reducer = None  # made at the first reduction
         self.flags = torch.zeros(len(named), dtype=torch.float32)
         self.synchronized = False
@@ -56,35 +72,51 @@ class _Reduction:
         grad = p.grad
         if grad is None:
             return torch.zeros_like(p, memory_format=torch.contiguous_format)
-        if grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise InvalidParamError(
-                    f"parameter {name!r} has a sparse gradient, and mpisync reduces dense "
-                    "tensors: pass sparse_as_dense=True to DistributedOptimizer"
-                )
-            grad = p.grad = grad.to_dense()
+        if grad.is_sparse:  # sparse_as_dense: reduced dense, given back sparse
+            grad = _densified(grad)
         if not grad.is_contiguous():
             grad = p.grad = grad.contiguous()
         return grad
 
+    def _sparse(self) -> list:
+        """Submit the sparse gradients (Horovod's allgather of indices and values); their
+        ``[(parameter, handle)]``."""
+        from .ops import sparse_allreduce_async
+
+        return [
+            (p, sparse_allreduce_async(p.grad, f"sparse.{name}", self.horovod_op, self.process_set))
+            for name, p in self.named
+            if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense
+        ]
+
     def reduce(self) -> None:
-        """Reduce every gradient over the ranks, in one call."""
+        """Reduce every gradient over the ranks: the dense ones in one call."""
         from ..allreduce import GradSync
 
+        if self.comm is None:
+            self.synchronized = True
+            return
         if self.reducer is None:
-            self.reducer = GradSync(self.context.comm, op=self.op)
+            self.reducer = GradSync(self.comm, op=self.op)
+        sparse = self._sparse()
+        sparse_ids = {id(p) for p, _ in sparse}
         sending, kept = {}, []
         for i, (name, p) in enumerate(self.named):
+            if id(p) in sparse_ids:
+                self.flags[i] = 0.0
+                continue
             self.flags[i] = 0.0 if p.grad is None else 1.0
             grad = self._gradient(name, p)
             sent, ctx = self.compression.compress(grad)
             if self.predivide != 1.0:
                 sent = sent / self.predivide
             sending[name] = sent
-            kept.append((sent, ctx))
+            kept.append((i, p, sent, ctx))
         sending[_FLAGS] = self.flags
         self.reducer.allreduce(sending)
-        for i, ((_, p), (sent, ctx)) in enumerate(zip(self.named, kept)):
+        for p, handle in sparse:
+            p.grad = handle()
+        for i, p, sent, ctx in kept:
             if not self.flags[i] > 0:  # no rank has a gradient: the optimizer skips it
                 continue
             result = self.compression.decompress(sent, ctx)
@@ -92,6 +124,8 @@ class _Reduction:
                 result = result * self.scale_after
             if p.grad is None:
                 p.grad = result
+            elif p.grad.is_sparse:
+                p.grad = result.to_sparse(p.grad.sparse_dim())
             elif result is not p.grad:
                 p.grad.copy_(result)
         self.synchronized = True
@@ -126,9 +160,9 @@ class _DistributedOptimizer:
         if not state.skip:
             if state.synchronized:
                 _warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() without "
-                    "optimizer.skip_synchronize(): the gradients were already reduced and are "
-                    "not reduced again",
+                    "optimizer.step() called without optimizer.skip_synchronize() context "
+                    "after optimizer.synchronize() (Horovod's warning): the gradients were "
+                    "already reduced and are not reduced again",
                     UserWarning,
                     stacklevel=2,
                 )
@@ -172,9 +206,6 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
     """Wrap a torch optimizer: ``step()`` averages (``op=hvd.Sum``: sums) every gradient over
     the ranks first. ``groups`` is accepted and not needed (mpisync fuses small tensors by
     itself)."""
-    from .context import check_process_set
-
-    check_process_set(process_set)
     context = require()
     reduce_op(None, op)  # Adasum and unknown ops are refused here, before any step
     if op not in (Average, Sum):
@@ -191,8 +222,14 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
     cls = type(base.__name__, (base,), {**methods, "_mpisync_base": base, "__doc__": base.__doc__})
     wrapped: Any = object.__new__(cls)  # not __init__: the optimizer's own state is taken below
     wrapped.__dict__.update(optimizer.__dict__)  # the same state and parameter groups
+    wrapped._parameter_names = {p: name for name, p in named}  # Horovod's attribute
     wrapped._mpisync = _Reduction(
-        context, named, compression, op, float(gradient_predivide_factor), sparse_as_dense
+        global_process_set if process_set is None else process_set,
+        named,
+        compression,
+        op,
+        float(gradient_predivide_factor),
+        sparse_as_dense,
     )
     context.optimizers.add(wrapped)
     return wrapped

@@ -25,7 +25,7 @@ from ..errors import InvalidParamError
 from ..params.agreement import all_equal, allgather_bytes, merge_ranks, rank_list
 from ..state import _broadcast_bytes, sync_state
 from ..sync import ParamSync
-from .context import check_process_set, default_comm
+from .context import default_comm
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state"]
 
@@ -77,8 +77,7 @@ def broadcast_parameters(
     ``(name, tensor)`` pairs (``model.named_parameters()``); the semantics are
     :func:`mpisync.sync_params`'s with ``root=root_rank``. Returns ``None``.
     """
-    check_process_set(process_set)
-    with ParamSync(default_comm() if comm is None else comm, root=root_rank) as syncer:
+    with ParamSync(default_comm(process_set) if comm is None else comm, root=root_rank) as syncer:
         try:
             mapping, error = _as_mapping(params)
         except Exception as exc:  # an iterable that fails while it is read: every rank hears of it
@@ -142,6 +141,24 @@ def _skeleton(optimizer, root_description: dict, mine: dict) -> dict:
     return {**state_dict, "state": state}
 
 
+def _zero_gradients(optimizer) -> None:
+    """What Horovod does to an optimizer without state: a zero ``.grad`` for each parameter
+    that requires one and has none (sparse for ``SparseAdam``)."""
+    try:
+        if optimizer.state_dict()["state"]:
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+    except Exception:  # noqa: BLE001 - the exchange below reports an unreadable optimizer
+        return
+    import torch
+
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    for p in params:
+        if p.requires_grad and p.grad is None:
+            grad = torch.zeros_like(p)
+            p.grad = grad.to_sparse() if sparse else grad
+
+
 def _root_and_comm(root_rank, root, comm) -> tuple:
     """``(root, comm)`` from Horovod's ``root_rank``, ``root=`` (another name of it) and
     ``comm``; the older call ``broadcast_optimizer_state(optimizer, comm, root=r)`` still works,
@@ -178,7 +195,9 @@ def broadcast_optimizer_state(
     every tensor takes root's bytes and every other value (step counts,
     learning rate, betas) root's value and type, through :func:`mpisync.sync_state`.
     """
-    check_process_set(process_set)
+    if comm is None and process_set is not None:
+        comm = default_comm(process_set)
+    _zero_gradients(optimizer)
     root, comm = _root_and_comm(root_rank, root, comm)
     with ParamSync(comm, root=root) as syncer:
 

@@ -1,0 +1,118 @@
+"""The data movement of each Horovod collective, on CPU copies of the tensors, through
+nonblocking MPI collectives waited for by ``call`` (mpisync's bounded wait).
+
+Every function takes the communicator, ``call``, this rank's tensors and what every rank
+described of its own (:mod:`mpisync.horovod.engine` agreed on those first), and returns new
+tensors on the inputs' devices. Reductions run in the tensor's dtype, halves in float32;
+scaling follows Horovod: integers in float64, halves in float32, truncated back.
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+from mpi4py import MPI
+
+__all__ = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "scaled"]
+
+_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+
+
+def scaled(tensor, factor: float):
+    """``tensor * factor`` in Horovod's arithmetic, in ``tensor``'s dtype (a new tensor)."""
+    import torch
+
+    if factor == 1.0:
+        return tensor.clone()
+    if not tensor.dtype.is_floating_point and not tensor.dtype.is_complex:
+        return (tensor.to(torch.float64) * factor).to(tensor.dtype)
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        return (tensor.to(torch.float32) * factor).to(tensor.dtype)
+    return tensor * factor
+
+
+def _host(tensor):
+    return tensor.detach().to("cpu").contiguous()
+
+
+def _raw(tensor):
+    """The bytes of ``tensor`` (on the CPU, contiguous) as a uint8 numpy array."""
+    import torch
+
+    flat = _host(tensor).reshape(-1)
+    if flat.numel() == 0:
+        return _np.empty(0, dtype=_np.uint8)
+    return flat.view(torch.uint8).numpy()
+
+
+def _from_raw(raw, dtype, shape, device):
+    import torch
+
+    if raw.size == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    out = torch.from_numpy(raw).view(dtype).reshape(shape)
+    return out.to(device) if str(device) != "cpu" else out
+
+
+def _row_bytes(tensor) -> int:
+    return tensor.element_size() * (tensor[0].numel() if tensor.dim() else 1)
+
+
+def allreduce(comm, call, tensor, op: str, prescale: float, postscale: float):
+    """The reduction of ``tensor`` over ``comm`` (``op``: sum, min, max, prod)."""
+    import torch
+
+    work = scaled(_host(tensor), prescale)
+    wide = work.to(torch.float32) if work.dtype in (torch.float16, torch.bfloat16) else work
+    array = wide.numpy() if wide.dim() else wide.reshape(1).numpy()
+    if array.size:
+        call(comm.Iallreduce(MPI.IN_PLACE, array, op=_MPI_OPS[op]))
+    result = torch.from_numpy(array).reshape(tensor.shape).to(tensor.dtype)
+    return scaled(result, postscale).to(tensor.device)
+
+
+def allgather(comm, call, tensor, rows: list):
+    """Every rank's ``tensor`` along the first dimension (``rows``: each rank's count)."""
+    row = _row_bytes(tensor)
+    counts = [r * row for r in rows]
+    displs = [sum(counts[:i]) for i in range(len(counts))]
+    recv = _np.empty(sum(counts), dtype=_np.uint8)
+    call(comm.Iallgatherv(_raw(tensor), [recv, (counts, displs), MPI.BYTE]))
+    trailing = tuple(tensor.shape[1:]) if tensor.dim() else ()
+    return _from_raw(recv, tensor.dtype, (sum(rows), *trailing), tensor.device)
+
+
+def broadcast(comm, call, tensor, root: int):
+    """``root``'s ``tensor``."""
+    raw = _raw(tensor).copy()
+    if raw.size:
+        call(comm.Ibcast(raw, root=root))
+    return _from_raw(raw, tensor.dtype, tuple(tensor.shape), tensor.device)
+
+
+def alltoall(comm, call, tensor, send_rows: list, recv_rows: list):
+    """Rows ``send_rows[i]`` of ``tensor`` to rank i, ``recv_rows[i]`` rows from rank i."""
+    row = _row_bytes(tensor)
+    send = [r * row for r in send_rows]
+    recv_counts = [r * row for r in recv_rows]
+    sdispls = [sum(send[:i]) for i in range(len(send))]
+    rdispls = [sum(recv_counts[:i]) for i in range(len(recv_counts))]
+    recv = _np.empty(sum(recv_counts), dtype=_np.uint8)
+    call(
+        comm.Ialltoallv(
+            [_raw(tensor), (send, sdispls), MPI.BYTE], [recv, (recv_counts, rdispls), MPI.BYTE]
+        )
+    )
+    return _from_raw(recv, tensor.dtype, (sum(recv_rows), *tensor.shape[1:]), tensor.device)
+
+
+def scatter_rows(first: int, size: int) -> list:
+    """How reducescatter splits a first dimension: the first ``first % size`` ranks one more."""
+    return [first // size + (1 if r < first % size else 0) for r in range(size)]
+
+
+def reducescatter(comm, call, tensor, op: str, prescale: float, postscale: float):
+    """This rank's block of rows of the reduction of ``tensor``."""
+    reduced = allreduce(comm, call, tensor, op, prescale, postscale)
+    rows = scatter_rows(tensor.shape[0], comm.size)
+    start = sum(rows[: comm.rank])
+    return reduced.narrow(0, start, rows[comm.rank]).clone()

@@ -1,0 +1,131 @@
+"""alltoall, reducescatter, grouped allgather, scaling in Horovod's arithmetic; values
+checked exactly (integers and halves)."""
+
+import pytest
+
+hvd = pytest.importorskip("mpisync.horovod")
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.mpi
+
+
+def test_alltoall_with_splits(started):
+    comm = started
+    n, r = comm.size, comm.rank
+    # rank r sends i+1 rows to rank i, each row holding 100*r + i
+    rows = [torch.full((i + 1, 2), 100.0 * r + i) for i in range(n)]
+    out, received = hvd.alltoall(torch.cat(rows), splits=torch.tensor([i + 1 for i in range(n)]))
+    assert received.tolist() == [r + 1] * n and received.dtype == torch.int32
+    assert out[:, 0].tolist() == [100.0 * j + r for j in range(n) for _ in range(r + 1)]
+    equal = hvd.alltoall(torch.arange(2 * n) + 1000 * r)
+    assert equal.tolist() == [1000 * j + 2 * r + k for j in range(n) for k in range(2)]
+
+
+def test_reducescatter_uneven_rows_and_ops(started):
+    comm = started
+    n, r = comm.size, comm.rank
+    rows = 2 * n + 1
+    x = torch.arange(rows * 2, dtype=torch.float64).reshape(rows, 2) * (r + 1)
+    got = hvd.reducescatter(x, op=hvd.Sum)
+    counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
+    start = sum(counts[:r])
+    total = sum(range(1, n + 1))
+    expected = torch.arange(rows * 2, dtype=torch.float64).reshape(rows, 2)[start:][: counts[r]]
+    assert torch.equal(got, expected * total)
+    assert torch.equal(hvd.reducescatter(x), expected * total / n)  # Average, Horovod's default
+    a, b = hvd.grouped_reducescatter([x, x[:, :1] * 2], op=hvd.Sum)
+    assert torch.equal(a, got) and torch.equal(b, got[:, :1] * 2)
+
+
+def test_grouped_allgather_variable_rows(started):
+    comm = started
+    xs = [torch.full((comm.rank + 1, 3), comm.rank, dtype=torch.int16), torch.ones(1) * comm.rank]
+    a, b = hvd.grouped_allgather(xs)
+    assert a[:, 0].tolist() == [j for j in range(comm.size) for _ in range(j + 1)]
+    assert a.dtype == torch.int16 and b.tolist() == [float(j) for j in range(comm.size)]
+
+
+def test_integer_prescale_and_postscale_as_horovod(started):
+    comm = started
+    x = torch.tensor([7, -7, 3], dtype=torch.int32)
+    pre = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5)  # each rank: trunc(x * 0.5)
+    assert pre.tolist() == [3 * comm.size, -3 * comm.size, 1 * comm.size]
+    post = hvd.allreduce(x, op=hvd.Sum, postscale_factor=0.5)
+    assert post.dtype == torch.int32
+    assert post.tolist() == [
+        int(7 * comm.size * 0.5),
+        int(-7 * comm.size * 0.5),
+        int(1.5 * comm.size),
+    ]
+    half = hvd.allreduce(torch.tensor([1.5], dtype=torch.float16), op=hvd.Sum, prescale_factor=2.0)
+    assert half.dtype == torch.float16 and half.item() == 3.0 * comm.size
+
+
+def test_barrier_runs_what_every_rank_submitted(started):
+    comm = started
+    b = hvd.broadcast_async(torch.full((2,), float(comm.rank)), root_rank=0)
+    g = hvd.allgather_async(torch.tensor([comm.rank]))
+    hvd.barrier()
+    assert hvd.poll(b) and hvd.poll(g)
+    assert hvd.synchronize(b).tolist() == [0.0, 0.0]
+    assert hvd.synchronize(g).tolist() == list(range(comm.size))
+
+
+def test_sparse_allreduce_is_the_dense_one(started):
+    comm = started
+    dense = torch.zeros(5, 3)
+    dense[comm.rank % 5] = comm.rank + 1.0
+    dense[4] = 2.0
+    handle = hvd.sparse_allreduce_async(dense.to_sparse(), name="s", op=hvd.Average)
+    assert torch.equal(handle().to_dense(), hvd.allreduce(dense))
+
+
+def test_sparse_gradients_in_distributed_optimizer(started):
+    comm = started
+    embedding = torch.nn.Embedding(6, 2, sparse=True)
+    torch.nn.init.zeros_(embedding.weight)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=1.0), op=hvd.Sum)
+    embedding(torch.tensor([comm.rank % 6, 5])).sum().backward()
+    assert embedding.weight.grad.is_sparse
+    opt.step()
+    expected = torch.zeros(6, 2)
+    for r in range(comm.size):
+        expected[r % 6] -= 1.0
+    expected[5] -= comm.size
+    assert torch.equal(embedding.weight.detach(), expected)
+
+
+def test_broadcast_optimizer_state_gives_zero_grads_as_horovod(started):
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    trained = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([frozen, trained], lr=0.1, momentum=0.9)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert frozen.grad is None and torch.equal(trained.grad, torch.zeros(3))
+
+
+def test_sparse_as_dense_gives_sparse_gradients_back(started):
+    comm = started
+    embedding = torch.nn.Embedding(4, 1, sparse=True)
+    torch.nn.init.zeros_(embedding.weight)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SparseAdam(list(embedding.parameters()), lr=0.1),
+        named_parameters=embedding.named_parameters(),
+        sparse_as_dense=True,
+        op=hvd.Sum,
+    )
+    assert list(opt._parameter_names.values()) == ["weight"]
+    embedding(torch.tensor([comm.rank % 4])).sum().backward()
+    opt.step()  # SparseAdam refuses dense gradients: the reduced one is sparse again
+    grad = embedding.weight.grad.coalesce()
+    assert grad.is_sparse
+    assert grad.sparse_dim() == 1  # as the embedding gave it
+    dense = torch.zeros(4, 1).index_add_(0, grad.indices()[0], grad.values())
+    counts = [float(sum(1 for r in range(comm.size) if r % 4 == i)) for i in range(4)]
+    assert dense[:, 0].tolist() == counts
+
+
+def test_objects_may_be_sets(started):
+    comm = started
+    got = hvd.allgather_object({"rank", comm.rank})
+    assert got == [{"rank", r} for r in range(comm.size)]
+    assert hvd.broadcast_object(frozenset({1, 2})) == frozenset({1, 2})
