@@ -33,21 +33,32 @@ def _thread_level(MPI) -> str:
     return str(level)
 
 
-def _without_mpi(problem: str) -> dict:
-    """What ``mpisync info`` can say where no MPI library loads: the versions, the settings,
-    and the one line naming what to install."""
+def _versions() -> dict:
+    """mpisync's version and those of what it runs on (no MPI call)."""
     return {
         "mpisync": __version__,
         "python": _platform.python_version(),
         "mpi4py": _version("mpi4py"),
         "numpy": _version("numpy"),
         "torch": _version("torch"),
+    }
+
+
+def _setting_errors() -> list:
+    return [
+        f"{problem}; every sync raises until it is fixed or unset"
+        for problem in _config.environment_problems()
+    ]
+
+
+def _without_mpi(problem: str) -> dict:
+    """What ``mpisync info`` can say where no MPI library loads: the versions, the settings,
+    and the one line naming what to install."""
+    return {
+        **_versions(),
         "mpi_library": f"none: {problem}",
         "defaults": _defaults(),
-        "setting_errors": [
-            f"{problem}; every sync raises until it is fixed or unset"
-            for problem in _config.environment_problems()
-        ],
+        "setting_errors": _setting_errors(),
     }
 
 
@@ -64,11 +75,7 @@ def collect_info() -> dict:
     aware, aware_why = cuda_aware_mpi()
     transport, transport_why = choose_transport(defaults["gpu_transport"]["value"] or "auto")
     return {
-        "mpisync": __version__,
-        "python": _platform.python_version(),
-        "mpi4py": _version("mpi4py"),
-        "numpy": _version("numpy"),
-        "torch": _version("torch"),
+        **_versions(),
         "mpi_library": _mpilib.library_name(MPI.Get_library_version()),
         "mpi_standard": "{}.{}".format(*MPI.Get_version()),
         "thread_level": _thread_level(MPI),
@@ -79,10 +86,7 @@ def collect_info() -> dict:
         "device_transport": f"{transport} ({transport_why})",
         "gpus": gpus_seen(),
         "defaults": defaults,
-        "setting_errors": [
-            f"{problem}; every sync raises until it is fixed or unset"
-            for problem in _config.environment_problems()
-        ],
+        "setting_errors": _setting_errors(),
         "unknown_settings": [
             f"{name} (ignored{f'; did you mean {near}?' if near else ''})"
             for name, near in _config.unknown_settings()

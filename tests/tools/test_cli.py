@@ -414,10 +414,11 @@ def test_bench_allreduce_rows_beside_gloo_and_flat_allreduce(installed, bounded_
     assert sections.count("allreduce ddp") == 4
 
 
-def test_timeline_of_a_job_renders_every_span(installed, bounded_env, tmp_path):
+def _timeline_job(installed, bounded_env, tmp_path, *command) -> tuple:
+    """A 2-rank job of ``command`` with a timeline per rank: the finished job and the files."""
     env = dict(bounded_env, MPISYNC_TIMELINE=str(tmp_path / "tl-{rank}.json"))
     job = subprocess.run(
-        ["mpiexec", "-n", "2", sys.executable, REPO / "examples" / "sync_demo.py", "--steps", "8"],
+        ["mpiexec", "-n", "2", sys.executable, *command],
         env=installed.env(env),
         cwd=installed.home,
         capture_output=True,
@@ -425,7 +426,13 @@ def test_timeline_of_a_job_renders_every_span(installed, bounded_env, tmp_path):
         timeout=180,
     )
     assert job.returncode == 0, job.stdout + job.stderr
-    files = [tmp_path / "tl-0.json", tmp_path / "tl-1.json"]
+    return job, [tmp_path / "tl-0.json", tmp_path / "tl-1.json"]
+
+
+def test_timeline_of_a_job_renders_every_span(installed, bounded_env, tmp_path):
+    job, files = _timeline_job(
+        installed, bounded_env, tmp_path, REPO / "examples" / "sync_demo.py", "--steps", "8"
+    )
     events = [e for f in files for e in json.loads(f.read_text())["traceEvents"] if e["ph"] == "X"]
     names = {e["name"] for e in events}
     assert {"validate", "broadcast", "verify"} <= names or {"validate", "cross-memory"} <= names, (
@@ -487,20 +494,12 @@ def test_timeline_records_every_operation(installed, bounded_env, tmp_path):
     checkpoint staging: a 20-step GradSync run leaves 20 allreduce spans on each rank."""
     source = tmp_path / "ckpt.bin"
     source.write_bytes(bytes(range(256)) * 64)
-    env = dict(bounded_env, MPISYNC_TIMELINE=str(tmp_path / "tl-{rank}.json"))
     script = tmp_path / "job.py"
     script.write_text(_EVERY_OPERATION)
-    job = subprocess.run(
-        ["mpiexec", "-n", "2", sys.executable, script, source, tmp_path / "staged"],
-        env=installed.env(env),
-        cwd=installed.home,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    job, files = _timeline_job(
+        installed, bounded_env, tmp_path, script, source, tmp_path / "staged"
     )
-    assert job.returncode == 0, job.stdout + job.stderr
     with_torch = "torch True" in job.stdout
-    files = [tmp_path / "tl-0.json", tmp_path / "tl-1.json"]
     for rank, path in enumerate(files):
         events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
         count = {
