@@ -215,6 +215,21 @@ def all_gather_coalesced(size: int, output_lists, inputs) -> Op:
     return Op("all_gather_coalesced", _signature(inputs), describe, body, output_lists)
 
 
+def _rooted_problem(kind: str, rank: int, size: int, root: int, mine: list, lists: list):
+    """Why a gather's or scatter's arguments are refused, or None: ``mine``, the one tensor this
+    rank gives (gather) or takes (scatter); ``lists``, the list only the root holds."""
+    word = "input" if kind == "gather" else "output"
+    problem = _root_problem(root, size)
+    if problem is None and len(mine) != 1:
+        problem = f"{len(mine)} {word} tensors, expected 1"
+    if problem is None and rank == root:
+        problem = f"no {kind} list on the root" if len(lists) != 1 else None
+        problem = problem or _like_problem(f"the {kind} list", lists[0], mine[0], size)
+    if problem is None and rank != root and any(lists):
+        problem = f"a {kind} list on a rank that is not the root"
+    return problem
+
+
 @refusing("gather")
 def gather(rank: int, size: int, outputs, inputs, opts) -> Op:
     """Every rank's ``inputs[0]`` into ``outputs[0][rank]`` on ``opts.rootRank``."""
@@ -224,14 +239,7 @@ def gather(rank: int, size: int, outputs, inputs, opts) -> Op:
     def describe() -> str:
         return f"input {shape_text(inputs)}, root {root}"
 
-    problem = _root_problem(root, size)
-    if problem is None and len(inputs) != 1:
-        problem = f"{len(inputs)} input tensors, expected 1"
-    if problem is None and rank == root:
-        problem = "no gather list on the root" if len(lists) != 1 else None
-        problem = problem or _like_problem("the gather list", lists[0], inputs[0], size)
-    if problem is None and rank != root and any(lists):
-        problem = "a gather list on a rank that is not the root"
+    problem = _rooted_problem("gather", rank, size, root, inputs, lists)
     if problem is not None:
         return Op("gather", _signature(inputs, root), describe, None, lists, problem)
     send = host_bytes(inputs[0].contiguous())[0]
@@ -264,14 +272,7 @@ def scatter(rank: int, size: int, outputs, inputs, opts) -> Op:
     def describe() -> str:
         return f"output {shape_text(outputs)}, root {root}"
 
-    problem = _root_problem(root, size)
-    if problem is None and len(outputs) != 1:
-        problem = f"{len(outputs)} output tensors, expected 1"
-    if problem is None and rank == root:
-        problem = "no scatter list on the root" if len(lists) != 1 else None
-        problem = problem or _like_problem("the scatter list", lists[0], outputs[0], size)
-    if problem is None and rank != root and any(lists):
-        problem = "a scatter list on a rank that is not the root"
+    problem = _rooted_problem("scatter", rank, size, root, outputs, lists)
     if problem is not None:
         return Op("scatter", _signature(outputs, root), describe, None, outputs, problem)
     recv, back = host_bytes(outputs[0])

@@ -224,19 +224,7 @@ def _allreduce_rows(reduced: dict) -> list:
     """The CSV rows of the all-reduce bench (``mpisync bench --allreduce``)."""
     rows = []
     for r in reduced.get("sweep", []):
-        for name in ("mpisync", "gloo", "mpi Allreduce"):
-            rows.append(
-                {
-                    "section": "allreduce sweep",
-                    "workload": "",
-                    "name": name,
-                    "value": r["bytes"],
-                    "seconds": r[f"{name}_us"] / 1e6,
-                    "gbps": r["bytes"] / r[f"{name}_us"] / 1e3,
-                    "vs_flat": "",
-                    "vs_per_tensor": "",
-                }
-            )
+        rows += _timed_rows("allreduce sweep", "", r, ("mpisync", "gloo", "mpi Allreduce"))
     for r in reduced.get("grads", []):
         for name in ("GradSync", "GradSync, MPI only", "allreduce, one-shot"):
             seconds = r[f"{name}_ms"] / 1e3
@@ -278,34 +266,27 @@ def _collective_rows(reduced: dict) -> list:
     """The CSV rows of the torch backend's collectives beside gloo, and of the check's cost."""
     rows = []
     for r in reduced.get("collectives", []):
-        for name in ("mpisync", "gloo"):
-            rows.append(
-                {
-                    "section": "collectives",
-                    "workload": r["collective"],
-                    "name": name,
-                    "value": r["bytes"],
-                    "seconds": r[f"{name}_us"] / 1e6,
-                    "gbps": r["bytes"] / r[f"{name}_us"] / 1e3 if r["bytes"] else "",
-                    "vs_flat": "",
-                    "vs_per_tensor": "",
-                }
-            )
+        rows += _timed_rows("collectives", r["collective"], r, ("mpisync", "gloo"))
     for r in reduced.get("check", []):
-        for name in ("checked", "unchecked"):
-            rows.append(
-                {
-                    "section": "argument check",
-                    "workload": "all_reduce",
-                    "name": name,
-                    "value": r["bytes"],
-                    "seconds": r[f"{name}_us"] / 1e6,
-                    "gbps": r["bytes"] / r[f"{name}_us"] / 1e3,
-                    "vs_flat": "",
-                    "vs_per_tensor": "",
-                }
-            )
+        rows += _timed_rows("argument check", "all_reduce", r, ("checked", "unchecked"))
     return rows
+
+
+def _timed_rows(section: str, workload: str, row: dict, names: tuple) -> list:
+    """The CSV rows of ``names``' times in microseconds (``<name>_us``) over ``row["bytes"]``."""
+    return [
+        {
+            "section": section,
+            "workload": workload,
+            "name": name,
+            "value": row["bytes"],
+            "seconds": row[f"{name}_us"] / 1e6,
+            "gbps": row["bytes"] / row[f"{name}_us"] / 1e3 if row["bytes"] else "",
+            "vs_flat": "",
+            "vs_per_tensor": "",
+        }
+        for name in names
+    ]
 
 
 def write_csv(results: dict, path: str) -> None:
