@@ -230,18 +230,35 @@ def _rooted_problem(kind: str, rank: int, size: int, root: int, mine: list, list
     return problem
 
 
+def _rooted(kind: str, rank: int, size: int, mine, lists, opts) -> tuple:
+    """``(root, mine, lists, describe, refused)`` of a gather or a scatter: ``mine``, the one
+    tensor this rank gives (gather) or takes (scatter), and ``lists``, the root's list, as lists;
+    ``refused``, the operation refused on every rank, or None."""
+    root, mine, lists = opts.rootRank, list(mine), [list(x) for x in lists]
+    word = "input" if kind == "gather" else "output"
+
+    def describe() -> str:
+        return f"{word} {shape_text(mine)}, root {root}"
+
+    problem = _rooted_problem(kind, rank, size, root, mine, lists)
+    if problem is None:
+        return root, mine, lists, describe, None
+    result = lists if kind == "gather" else mine
+    return (
+        root,
+        mine,
+        lists,
+        describe,
+        Op(kind, _signature(mine, root), describe, None, result, problem),
+    )
+
+
 @refusing("gather")
 def gather(rank: int, size: int, outputs, inputs, opts) -> Op:
     """Every rank's ``inputs[0]`` into ``outputs[0][rank]`` on ``opts.rootRank``."""
-    root, inputs = opts.rootRank, list(inputs)
-    lists = [list(o) for o in outputs]
-
-    def describe() -> str:
-        return f"input {shape_text(inputs)}, root {root}"
-
-    problem = _rooted_problem("gather", rank, size, root, inputs, lists)
-    if problem is not None:
-        return Op("gather", _signature(inputs, root), describe, None, lists, problem)
+    root, inputs, lists, describe, refused = _rooted("gather", rank, size, inputs, outputs, opts)
+    if refused is not None:
+        return refused
     send = host_bytes(inputs[0].contiguous())[0]
     targets = [host_bytes(t) for t in lists[0]] if rank == root else []
 
@@ -266,15 +283,9 @@ def gather(rank: int, size: int, outputs, inputs, opts) -> Op:
 @refusing("scatter")
 def scatter(rank: int, size: int, outputs, inputs, opts) -> Op:
     """``inputs[0][r]`` on ``opts.rootRank`` into rank ``r``'s ``outputs[0]``."""
-    root, outputs = opts.rootRank, list(outputs)
-    lists = [list(i) for i in inputs]
-
-    def describe() -> str:
-        return f"output {shape_text(outputs)}, root {root}"
-
-    problem = _rooted_problem("scatter", rank, size, root, outputs, lists)
-    if problem is not None:
-        return Op("scatter", _signature(outputs, root), describe, None, outputs, problem)
+    root, outputs, lists, describe, refused = _rooted("scatter", rank, size, outputs, inputs, opts)
+    if refused is not None:
+        return refused
     recv, back = host_bytes(outputs[0])
     pieces = [host_bytes(t.contiguous())[0] for t in lists[0]] if rank == root else []
 
