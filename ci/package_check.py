@@ -51,7 +51,12 @@ def _check_sdist(sdist: Path) -> list:
 
 
 def main() -> int:
-    out = Path(tempfile.mkdtemp(prefix="mpisync-package-"))
+    with tempfile.TemporaryDirectory(prefix="mpisync-package-") as folder:
+        return _check(Path(folder))
+
+
+def _check(out: Path) -> int:
+    """Build into ``out`` and check what was built; 0 when every check passes."""
     _run(sys.executable, "-m", "build", "--outdir", str(out / "dist"), str(REPO))
     sdist = next((out / "dist").glob("mpisync-*.tar.gz"))
     wheel = next((out / "dist").glob("mpisync-*.whl"))
@@ -72,9 +77,10 @@ def main() -> int:
         str(sdist),
         env=env,
     )
-    names = zipfile.ZipFile(next(plain.glob("mpisync-*.whl"))).namelist()
+    without = next(plain.glob("mpisync-*.whl"))
+    names = zipfile.ZipFile(without).namelist()
     problems += [f"built with CC=false, the wheel holds {n}" for n in names if "_speedups." in n]
-    problems += _check_wheel(next(plain.glob("mpisync-*.whl")))
+    problems += _check_wheel(without)
     compiled = any("_speedups." in n for n in zipfile.ZipFile(wheel).namelist())
     if problems:
         print("package check FAILED:\n  " + "\n  ".join(problems), file=sys.stderr)

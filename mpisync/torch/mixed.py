@@ -17,9 +17,12 @@ import functools
 import sys
 from typing import Any
 
+import numpy as _np
 import torch
 import torch.distributed as dist
+from mpi4py import MPI
 
+from .._runtime.ring import wait_request
 from .errors import ArgumentError
 
 __all__ = ["other_backends", "routed"]
@@ -40,13 +43,14 @@ def _creation_frame():
     return None
 
 
-def other_backends(options) -> dict[str, Any]:
+def other_backends(options, comm, deadline: float | None) -> dict[str, Any]:
     """The backends of the other ``device:backend`` pairs of the group being created (device type
-    -> torch ``Backend``), created as torch creates them; empty for a plain ``"mpisync"``."""
+    -> torch ``Backend``), created as torch creates them; empty for a plain ``"mpisync"``. A pair
+    that some rank of ``comm`` cannot create (its backend not built into this torch, or not
+    registered) is the same :class:`~mpisync.torch.errors.ArgumentError` on every rank, before
+    any is created (an all-reduce on ``comm``, waited for until ``deadline``)."""
     frame = _creation_frame()
-    if frame is None:
-        return {}
-    config = frame.f_locals.get("backend_config")
+    config = frame.f_locals.get("backend_config") if frame is not None else None
     if config is None:
         return {}
     pairs = {device: str(name).lower() for device, name in config.get_device_backend_map().items()}
@@ -54,11 +58,33 @@ def other_backends(options) -> dict[str, Any]:
     if not wanted:
         return {}
     made = frame.f_locals.get("pg")  # the pairs torch created before reaching mpisync's
+    _agree_available(wanted, comm, deadline)
     store = options.store.underlying_store  # the group's store, under the "<device>/" prefixes
     return {
         device: _existing(made, device) or _create(name, device, store, options)
         for device, name in wanted.items()
     }
+
+
+def _agree_available(wanted: dict, comm, deadline: float | None) -> None:
+    from torch.distributed.distributed_c10d import Backend
+
+    built = {Backend.GLOO: dist.is_gloo_available(), Backend.NCCL: dist.is_nccl_available()}
+    missing = [
+        f"{device}:{name}"
+        for device, name in wanted.items()
+        if not built.get(name, name.upper() in Backend._plugins)
+    ]
+    flags = _np.zeros(comm.size, _np.int64)
+    flags[comm.rank] = bool(missing)
+    wait_request(comm.Iallreduce(MPI.IN_PLACE, flags, MPI.MAX), deadline, comm)
+    if flags.any():
+        ranks = ", ".join(str(r) for r in _np.flatnonzero(flags))
+        raise ArgumentError(
+            f"mpisync: rank(s) {ranks} cannot create the backend string's other pairs"
+            + (f" ({', '.join(missing)} here)" if missing else "")
+            + ": a backend not built into this torch, or not registered; nothing was created"
+        )
 
 
 def _existing(group, device: str):
@@ -155,16 +181,13 @@ def _first_tensor(value):
 def _pairwise(backend, single: str, outputs, inputs, opts=None):
     extra = () if opts is None else (opts,)
     works = [getattr(backend, single)(out, inp, *extra) for out, inp in zip(outputs, inputs)]
-    return joined(works)
-
-
-def joined(works: list) -> dist._Work:
-    """One torch work that completes when every one of ``works`` has (torch's gloo works carry
-    no future to collect)."""
     return _Joined(works)
 
 
 class _Joined(dist._Work):
+    """One torch work that completes when every one of ``works`` has (torch's gloo works carry
+    no future to collect)."""
+
     def __init__(self, works: list):
         super().__init__()
         self._works = works
@@ -184,7 +207,7 @@ class _Joined(dist._Work):
         return all(work.is_success() for work in self._works)
 
     def exception(self):
-        return next((w.exception() for w in self._works if w.exception() is not None), None)
+        return next((e for e in (w.exception() for w in self._works) if e is not None), None)
 
     def result(self) -> list:
         return [tensor for work in self._works for tensor in work.result()]

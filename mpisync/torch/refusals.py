@@ -35,20 +35,24 @@ def tensors_in(args: _typing.Iterable) -> list:
     return found
 
 
+def _named(index: int, tensor: torch.Tensor) -> str:
+    return f"tensor {index} ({shape_text([tensor])}"
+
+
 def tensor_problem(tensors: _typing.Iterable[torch.Tensor], sparse: bool = False) -> str | None:
     """Why the backend cannot move one of ``tensors`` (``sparse``: sparse COO tensors are
     accepted), or None."""
     for index, tensor in enumerate(tensors):
-        name = f"tensor {index} ({shape_text([tensor])}"
         if tensor.layout != torch.strided and not (sparse and tensor.layout == torch.sparse_coo):
             return (
-                f"{name}, {tensor.layout}) is not dense: mpisync moves dense tensors (all_reduce "
-                "also reduces one sparse COO tensor)"
+                f"{_named(index, tensor)}, {tensor.layout}) is not dense: mpisync moves dense "
+                "tensors (all_reduce also reduces one sparse COO tensor)"
             )
         if tensor.device.type not in _DEVICES:
-            return f"{name}) is on {tensor.device}: mpisync serves cpu and cuda tensors"
+            where = tensor.device
+            return f"{_named(index, tensor)}) is on {where}: mpisync serves cpu and cuda tensors"
         if tensor.is_quantized:
-            return f"{name}) is quantized: mpisync does not move quantized tensors"
+            return f"{_named(index, tensor)}) is quantized: mpisync does not move quantized tensors"
     return None
 
 

@@ -10,6 +10,7 @@ dist = pytest.importorskip("torch.distributed")
 
 import mpisync.torch  # noqa: E402  (registers the backend)
 from mpisync.errors import InvalidParamError  # noqa: E402
+from mpisync.torch.errors import ArgumentError  # noqa: E402
 from mpisync.torch.process_group import ProcessGroupMPISync  # noqa: E402
 from mpisync.torch.work import Work  # noqa: E402
 
@@ -75,3 +76,13 @@ def test_coalesced_forms_go_to_the_other_backend_as_one_work(comm):
 def test_a_backend_string_without_mpisync_is_refused_before_anything():
     with pytest.raises(InvalidParamError, match="names no mpisync part"):
         mpisync.torch.init_process_group(backend="cpu:gloo")
+
+
+def test_a_pair_no_rank_can_create_is_the_same_error_everywhere(comm):
+    if dist.is_nccl_available():
+        pytest.skip("this torch has NCCL: the pair could be created")
+    with pytest.raises(ArgumentError, match=r"cannot create the backend string's other pairs"):
+        dist.new_group(backend="cpu:mpisync,cuda:nccl")
+    tensor = torch.ones(3)
+    dist.all_reduce(tensor)  # the default group goes on
+    assert tensor.tolist() == [float(comm.size)] * 3
