@@ -112,6 +112,8 @@ def run_one(path: Path, name: str, ranks: int, timeout: int, env: dict) -> tuple
     """Run one test under mpiexec, bounded; its outcome."""
     command = [
         "timeout",
+        "-k",
+        "10",
         str(timeout + 10),
         "mpiexec",
         "-n",
@@ -126,9 +128,18 @@ def run_one(path: Path, name: str, ranks: int, timeout: int, env: dict) -> tuple
         f"{path}::TorchTests::{name}",
     ]
     job_env = {**env, "MPIEXEC_TIMEOUT": str(timeout)}
-    done = subprocess.run(
-        command, env=job_env, capture_output=True, text=True, cwd=path.parent, check=False
-    )
+    try:
+        done = subprocess.run(
+            command,
+            env=job_env,
+            capture_output=True,
+            text=True,
+            cwd=path.parent,
+            check=False,
+            timeout=timeout + 30,
+        )
+    except subprocess.TimeoutExpired:
+        return "hang", f"still running {timeout + 30} s after it started"
     return classify(done.returncode, done.stdout + done.stderr)
 
 

@@ -15,13 +15,12 @@ from . import ops as _ops
 from .compression import Compression
 from .context import rank
 from .ops import DIFFERENTIABLE
-from .process_sets import global_process_set
+from .process_sets import global_process_set, resolve
 
 __all__ = list(DIFFERENTIABLE)  # torch-free in ops: mpisync.horovod imports this lazily
 
 
-def _set(process_set):
-    return global_process_set if process_set is None else process_set
+_set = resolve
 
 
 class _GroupedAllreduce(torch.autograd.Function):

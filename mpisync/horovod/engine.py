@@ -184,6 +184,6 @@ def _zero_allreduce(comm, call, desc: dict) -> None:
     from . import kernels
 
     op, prescale, postscale = desc["x"]
-    for dtype, shape in zip(desc["m"][1], desc["s"]):
+    for dtype, shape in zip(desc["m"][-2], desc["s"]):  # the match ends with dtypes, shapes
         zeros = torch.zeros(shape, dtype=getattr(torch, dtype))
         kernels.allreduce(comm, call, zeros, op, prescale, postscale)

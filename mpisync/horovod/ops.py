@@ -15,7 +15,7 @@ from typing import Any
 
 from . import kernels
 from .engine import Op
-from .process_sets import global_process_set
+from .process_sets import global_process_set, resolve
 
 __all__ = [
     "Average",
@@ -124,9 +124,10 @@ def _dtype(tensor) -> str:
 
 
 def _submit(process_set, kind: str, name, desc: dict, run) -> tuple:
-    process_set = global_process_set if process_set is None else process_set
+    process_set = resolve(process_set)
     engine = process_set.require_engine()
-    op = Op(name if name is not None else engine.auto_name(kind), desc, run)
+    # Horovod's names: one namespace per kind ("allreduce.x" and "allgather.x" may both pend)
+    op = Op(f"{kind}.{name}" if name is not None else engine.auto_name(kind), desc, run)
     return engine, engine.submit(op)
 
 
@@ -141,13 +142,15 @@ def grouped_allreduce_async(
 ) -> Handle:
     """Submit the reduction of each tensor of ``tensors``; the handle's result is the list of
     reduced tensors (new; the inputs are left as they are)."""
-    tensors = list(tensors)
-    mpi_op, post = _mpi_op(reduce_op(average, op), float(postscale_factor), process_set)
+    tensors, process_set = list(tensors), resolve(process_set)
+    horovod_op = reduce_op(average, op)
+    mpi_op, post = _mpi_op(horovod_op, float(postscale_factor), process_set)
     pre = float(prescale_factor)
     shapes = [list(t.shape) for t in tensors]
+    # as Horovod's coordinator: the op and both factors must match too
     desc = _desc(
         "allreduce",
-        [mpi_op, [_dtype(t) for t in tensors], shapes],
+        [horovod_op, pre, float(postscale_factor), [_dtype(t) for t in tensors], shapes],
         shapes,
         [mpi_op, pre, post],
         _refused(tensors),
@@ -215,7 +218,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
 def set_root(root_rank: int, process_set) -> tuple[int, str]:
     """``root_rank`` (a rank of ``init()``'s communicator, as in Horovod) as a rank of the
     process set, and why it cannot be (or "")."""
-    ranks = (global_process_set if process_set is None else process_set).ranks
+    ranks = resolve(process_set).ranks
     if root_rank not in ranks:
         return 0, f"root_rank {root_rank} is not in the process set (ranks {ranks})"
     return ranks.index(root_rank), ""
@@ -266,7 +269,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     The result is ``(output, received_splits)``."""
     import torch
 
-    process_set = global_process_set if process_set is None else process_set
+    process_set = resolve(process_set)
     send, error = _splits(tensor, splits, process_set.size())
     if tensor.dim() == 0:
         error = "alltoall needs a tensor of at least one dimension"
@@ -293,15 +296,18 @@ def grouped_reducescatter_async(
     """Submit the reduction of each tensor, of which this rank keeps its block of rows (the
     first ``rows % size`` ranks one row more)."""
     tensors = list(tensors)
-    process_set = global_process_set if process_set is None else process_set
-    mpi_op, post = _mpi_op(reduce_op(None, op), float(postscale_factor), process_set)
+    process_set = resolve(process_set)
+    horovod_op = reduce_op(None, op)
+    mpi_op, post = _mpi_op(horovod_op, float(postscale_factor), process_set)
     pre = float(prescale_factor)
     shapes = [list(t.shape) for t in tensors]
     scalar = any(t.dim() == 0 for t in tensors)
     error = "reducescatter needs tensors of at least one dimension" if scalar else ""
+    if horovod_op not in (Average, Sum):  # as Horovod
+        error = error or "reducescatter supports only Average and Sum"
     error = error or _refused(tensors)
-    desc = _desc("reducescatter", [mpi_op, [_dtype(t) for t in tensors], shapes], shapes, None)
-    desc["e"] = error
+    match = [horovod_op, pre, float(postscale_factor), [_dtype(t) for t in tensors], shapes]
+    desc = _desc("reducescatter", match, shapes, None, error)
 
     def run(comm, call, descs):
         return [kernels.reducescatter(comm, call, t, mpi_op, pre, post) for t in tensors]
@@ -319,7 +325,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Reduce a sparse tensor as Horovod does: allgather its indices and its values; the
     handle is a function returning the (uncoalesced) sparse sum or average."""
-    process_set = global_process_set if process_set is None else process_set
+    process_set = resolve(process_set)
     indices = allgather_async(
         tensor._indices().transpose(0, 1).contiguous(), f"{name}.indices", process_set
     )

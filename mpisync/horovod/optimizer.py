@@ -21,7 +21,7 @@ from typing import Any
 from .compression import Compression
 from .context import default_comm, require
 from .ops import Average, Sum, reduce_op
-from .process_sets import global_process_set
+from .process_sets import resolve
 
 __all__ = ["DistributedOptimizer"]
 
@@ -224,7 +224,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
     wrapped.__dict__.update(optimizer.__dict__)  # the same state and parameter groups
     wrapped._parameter_names = {p: name for name, p in named}  # Horovod's attribute
     wrapped._mpisync = _Reduction(
-        global_process_set if process_set is None else process_set,
+        resolve(process_set),
         named,
         compression,
         op,

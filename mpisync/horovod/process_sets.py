@@ -89,6 +89,13 @@ class ProcessSet:
 
 
 global_process_set = ProcessSet()
+
+
+def resolve(process_set: ProcessSet | None) -> ProcessSet:
+    """``process_set``, or the global set for None (Horovod's default)."""
+    return global_process_set if process_set is None else process_set
+
+
 _registry: dict[int, ProcessSet] = {}  # id -> set, while initialized (0: the global one)
 
 
