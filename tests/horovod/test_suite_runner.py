@@ -11,7 +11,7 @@ suite = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(suite)
 
 
-def test_resolver_makes_horovod_torch_mpisync_horovod(tmp_path):
+def test_resolver_makes_horovod_torch_mpisync_horovod(tmp_path, bounded_env):
     suite.write_resolver(tmp_path)
     code = (
         "import horovod.torch as hvd, mpisync.horovod as m\n"
@@ -20,7 +20,8 @@ def test_resolver_makes_horovod_torch_mpisync_horovod(tmp_path):
         "assert hvd is m and in_thread(target=lambda: None).daemon\n"
         "print('ok')"
     )
-    env = {"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"}
+    # this job's environment without its launcher's wiring: the child is an MPI singleton
+    env = dict(bounded_env, PYTHONPATH=f"{tmp_path}:{ROOT}")
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
