@@ -46,8 +46,8 @@ def _creation_frame():
 def other_backends(options, comm, deadline: float | None) -> dict[str, Any]:
     """The backends of the other ``device:backend`` pairs of the group being created (device type
     -> torch ``Backend``), created as torch creates them; empty for a plain ``"mpisync"``. A pair
-    that some rank of ``comm`` cannot create (its backend not built into this torch, or not
-    registered) is the same :class:`~mpisync.torch.errors.ArgumentError` on every rank, before
+    that some rank of ``comm`` cannot create (gloo or nccl not built into this torch, another
+    backend not registered) is the same :class:`~mpisync.torch.errors.ArgumentError` on every rank, before
     any is created (an all-reduce on ``comm``, waited for until ``deadline``)."""
     frame = _creation_frame()
     config = frame.f_locals.get("backend_config") if frame is not None else None
@@ -83,7 +83,8 @@ def _agree_available(wanted: dict, comm, deadline: float | None) -> None:
         raise ArgumentError(
             f"mpisync: rank(s) {ranks} cannot create the backend string's other pairs"
             + (f" ({', '.join(missing)} here)" if missing else "")
-            + ": a backend not built into this torch, or not registered; nothing was created"
+            + ": mpisync creates gloo, nccl (where this torch has them) and registered backends "
+            "beside its group; nothing was created"
         )
 
 
@@ -119,12 +120,7 @@ def _create(name: str, device: str, store, options):
         nccl = ProcessGroupNCCL(prefixed, rank, size, nccl_options)
         nccl._set_sequence_number_for_group()
         return nccl
-    plugin = Backend._plugins.get(name.upper())
-    if plugin is None:
-        raise ArgumentError(
-            f"mpisync: the backend string pairs {device!r} with {name!r}, which mpisync cannot "
-            "create beside its own group; use gloo, nccl or a registered backend"
-        )
+    plugin = Backend._plugins[name.upper()]  # _agree_available saw it registered
     if not plugin.extended_api:
         return plugin.creator_fn(prefixed, rank, size, timeout)
     given = _DistributedBackendOptions()
