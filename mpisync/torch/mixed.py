@@ -47,8 +47,8 @@ def other_backends(options, comm, deadline: float | None) -> dict[str, Any]:
     """The backends of the other ``device:backend`` pairs of the group being created (device type
     -> torch ``Backend``), created as torch creates them; empty for a plain ``"mpisync"``. A pair
     that some rank of ``comm`` cannot create (gloo or nccl not built into this torch, another
-    backend not registered) is the same :class:`~mpisync.torch.errors.ArgumentError` on every rank, before
-    any is created (an all-reduce on ``comm``, waited for until ``deadline``)."""
+    backend not registered) is the same :class:`~mpisync.torch.errors.ArgumentError` on every
+    rank, before any is created (an all-reduce on ``comm``, waited for until ``deadline``)."""
     frame = _creation_frame()
     config = frame.f_locals.get("backend_config") if frame is not None else None
     if config is None:
