@@ -95,8 +95,8 @@ _WORKLOAD_LEGEND = (
     "  ms: median over iterations of the slowest rank's time for one whole sync, milliseconds; "
     "GB/s: the set's bytes / ms; x flat: flat Bcast's time / this row's (above 1x: faster than "
     "one Bcast of one buffer of the same bytes); x per-tensor: the per-tensor Bcast loop's time / "
-    "this row's; of limit: the limit row's time / this row's (1.00x: at this machine's memory "
-    "limit); channel: the transport mpisync chose. "
+    "this row's; of limit: the limit row's time / this row's (1.00x: at the memory limit of "
+    "the node); channel: the transport mpisync chose. "
 )
 
 
