@@ -77,3 +77,15 @@ def library_name(version_text: str) -> str:
             return form.format(*found.groups())
     first = text.splitlines()[0].split(",")[0].strip() if text else ""
     return first or "unknown"
+
+
+def thread_level() -> str:
+    """The MPI thread level this process runs at: ``single``, ``funneled``, ``serialized`` or
+    ``multiple`` (MPI must be loaded)."""
+    from mpi4py import MPI
+
+    level = MPI.Query_thread()
+    for name in ("single", "funneled", "serialized", "multiple"):
+        if level == getattr(MPI, f"THREAD_{name.upper()}"):
+            return name
+    return str(level)

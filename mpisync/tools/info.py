@@ -25,14 +25,6 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _thread_level(MPI) -> str:
-    level = MPI.Query_thread()
-    for name in ("SINGLE", "FUNNELED", "SERIALIZED", "MULTIPLE"):
-        if level == getattr(MPI, f"THREAD_{name}"):
-            return f"MPI_THREAD_{name}"
-    return str(level)
-
-
 def _versions() -> dict:
     """mpisync's version and those of what it runs on (no MPI call)."""
     return {
@@ -78,7 +70,7 @@ def collect_info() -> dict:
         **_versions(),
         "mpi_library": _mpilib.library_name(MPI.Get_library_version()),
         "mpi_standard": "{}.{}".format(*MPI.Get_version()),
-        "thread_level": _thread_level(MPI),
+        "thread_level": f"MPI_THREAD_{_mpilib.thread_level().upper()}",
         "world_size": MPI.COMM_WORLD.size,
         "launch": launch_status(MPI.COMM_WORLD.size),
         "cuda_aware_mpi": "yes" if aware else "no",

@@ -40,6 +40,7 @@ from ..workloads import make_params, workload
 from . import collectives as _collectives
 from . import limits as _limits
 from .buffers import written
+from .text import DOCS, ratio_text
 from .timing import measure_interleaved
 
 __all__ = ["GRAD_SETS", "ROWS", "main", "parser", "run", "table"]
@@ -285,13 +286,6 @@ def _every_collective(comm, groups, args) -> list:
         progress.close()
 
 
-DOCS = "docs/performance.md"
-
-
-def _ratio(value) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
 def _sweep_lines(rows: list) -> list:
     lines = [
         "",
@@ -303,7 +297,7 @@ def _sweep_lines(rows: list) -> list:
         lines.append(
             f"  {row['bytes']:>10} {row['mpisync_us']:11.1f} {row['gloo_us']:11.1f} "
             f"{row['mpi Allreduce_us']:13.1f} {row['limit_us']:10.1f} "
-            f"{_ratio(row['speedup_vs_gloo']):>7} {_ratio(row.get('of_limit')):>9}"
+            f"{ratio_text(row['speedup_vs_gloo']):>7} {ratio_text(row.get('of_limit')):>9}"
         )
     lines.append(
         "  us: median time per call, microseconds; mpisync: the torch backend; Allreduce: "
@@ -327,14 +321,14 @@ def _grads_lines(rows: list) -> list:
             f"  {row['workload']:<11} {row['tensors']:>7} {row['bytes'] / 1e6:7.1f} "
             f"{row['GradSync_ms']:9.2f} {row['GradSync, MPI only_ms']:9.2f} "
             f"{row['allreduce, one-shot_ms']:9.2f} {row['flat Allreduce_ms']:8.2f} "
-            f"{row['limit_ms']:8.2f} {_ratio(row['vs_flat']):>7} "
-            f"{_ratio(row.get('of_limit')):>9}  {row['channel']}"
+            f"{row['limit_ms']:8.2f} {ratio_text(row['vs_flat']):>7} "
+            f"{ratio_text(row.get('of_limit')):>9}  {row['channel']}"
         )
         if "vs_per_tensor" in row:
             lines.append(
                 f"  {'':<11} per-tensor Allreduce loop {row['per-tensor Allreduce_ms']:.2f} ms: "
-                f"GradSync {_ratio(row['vs_per_tensor'])}, one-shot "
-                f"{_ratio(row['one_shot_vs_per_tensor'])} faster"
+                f"GradSync {ratio_text(row['vs_per_tensor'])}, one-shot "
+                f"{ratio_text(row['one_shot_vs_per_tensor'])} faster"
             )
     lines.append(
         "  times: medians, milliseconds; GradSync: a repeated allreduce of one syncer; MPI only: "
@@ -351,7 +345,7 @@ def _ddp_lines(row: dict) -> list:
         "",
         "one DDP training step, MLP 8 x 1024^2, batch 32 (ddp)",
         f"  mpisync {row['mpisync_ms']:.2f} ms, gloo {row['gloo_ms']:.2f} ms "
-        f"(gloo/mpisync {_ratio(row['speedup_vs_gloo'])}); no communication "
+        f"(gloo/mpisync {ratio_text(row['speedup_vs_gloo'])}); no communication "
         f"{row['no communication_ms']:.2f} ms (compute/step {row['compute_fraction']:.2f}); "
         f"DDP with a hook that moves nothing {row['DDP, no-op hook_ms']:.2f} ms "
         f"(compute/step {row['compute_fraction_free_communication']:.2f})",

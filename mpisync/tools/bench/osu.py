@@ -19,7 +19,8 @@ from at once): :func:`method` says which.
 OSU's programs call ``MPI_Init`` (``MPI_THREAD_SINGLE``); mpi4py asks for
 ``MPI_THREAD_MULTIPLE`` unless ``MPI4PY_RC_THREAD_LEVEL`` says otherwise, and an
 MPI library may take a lock in every call at that level: the tables name the
-level (:func:`thread_level`), and the same level is needed to compare with OSU.
+level (:func:`mpisync._runtime.mpilib.thread_level`), and the same level is needed to
+compare with OSU.
 
 Overlap follows osu_ibcast: ``100 - 100 * (t_total - t_compute) / t_pure``,
 where ``t_pure`` is Ibcast+Wait alone and ``t_total`` is Ibcast, a dummy
@@ -35,7 +36,7 @@ from mpi4py import MPI
 
 from .buffers import written
 
-__all__ = ["OPERATIONS", "method", "thread_level", "sweep", "bcast_sweep", "sizes_up_to", "counts"]
+__all__ = ["OPERATIONS", "method", "sweep", "bcast_sweep", "sizes_up_to", "counts"]
 
 try:
     from . import _osuloop  # type: ignore[attr-defined]
@@ -56,17 +57,6 @@ def method() -> str:
     """How the raw rows are timed here: OSU's loop in C, or in Python with its call cost
     subtracted."""
     return "C loop" if _osuloop is not None else "Python loop, call cost subtracted"
-
-
-def thread_level() -> str:
-    """The MPI thread level this process runs at (OSU's programs call ``MPI_Init``: single)."""
-    names = {
-        MPI.THREAD_SINGLE: "single",
-        MPI.THREAD_FUNNELED: "funneled",
-        MPI.THREAD_SERIALIZED: "serialized",
-        MPI.THREAD_MULTIPLE: "multiple",
-    }
-    return names.get(MPI.Query_thread(), str(MPI.Query_thread()))
 
 
 def sizes_up_to(max_bytes: int, min_bytes: int = 1) -> list:

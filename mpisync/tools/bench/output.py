@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv as _csv
 import json as _json
 
+from .text import DOCS, ratio_text
+
 __all__ = ["table", "write_json", "write_csv", "write_plot", "csv_rows"]
 
 
@@ -15,17 +17,12 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-DOCS = "docs/performance.md"
 _OSU_NAMES = {
     "bcast": "MPI_Bcast (osu_bcast)",
     "allreduce": "MPI_Allreduce, float32 sum (osu_allreduce)",
     "reduce": "MPI_Reduce to the root, float32 sum (osu_reduce)",
     "allgather": "MPI_Allgather, size from each rank (osu_allgather)",
 }
-
-
-def _ratio(value) -> str:
-    return "-" if value is None else f"{value:.2f}x"
 
 
 def table(results: dict) -> str:
@@ -110,8 +107,8 @@ def _workload_lines(w: dict) -> list:
     for r in w["results"]:
         lines.append(
             f"  {r['strategy']:<26} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
-            f"{_ratio(r['bandwidth_vs_flat']):>7} {_ratio(r['speedup_vs_per_tensor']):>13} "
-            f"{_ratio(r.get('of_limit')):>9}  {r.get('channel') or ''}".rstrip()
+            f"{ratio_text(r['bandwidth_vs_flat']):>7} {ratio_text(r['speedup_vs_per_tensor']):>13} "
+            f"{ratio_text(r.get('of_limit')):>9}  {r.get('channel') or ''}".rstrip()
         )
     per_rank = w.get("limit_bytes_per_rank", 0)
     lines.append(
@@ -141,8 +138,8 @@ def _sweep_lines(rows: list) -> list:
     for r in rows:
         lines.append(
             f"  {r['workload']:<12} {r['param']:<15} {r['value']:>9} "
-            f"{r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} {_ratio(r['bandwidth_vs_flat']):>7} "
-            f"{_ratio(r.get('of_limit')):>9}  {r.get('channel') or ''}".rstrip()
+            f"{r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} {ratio_text(r['bandwidth_vs_flat']):>7} "
+            f"{ratio_text(r.get('of_limit')):>9}  {r.get('channel') or ''}".rstrip()
         )
     lines.append(
         "  ms: median over iterations of the slowest rank's time for one whole sync, "

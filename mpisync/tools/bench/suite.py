@@ -15,6 +15,7 @@ from mpi4py import MPI
 import mpisync
 
 from ... import config as _config
+from ..._runtime import mpilib as _mpilib
 from .. import progressbar as _progress
 from ..workloads import WORKLOADS, make_params, workload
 from . import limits as _limits
@@ -340,7 +341,7 @@ def run(comm, args) -> dict:
             "warmup": opt["warmup"],
             "defaults": defaults,
             "osu_method": _osu.method(),
-            "thread_level": _osu.thread_level(),
+            "thread_level": _mpilib.thread_level(),
             "node_ranks": _node_ranks(comm),
         },
         "osu": {},
