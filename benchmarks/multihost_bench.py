@@ -53,19 +53,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=9)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--root", type=int, default=0)
-    p.add_argument(
+    rows = p.add_argument_group("rows", "which strategies are timed beside the steady syncs")
+    rows.add_argument("--no-loop", action="store_true", help="skip the per-tensor loop")
+    rows.add_argument("--no-first", action="store_true", help="skip first-sync rows")
+    rows.add_argument(
         "--settings",
         default="",
-        help="extra ParamSync settings fusion_bytes/max_concurrent[/timeout], e.g. "
-        "1048576/16,262144/16/0",
+        metavar="F/C[/T],...",
+        help="extra ParamSync settings fusion_bytes/max_concurrent[/timeout], e.g. 262144/16/0",
     )
-    p.add_argument("--no-loop", action="store_true", help="skip the per-tensor loop")
-    p.add_argument("--no-first", action="store_true", help="skip first-sync rows")
-    p.add_argument(
+    rows.add_argument(
         "--sizes", default="", help="also time flat Bcasts of these byte counts (model fitting)"
     )
-    p.add_argument("--json", metavar="PATH", help="append every result as one JSON line (rank 0)")
-    p.add_argument("--label", default="", help="a label stored with the JSON results")
+    results = p.add_argument_group("results")
+    results.add_argument(
+        "--json", metavar="PATH", help="append every result as one JSON line (rank 0)"
+    )
+    results.add_argument("--label", default="", help="a label stored with the JSON results")
     return p.parse_args(argv)
 
 

@@ -210,17 +210,25 @@ BufferList_get_readonly(BufferList *self, void *closure)
     return PyBool_FromLong(self->readonly);
 }
 
-/* The byte length of every buffer, as native int64 (numpy.frombuffer(..., numpy.int64)). */
+/* One native int64 per buffer (numpy.frombuffer(..., numpy.int64)): its start address if
+   addresses, else its byte length. */
 static PyObject *
-BufferList_lengths(BufferList *self, PyObject *unused)
+BufferList_span_words(BufferList *self, int addresses)
 {
     PyObject *out = PyBytes_FromStringAndSize(NULL, self->count * (Py_ssize_t)sizeof(int64_t));
     if (out == NULL)
         return NULL;
-    int64_t *lengths = (int64_t *)PyBytes_AS_STRING(out);
+    int64_t *word = (int64_t *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < self->count; i++)
-        lengths[i] = (int64_t)self->spans[i].len;
+        word[i] = addresses ? (int64_t)(intptr_t)self->spans[i].at : (int64_t)self->spans[i].len;
     return out;
+}
+
+/* The byte length of every buffer, as native int64. */
+static PyObject *
+BufferList_lengths(BufferList *self, PyObject *unused)
+{
+    return BufferList_span_words(self, 0);
 }
 
 /* Every buffer's shape as native int64 words: its number of dimensions, then each extent. */
@@ -282,13 +290,7 @@ BufferList_part(BufferList *self, PyObject *args)
 static PyObject *
 BufferList_addresses(BufferList *self, PyObject *unused)
 {
-    PyObject *out = PyBytes_FromStringAndSize(NULL, self->count * (Py_ssize_t)sizeof(int64_t));
-    if (out == NULL)
-        return NULL;
-    int64_t *addresses = (int64_t *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < self->count; i++)
-        addresses[i] = (int64_t)(intptr_t)self->spans[i].at;
-    return out;
+    return BufferList_span_words(self, 1);
 }
 
 static PyMethodDef BufferList_methods[] = {

@@ -197,9 +197,8 @@ class ParamSync(Reusable):
         gpu_transport: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        self._user_comm = MPI.COMM_WORLD if comm is None else comm
+        self._hold(comm, max_concurrent, fusion_bytes, gpu_transport, timeout)
         self._root = root
-        self._resolve_settings(max_concurrent, fusion_bytes, gpu_transport, timeout)
         self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
         self._host = HostTransports(
             root, self._values["max_concurrent"], self._values["fusion_bytes"]
@@ -441,13 +440,14 @@ def sync_params(
     :class:`~mpisync.SyncError` on every rank when any rank's input is bad.
     See :class:`ParamSync` for the reusable form; both use the same transports.
     """
-    with ParamSync(
+    syncer = ParamSync(
         comm,
         root=root,
         max_concurrent=max_concurrent,
         fusion_bytes=fusion_bytes,
         gpu_transport=gpu_transport,
         timeout=timeout,
-    ) as syncer:
-        syncer._compiler.one_shot = syncer._host.one_shot = True
+    )
+    syncer._compiler.one_shot = syncer._host.one_shot = True  # used once: nothing kept for later
+    with syncer:
         return syncer.sync(params, devices=devices, verify=verify)

@@ -20,6 +20,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = ("setup.py", "setup.cfg", "pyproject.toml", "README.md", "LICENSE", "mpisync")
 STALE = "stale_module.py"
+# The shortest broadcast workload run of ``mpisync bench``: one timed iteration of many-small.
+ONE_SMALL_ITERATION = ("--workloads", "many-small", "--iterations", "1", "--warmup", "0")
 # A development environment may hold an editable install of mpisync, whose import hook would fill in
 # what the installed copy lacks (``mpisync._speedups``): a user's environment has none, so it goes.
 _SITECUSTOMIZE = """import sys

@@ -25,16 +25,17 @@ def check_comm(comm) -> None:
 
 
 class Reusable:
-    """A base for objects that hold ``self._settings`` for their life and free what they hold in
-    ``close()``."""
+    """A base for objects that hold the caller's communicator (``self._user_comm``) and
+    ``self._settings`` for their life and free what they hold in ``close()``."""
 
     _settings: _config.Settings
 
-    def _resolve_settings(self, max_concurrent, fusion_bytes, gpu_transport, timeout) -> None:
-        """Fix ``self._settings`` (and ``self._values``) for the object's life. A bad setting is
-        kept
-        in ``self._settings_error`` and reported at the first call, collectively, like any bad
+    def _hold(self, comm, max_concurrent, fusion_bytes, gpu_transport, timeout) -> None:
+        """Fix ``self._user_comm`` (``comm``, default ``MPI.COMM_WORLD``) and ``self._settings``
+        (and ``self._values``) for the object's life. A bad setting is kept in
+        ``self._settings_error`` and reported at the first call, collectively, like any bad
         input."""
+        self._user_comm = MPI.COMM_WORLD if comm is None else comm
         self._settings_error = None
         try:
             self._settings = _config.resolve(max_concurrent, fusion_bytes, gpu_transport, timeout)

@@ -22,7 +22,7 @@ import json as _json
 import operator as _operator
 import time as _time
 import typing as _typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from mpi4py import MPI
 
@@ -70,17 +70,16 @@ class GradSync(Reusable):
 
     def __init__(
         self,
-        comm=None,
+        comm: MPI.Intracomm | None = None,
         *,
-        op="sum",
-        max_concurrent=None,
-        fusion_bytes=None,
-        gpu_transport=None,
-        timeout=None,
-    ):
-        self._user_comm = MPI.COMM_WORLD if comm is None else comm
+        op: str = "sum",
+        max_concurrent: int | None = None,
+        fusion_bytes: int | None = None,
+        gpu_transport: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self._op = op
-        self._resolve_settings(max_concurrent, fusion_bytes, gpu_transport, timeout)
+        self._hold(comm, max_concurrent, fusion_bytes, gpu_transport, timeout)
         if op not in _ops.OPS:
             self._settings_error = f"op must be one of {', '.join(map(repr, _ops.OPS))}, got {op!r}"
         self._comm: MPI.Intracomm | None = None
@@ -315,15 +314,15 @@ def _json_doc(manifest) -> dict:
 
 
 def allreduce(
-    params,
-    comm=None,
+    params: Mapping[str, _typing.Any],
+    comm: MPI.Intracomm | None = None,
     *,
-    op="sum",
-    devices=None,
-    max_concurrent=None,
-    fusion_bytes=None,
-    gpu_transport=None,
-    timeout=None,
+    op: str = "sum",
+    devices: Sequence[_typing.Any] | None = None,
+    max_concurrent: int | None = None,
+    fusion_bytes: int | None = None,
+    gpu_transport: str | None = None,
+    timeout: float | None = None,
 ) -> SyncReport:
     """Reduce, in place, every replica of every name over all replicas on all ranks of ``comm``.
 

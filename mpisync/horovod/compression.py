@@ -15,12 +15,12 @@ class Compressor:
     @staticmethod
     def compress(tensor) -> tuple[Any, Any]:
         """The tensor to send, and what :meth:`decompress` needs."""
-        raise NotImplementedError
+        raise NotImplementedError("a Compressor subclass defines compress(tensor)")
 
     @staticmethod
     def decompress(tensor, ctx):
         """The reduced tensor back in its own form."""
-        raise NotImplementedError
+        raise NotImplementedError("a Compressor subclass defines decompress(tensor, ctx)")
 
 
 class NoneCompressor(Compressor):

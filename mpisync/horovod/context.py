@@ -4,6 +4,7 @@ set and its :class:`~mpisync.horovod.engine.Engine`, closed by ``hvd.shutdown()`
 from __future__ import annotations
 
 import weakref as _weakref
+from collections.abc import Callable
 
 from mpi4py import MPI
 
@@ -108,34 +109,27 @@ def default_comm(process_set=None) -> MPI.Intracomm:
     return MPI.COMM_WORLD if _context is None else _context.comm
 
 
-def rank() -> int:
-    """This process's rank in ``init()``'s communicator."""
-    return require().rank
+def _layout(name: str, doc: str) -> Callable[[], int]:
+    """Horovod's function ``name()``: the context's attribute of that name (documented by
+    ``doc``), or the error Horovod gives before ``init()``."""
+
+    def read() -> int:
+        return getattr(require(), name)
+
+    read.__name__ = read.__qualname__ = name
+    read.__doc__ = doc
+    return read
 
 
-def size() -> int:
-    """The number of processes in ``init()``'s communicator."""
-    return require().size
-
-
-def local_rank() -> int:
-    """This process's rank among those on its node."""
-    return require().local_rank
-
-
-def local_size() -> int:
-    """The number of processes on this node."""
-    return require().local_size
-
-
-def cross_rank() -> int:
-    """This node's index among the nodes (the rank among processes of the same local rank)."""
-    return require().cross_rank
-
-
-def cross_size() -> int:
-    """The number of nodes (processes with this local rank)."""
-    return require().cross_size
+rank = _layout("rank", "This process's rank in ``init()``'s communicator.")
+size = _layout("size", "The number of processes in ``init()``'s communicator.")
+local_rank = _layout("local_rank", "This process's rank among those on its node.")
+local_size = _layout("local_size", "The number of processes on this node.")
+cross_rank = _layout(
+    "cross_rank",
+    "This node's index among the nodes (the rank among processes of the same local rank).",
+)
+cross_size = _layout("cross_size", "The number of nodes (processes with this local rank).")
 
 
 def mpi_threads_supported() -> bool:

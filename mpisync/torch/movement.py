@@ -4,6 +4,8 @@ split sizes), barrier. Any dtype: they move bytes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as _np
 import torch
 from mpi4py import MPI
@@ -70,6 +72,16 @@ def _like_problem(what: str, outputs, reference: torch.Tensor, count: int) -> st
     return None
 
 
+def _gather_lists(output_lists, inputs) -> tuple[list, list[list], Callable[[], str]]:
+    """An all-gather's ``inputs`` and ``output_lists`` as lists (of lists), and its describe."""
+    inputs = list(inputs)
+
+    def describe() -> str:
+        return f"inputs {shape_text(inputs)}"
+
+    return inputs, [list(o) for o in output_lists], describe
+
+
 def barrier() -> Op:
     """Complete once every rank reached it (after everything issued before it)."""
 
@@ -104,11 +116,7 @@ def broadcast(size: int, tensors, opts) -> Op:
 @refusing("all_gather")
 def all_gather(size: int, output_lists, inputs) -> Op:
     """Every rank's ``inputs[i]`` into ``output_lists[i][rank]``."""
-    inputs, output_lists = list(inputs), [list(o) for o in output_lists]
-
-    def describe() -> str:
-        return f"inputs {shape_text(inputs)}"
-
+    inputs, output_lists, describe = _gather_lists(output_lists, inputs)
     problem = None
     if len(output_lists) != len(inputs):
         problem = f"{len(output_lists)} output lists for {len(inputs)} inputs"
@@ -188,11 +196,7 @@ def all_gather_into_tensor(rank: int, size: int, output: torch.Tensor, input: to
 @refusing("all_gather_coalesced")
 def all_gather_coalesced(size: int, output_lists, inputs) -> Op:
     """Every rank's ``inputs[i]`` into ``output_lists[rank][i]`` (torch's layout)."""
-    inputs, output_lists = list(inputs), [list(o) for o in output_lists]
-
-    def describe() -> str:
-        return f"inputs {shape_text(inputs)}"
-
+    inputs, output_lists, describe = _gather_lists(output_lists, inputs)
     problem = None
     if len(output_lists) != size:
         problem = f"{len(output_lists)} output lists, expected {size} (one per rank)"

@@ -184,31 +184,22 @@ def test_root_out_of_range_everywhere(comm):
     _untouched(params, before)
 
 
-def test_root_differs_between_ranks(comm):
+@pytest.mark.parametrize(
+    "argument, on_the_last_rank, elsewhere, must_contain",
+    [("root", 1, 0, ("disagree", "root")), ("fusion_bytes", 0, 1024, ("fusion_bytes",))],
+)
+def test_argument_differs_between_ranks(comm, argument, on_the_last_rank, elsewhere, must_contain):
     need_ranks(comm, 2)
     params = _good(comm.rank)
     before = _snapshot(params)
-    root = 1 if comm.rank == last_rank(comm) else 0
+    value = on_the_last_rank if comm.rank == last_rank(comm) else elsewhere
     raises_everywhere(
         comm,
         mpisync.ManifestMismatchError,
-        lambda: mpisync.sync_params(params, comm, root=root),
-        "disagree",
-        "root",
+        lambda: mpisync.sync_params(params, comm, **{argument: value}),
+        *must_contain,
     )
     _untouched(params, before)
-
-
-def test_setting_differs_between_ranks(comm):
-    need_ranks(comm, 2)
-    params = _good(comm.rank)
-    fusion = 0 if comm.rank == last_rank(comm) else 1024
-    raises_everywhere(
-        comm,
-        mpisync.ManifestMismatchError,
-        lambda: mpisync.sync_params(params, comm, fusion_bytes=fusion),
-        "fusion_bytes",
-    )
 
 
 def test_bad_setting_on_one_rank(comm):

@@ -26,6 +26,23 @@ def _tree(rank):
     }
 
 
+def _same_parameters(model, ref_model) -> None:
+    for name, tensor in ref_model.state_dict().items():
+        assert same_bytes(model.state_dict()[name].numpy(), tensor.numpy()), name
+
+
+def _one_more_step_agrees(torch, batch_shape, mine, ref, seed) -> None:
+    """One more step of ``mine`` and ``ref`` ((model, optimizer) pairs in identical states) on one
+    batch leaves identical parameters."""
+    torch.manual_seed(seed)
+    batch = torch.randn(*batch_shape)
+    for m, o in (mine, ref):
+        o.zero_grad()
+        m(batch).pow(2).sum().backward()
+        o.step()
+    _same_parameters(mine[0], ref[0])
+
+
 def test_pytree_arrays_in_place_and_root_scalars(comm):
     root = last_rank(comm)
     tree = _tree(comm.rank)
@@ -81,17 +98,8 @@ def test_torch_adam_state_after_a_step(comm):
     for index, state in ref["state"].items():
         for key, tensor in state.items():
             assert same_bytes(mine["state"][index][key].numpy(), tensor.numpy()), (index, key)
-    for name, tensor in ref_model.state_dict().items():
-        assert same_bytes(model.state_dict()[name].numpy(), tensor.numpy()), name
-    # One more step from identical states gives identical parameters everywhere.
-    torch.manual_seed(7)
-    batch = torch.randn(8, 6)
-    for m, o in ((model, opt), (ref_model, ref_opt)):
-        o.zero_grad()
-        m(batch).pow(2).sum().backward()
-        o.step()
-    for name, tensor in ref_model.state_dict().items():
-        assert same_bytes(model.state_dict()[name].numpy(), tensor.numpy()), name
+    _same_parameters(model, ref_model)
+    _one_more_step_agrees(torch, (8, 6), (model, opt), (ref_model, ref_opt), seed=7)
 
 
 @pytest.mark.parametrize("kind", ["extra-key", "array-vs-scalar", "list-length", "array-shape"])
@@ -138,28 +146,28 @@ def test_unsupported_leaf_is_refused_everywhere(comm):
     )
 
 
-def test_numpy_scalar_types_are_kept_exactly(comm):
-    root = last_rank(comm)
-    r = comm.rank
-    tree = {
+def _numpy_scalars(r: int) -> dict:
+    """Numpy scalars of six types whose values depend on the rank ``r``."""
+    return {
         "f32": np.float32(1.5 + r),
         "f16": np.float16(0.1 * (r + 1)),
         "i8": np.int8(-3 - r),
         "u64": np.uint64(2**63 + r),
         "b": np.bool_(r % 2 == 0),
         "c64": np.complex64(1 + 2j * r),
+    }
+
+
+def test_numpy_scalar_types_are_kept_exactly(comm):
+    root = last_rank(comm)
+    r = comm.rank
+    tree = {
+        **_numpy_scalars(r),
         "ld": np.longdouble(1) / (3 + r),
         "py": (1.5 + r, r, 2j + r),
     }
     out = mpisync.sync_state(tree, comm, root=root)
-    expected = {
-        "f32": np.float32(1.5 + root),
-        "f16": np.float16(0.1 * (root + 1)),
-        "i8": np.int8(-3 - root),
-        "u64": np.uint64(2**63 + root),
-        "b": np.bool_(root % 2 == 0),
-        "c64": np.complex64(1 + 2j * root),
-    }
+    expected = _numpy_scalars(root)
     for key, want in expected.items():
         assert type(out[key]) is type(want) and out[key].tobytes() == want.tobytes(), (
             key,
@@ -267,14 +275,7 @@ def test_broadcast_optimizer_state_fills_ranks_without_state(comm, root_steps):
                 index,
                 key,
             )
-    torch.manual_seed(9)  # one more step from identical states: identical parameters
-    batch = torch.randn(6, 5)
-    for m, o in ((model, opt), (ref_model, ref_opt)):
-        o.zero_grad()
-        m(batch).pow(2).sum().backward()
-        o.step()
-    for name, tensor in ref_model.state_dict().items():
-        assert same_bytes(model.state_dict()[name].numpy(), tensor.numpy()), name
+    _one_more_step_agrees(torch, (6, 5), (model, opt), (ref_model, ref_opt), seed=9)
 
 
 def test_broadcast_optimizer_state_local_failure_is_agreed(comm):

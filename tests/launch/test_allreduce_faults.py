@@ -18,17 +18,18 @@ exec mpiexec -n "${SLURM_NTASKS:-2}" "$@"
 """
 
 
+def _run_from_the_repo(cmd, env, timeout=240) -> subprocess.CompletedProcess:
+    """``cmd`` run from the repository's root, which succeeded."""
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 def test_ddp_example_under_mpiexec(bounded_env):
     pytest.importorskip("torch")
-    proc = subprocess.run(
-        ["mpiexec", "-n", "3", sys.executable, "examples/ddp_train.py", "--steps", "6"],
-        env=bounded_env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    proc = _run_from_the_repo(
+        ["mpiexec", "-n", "3", sys.executable, "examples/ddp_train.py", "--steps", "6"], bounded_env
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("weights identical on every rank: True") == 3, proc.stdout
     assert "step 6: loss" in proc.stdout
 
@@ -45,15 +46,7 @@ def test_ddp_slurm_script(bounded_env, tmp_path):
         SLURM_NTASKS="2",
         VENV=str(Path(sys.executable).parent.parent),
     )
-    proc = subprocess.run(
-        ["bash", "examples/slurm_ddp.sbatch"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _run_from_the_repo(["bash", "examples/slurm_ddp.sbatch"], env)
     assert proc.stdout.count("weights identical on every rank: True") == 2, proc.stdout
 
 
@@ -142,7 +135,7 @@ def test_backend_missing_rank_raises_when_asked(bounded_env, level):
 
 def test_bench_smoke(bounded_env):
     pytest.importorskip("torch")
-    proc = subprocess.run(
+    proc = _run_from_the_repo(
         [
             "mpiexec",
             "-n",
@@ -158,13 +151,9 @@ def test_bench_smoke(bounded_env):
             "many-small",
             "--json",
         ],
-        env=bounded_env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+        bounded_env,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     import json
 
     result = json.loads(proc.stdout)

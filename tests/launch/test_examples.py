@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cliutil import ONE_SMALL_ITERATION
+
 pytestmark = pytest.mark.launcher
 ROOT = Path(__file__).resolve().parents[2]
 torch = pytest.importorskip("torch")
@@ -179,12 +181,7 @@ def test_side_by_side_gives_every_row_of_both_checkouts(bounded_env):
             "0.01",
             "--no-ibcast",
             "--no-sweep",
-            "--workloads",
-            "many-small",
-            "--iterations",
-            "1",
-            "--warmup",
-            "0",
+            *ONE_SMALL_ITERATION,
         ],
         bounded_env,
     )

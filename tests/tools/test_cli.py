@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cliutil import STALE
+from cliutil import ONE_SMALL_ITERATION, STALE
 
 pytestmark = pytest.mark.launcher
 REPO = Path(__file__).resolve().parents[2]
@@ -278,13 +278,21 @@ def test_bench_refused_on_one_rank_is_refused_on_every_rank(installed, bounded_e
     assert proc.stdout == "" and time.monotonic() - start < 60
 
 
+def _bench_at_two_ranks(installed, bounded_env, args: list) -> subprocess.CompletedProcess:
+    """``mpisync bench ARGS`` under ``mpiexec -n 2``, which succeeded."""
+    proc = installed.run(["bench", *args], bounded_env, ranks=2, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tmp_path):
     # Into folders that do not exist yet: created, as by every tool that writes a file. Progress,
     # with tqdm installed, on a stderr that is not a terminal: plain lines, no carriage returns.
     out = tmp_path / "new" / "folder" / "bench"
-    proc = installed.run(
+    proc = _bench_at_two_ranks(
+        installed,
+        bounded_env,
         [
-            "bench",
             "--quick",
             "--osu-max",
             "4096",
@@ -295,11 +303,7 @@ def test_bench_quick_at_two_ranks_writes_every_output(installed, bounded_env, tm
             "--plot",
             f"{out}.png",
         ],
-        bounded_env,
-        ranks=2,
-        timeout=240,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "mpisync bench: 2 ranks" in proc.stdout and "resnet50: 320 tensors" in proc.stdout
     assert "many-small: 5000 tensors" in proc.stdout
     results = json.loads(out.with_suffix(".json").read_text())
@@ -349,18 +353,14 @@ def test_bench_allreduce_rows_beside_gloo_and_flat_allreduce(installed, bounded_
     # rows take that group for gloo and add the mpisync group beside it.
     pytest.importorskip("torch")
     out = tmp_path / "ar"
-    proc = installed.run(
+    proc = _bench_at_two_ranks(
+        installed,
+        bounded_env,
         [
-            "bench",
             "--no-osu",
             "--no-sweep",
             "--no-progress",
-            "--workloads",
-            "many-small",
-            "--iterations",
-            "1",
-            "--warmup",
-            "0",
+            *ONE_SMALL_ITERATION,
             "--allreduce",
             "--allreduce-max",
             "64",
@@ -373,11 +373,7 @@ def test_bench_allreduce_rows_beside_gloo_and_flat_allreduce(installed, bounded_
             "--csv",
             f"{out}.csv",
         ],
-        bounded_env,
-        ranks=2,
-        timeout=240,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all-reduce bench, 2 ranks" in proc.stdout and "one DDP training step" in proc.stdout, (
         proc.stdout
     )

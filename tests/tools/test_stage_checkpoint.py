@@ -204,6 +204,40 @@ def _shared_folder(comm) -> Path:
     return Path(comm.bcast(folder, root=0))  # test-side only; mpisync itself never pickles
 
 
+def _source_and_previous_dests(comm, source, previous: bytes) -> tuple[Path, Path, Path]:
+    """A shared folder, ``ckpt.bin`` in it written by root with ``source()``, and this rank's
+    ``out{rank}/ckpt.bin`` holding ``previous``: (folder, source path, this rank's DEST)."""
+    folder = _shared_folder(comm)
+    src = folder / "ckpt.bin"
+    if comm.rank == 0:
+        src.write_bytes(source())
+    comm.Barrier()
+    mine = folder / f"out{comm.rank}" / "ckpt.bin"
+    mine.parent.mkdir()
+    mine.write_bytes(previous)
+    return folder, src, mine
+
+
+def _a_rename_failing_on_the_last_rank(comm, monkeypatch, source_bytes: int, previous: bytes):
+    """Root's random ``ckpt.bin`` of ``source_bytes``, each rank's DEST holding ``previous``, and
+    the last rank's rename into its DEST failing (disk full): (the staging module, the last rank,
+    SRC, the DEST template, this rank's DEST)."""
+    need_ranks(comm, 2)
+    import mpisync.tools.stage_checkpoint as staging
+
+    bad = last_rank(comm)
+    folder, src, mine = _source_and_previous_dests(comm, lambda: os.urandom(source_bytes), previous)
+    real_replace = os.replace
+
+    def failing_replace(a, b, *args, **kwargs):
+        if comm.rank == bad and str(b) == str(mine):
+            raise OSError(28, "No space left on device (simulated)")
+        return real_replace(a, b, *args, **kwargs)
+
+    monkeypatch.setattr(staging._os, "replace", failing_replace)
+    return staging, bad, src, str(folder / "out{rank}" / "ckpt.bin"), mine
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("kind", ["list-header", "deep-header"])
 def test_malformed_header_on_root_is_the_same_error_everywhere(comm, kind):
@@ -230,29 +264,9 @@ def test_malformed_header_on_root_is_the_same_error_everywhere(comm, kind):
 
 @pytest.mark.mpi
 def test_a_rename_failing_on_one_writer_rolls_the_others_back(comm, monkeypatch):
-    need_ranks(comm, 2)
-    import mpisync.tools.stage_checkpoint as staging
-
-    bad = last_rank(comm)
-    folder = _shared_folder(comm)
-    src = folder / "ckpt.bin"
-    if comm.rank == 0:
-        src.write_bytes(os.urandom(300_000))
-    comm.Barrier()
-    dests = [folder / f"out{rank}" / "ckpt.bin" for rank in range(comm.size)]
-    mine = dests[comm.rank]
-    mine.parent.mkdir()
-    mine.write_bytes(b"the previous checkpoint of rank %d" % comm.rank)
-    if comm.rank == bad:
-        real_replace = os.replace
-
-        def failing_replace(a, b, *args, **kwargs):
-            if str(b) == str(mine):
-                raise OSError(28, "No space left on device (simulated)")
-            return real_replace(a, b, *args, **kwargs)
-
-        monkeypatch.setattr(staging._os, "replace", failing_replace)
-    template = str(folder / "out{rank}" / "ckpt.bin")
+    staging, bad, src, template, mine = _a_rename_failing_on_the_last_rank(
+        comm, monkeypatch, 300_000, b"the previous checkpoint of rank %d" % comm.rank
+    )
     raises_everywhere(
         comm,
         __import__("mpisync").SyncError,
@@ -273,31 +287,14 @@ def test_a_rename_failing_on_one_writer_rolls_the_others_back(comm, monkeypatch)
 
 @pytest.mark.mpi
 def test_a_roll_back_without_hard_links_says_the_previous_dest_is_gone(comm, monkeypatch):
-    need_ranks(comm, 2)
-    import mpisync.tools.stage_checkpoint as staging
-
-    bad = last_rank(comm)
-    folder = _shared_folder(comm)
-    src = folder / "ckpt.bin"
-    if comm.rank == 0:
-        src.write_bytes(os.urandom(100_000))
-    comm.Barrier()
-    mine = folder / f"out{comm.rank}" / "ckpt.bin"
-    mine.parent.mkdir()
-    mine.write_bytes(b"previous %d" % comm.rank)
-    real_replace = os.replace
-
-    def failing_replace(a, b, *args, **kwargs):
-        if comm.rank == bad and str(b) == str(mine):
-            raise OSError(28, "No space left on device (simulated)")
-        return real_replace(a, b, *args, **kwargs)
+    staging, bad, src, template, mine = _a_rename_failing_on_the_last_rank(
+        comm, monkeypatch, 100_000, b"previous %d" % comm.rank
+    )
 
     def no_hard_links(*args, **kwargs):
         raise OSError(95, "Operation not supported (simulated)")
 
-    monkeypatch.setattr(staging._os, "replace", failing_replace)
     monkeypatch.setattr(staging._os, "link", no_hard_links)
-    template = str(folder / "out{rank}" / "ckpt.bin")
     message = raises_everywhere(
         comm,
         __import__("mpisync").SyncError,
@@ -319,14 +316,9 @@ def test_a_source_rewritten_while_it_streams_writes_no_dest(comm, monkeypatch):
     # digests of what was sent still match; root finds SRC changed and no DEST is written.
     import mpisync.tools.stage_checkpoint as staging
 
-    folder = _shared_folder(comm)
-    src = folder / "ckpt.bin"
-    if comm.rank == 0:
-        src.write_bytes(b"\1" * (16 << 20))
-    comm.Barrier()
-    mine = folder / f"out{comm.rank}" / "ckpt.bin"
-    mine.parent.mkdir()
-    mine.write_bytes(b"previous %d" % comm.rank)
+    folder, src, mine = _source_and_previous_dests(
+        comm, lambda: b"\1" * (16 << 20), b"previous %d" % comm.rank
+    )
     if comm.rank == 0:
         real_stream = staging._stream
 

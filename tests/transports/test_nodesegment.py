@@ -42,17 +42,37 @@ def _fill(params, comm, step):
             replica[...] = 0
 
 
+def _peers_with_shared_memory(comm, monkeypatch, setting: str | None) -> None:
+    """Skip a job of one rank; else ``MPISYNC_SHARED_MEMORY`` is ``setting`` (``None``: unset, the
+    default) and cross-memory copies are off (tests/transports/test_crossmemory.py has those)."""
+    if comm.size == 1:
+        pytest.skip("no peers")
+    if setting is None:
+        monkeypatch.delenv("MPISYNC_SHARED_MEMORY", raising=False)
+    else:
+        monkeypatch.setenv("MPISYNC_SHARED_MEMORY", setting)
+    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
+
+
+def _set_step(params, shapes, rank, step) -> None:
+    """Each array of ``params`` (one per name of ``shapes``) takes ``rank``'s values of ``step``."""
+    for name, (shape, dtype) in shapes.items():
+        params[name][...] = values(f"{name}.{step}", rank, shape, dtype)
+
+
+def _assert_roots_step(params, shapes, step) -> None:
+    """Each array of ``params`` (one per name of ``shapes``) holds root 0's values of ``step``."""
+    for name, (shape, dtype) in shapes.items():
+        assert same_bytes(params[name], values(f"{name}.{step}", 0, shape, dtype)), (step, name)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("asked", ["1", "0"])
 @pytest.mark.parametrize("fusion_bytes", [256 << 10, 3 << 20])
 def test_the_setting_decides_the_segment_from_the_first_sync(
     comm, fusion_bytes, asked, monkeypatch
 ):
-    if comm.size == 1:
-        pytest.skip("no peers")
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", asked)  # on every rank
-    # cross-memory copies: tests/transports/test_crossmemory.py
-    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
+    _peers_with_shared_memory(comm, monkeypatch, asked)  # on every rank
     shared = everyone(comm, intranode.enabled()) and _one_node(comm)
     before = _segments()
     params = {n: [np.zeros(s, d), np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
@@ -77,10 +97,7 @@ def test_the_setting_decides_the_segment_from_the_first_sync(
 @pytest.mark.mpi
 @pytest.mark.parametrize("sizes", ["all small", "one large"])
 def test_by_default_the_segment_carries_sets_of_small_tensors_only(comm, sizes, monkeypatch):
-    if comm.size == 1:
-        pytest.skip("no peers")
-    monkeypatch.delenv("MPISYNC_SHARED_MEMORY", raising=False)  # the default, on every rank
-    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
+    _peers_with_shared_memory(comm, monkeypatch, None)  # the default, on every rank
     fusion_bytes = 64 << 10
     shapes = {f"s{i:03d}": ((i % 50 + 1, 7), "float32") for i in range(300)}  # 28 B to 1.4 KiB each
     if sizes == "one large":
@@ -91,14 +108,9 @@ def test_by_default_the_segment_carries_sets_of_small_tensors_only(comm, sizes, 
     channels = []
     with mpisync.ParamSync(comm, fusion_bytes=fusion_bytes) as syncer:
         for step in range(4):
-            for name, (shape, dtype) in shapes.items():
-                params[name][...] = values(f"{name}.{step}", comm.rank, shape, dtype)
+            _set_step(params, shapes, comm.rank, step)
             channels.append(syncer.sync(params).channel)
-            for name, (shape, dtype) in shapes.items():
-                assert same_bytes(params[name], values(f"{name}.{step}", 0, shape, dtype)), (
-                    step,
-                    name,
-                )
+            _assert_roots_step(params, shapes, step)
         if shared:  # a few slots of one bucket each
             assert syncer.buffer_bytes <= intranode.SMALL_SLOTS * fusion_bytes + (64 << 10)
     assert channels == ["shared memory" if shared else "mpi"] * 4
@@ -116,8 +128,7 @@ def test_one_shot_sync_params_takes_the_segment_too(comm, monkeypatch):
         params = {n: values(f"{n}.{step}", comm.rank, s, d) for n, (s, d) in shapes.items()}
         report = mpisync.sync_params(params, comm)
         assert report.channel == ("shared memory" if shared else "mpi")
-        for name, (shape, dtype) in shapes.items():
-            assert same_bytes(params[name], values(f"{name}.{step}", 0, shape, dtype)), (step, name)
+        _assert_roots_step(params, shapes, step)
     assert _segments() <= before
 
 
@@ -134,22 +145,14 @@ def test_back_to_back_syncs_reuse_slots_in_order(comm):
     with mpisync.ParamSync(comm, max_concurrent=4, fusion_bytes=64 << 10, timeout=30) as syncer:
         syncer._prefer("shared memory")  # skip the trial: the shared segment from the first sync on
         for step in range(25):  # no barrier between syncs: the slot handshake alone orders them
-            for name, (shape, dtype) in shapes.items():
-                params[name][...] = values(f"{name}.{step}", comm.rank, shape, dtype)
+            _set_step(params, shapes, comm.rank, step)
             syncer.sync(params)
-            for name, (shape, dtype) in shapes.items():
-                assert same_bytes(params[name], values(f"{name}.{step}", 0, shape, dtype)), (
-                    step,
-                    name,
-                )
+            _assert_roots_step(params, shapes, step)
 
 
 @pytest.mark.mpi
 def test_one_rank_without_shared_memory_makes_every_rank_use_mpi(comm, monkeypatch):
-    if comm.size == 1:
-        pytest.skip("no peers")
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "1")
-    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
+    _peers_with_shared_memory(comm, monkeypatch, "1")
     if comm.rank == comm.size - 1:
         monkeypatch.setattr(intranode, "available", lambda: False)
     params = {n: [np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
@@ -163,10 +166,7 @@ def test_one_rank_without_shared_memory_makes_every_rank_use_mpi(comm, monkeypat
 
 @pytest.mark.mpi
 def test_a_setting_that_differs_between_ranks_is_the_same_error_everywhere(comm, monkeypatch):
-    if comm.size == 1:
-        pytest.skip("no peers")
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0" if comm.rank == comm.size - 1 else "1")
-    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
+    _peers_with_shared_memory(comm, monkeypatch, "0" if comm.rank == comm.size - 1 else "1")
     params = {n: [np.zeros(s, d)] for n, (s, d) in SHAPES.items()}  # "big": not a small set
     with mpisync.ParamSync(comm) as syncer:
         _fill(params, comm, 0)
@@ -183,13 +183,10 @@ def test_a_setting_that_differs_between_ranks_is_the_same_error_everywhere(comm,
 def test_a_segment_file_removed_during_set_up_fails_no_rank(comm, monkeypatch):
     # A cleaner removes root's file between its creation and the others opening it: every rank
     # learns it in the set-up's all-reduce and keeps MPI, within the sync, with root's bytes.
-    if comm.size == 1:
-        pytest.skip("no peers")
     import os
     import time
 
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "1")
-    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
+    _peers_with_shared_memory(comm, monkeypatch, "1")
     if comm.rank == 0:
         real = os.posix_fallocate
 

@@ -43,6 +43,16 @@ def _outlive_the_others(seconds: float) -> None:
         time.sleep(0.2)
 
 
+def _report_and_leave(line: str) -> None:
+    """The end of a kind with no fault: this rank's ``line``, then torch's group is destroyed and
+    the rank exits."""
+    import torch.distributed as dist
+
+    print(line, flush=True)
+    dist.destroy_process_group()
+    sys.exit(0)
+
+
 if kind == "thread-level":
     import torch
     import torch.distributed as dist
@@ -55,14 +65,10 @@ if kind == "thread-level":
     [w.wait() for w in works]
     total = sum(range(1, comm.size + 1))
     ok = all(bool(torch.all(t == total)) for t in tensors)
-    print(
+    _report_and_leave(
         f"rank {comm.rank}: thread level {MPI.Query_thread()}, threaded "
-        f"{dist.group.WORLD.threaded}, "
-        f"correct {ok}",
-        flush=True,
+        f"{dist.group.WORLD.threaded}, correct {ok}"
     )
-    dist.destroy_process_group()
-    sys.exit(0)
 if kind == "torch-rendezvous":
     import socket
 
@@ -95,9 +101,7 @@ if kind == "torch-rendezvous":
     )
     tensor = torch.full((4,), float(comm.rank))
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    print(f"rank {comm.rank}: backend {dist.get_backend()}, max {tensor.tolist()}", flush=True)
-    dist.destroy_process_group()
-    sys.exit(0)
+    _report_and_leave(f"rank {comm.rank}: backend {dist.get_backend()}, max {tensor.tolist()}")
 if kind == "gradsync":
     grads = {"layer0.weight": np.ones(1000, np.float32), "layer1.bias": np.ones(10, np.float32)}
     mpisync.allreduce(grads, comm, timeout=30)  # every rank once: the communicator is set up
