@@ -24,7 +24,11 @@ def mpi_built(verbose: bool = False) -> bool:
         verbose: Accepted for Horovod's signature; nothing is printed.
 
     Returns:
-        ``True``. It needs no :func:`init` and never raises.
+        ``True``; it needs no :func:`init`.
+
+    Raises:
+        TypeError: Only Python's own, for a call with other arguments; the query
+            itself raises nothing.
     """
     return True
 
@@ -45,7 +49,10 @@ def gloo_built(verbose: bool = False) -> bool:
         verbose: Horovod's argument, unused here.
 
     Returns:
-        ``False``, with or without :func:`init`; it never raises.
+        ``False``, with or without :func:`init`.
+
+    Raises:
+        TypeError: Never from the query; only Python's for a wrong call.
     """
     return False
 
@@ -68,7 +75,10 @@ def nccl_built(verbose: bool = False) -> int:
         verbose: Kept from Horovod's signature; ignored.
 
     Returns:
-        ``0``, Horovod's answer when built without NCCL; it never raises.
+        ``0``, Horovod's answer when built without NCCL.
+
+    Raises:
+        TypeError: For a call Python refuses (an unknown keyword); nothing else.
     """
     return 0
 
@@ -80,7 +90,10 @@ def ccl_built(verbose: bool = False) -> bool:
         verbose: Ignored, as there is nothing to report.
 
     Returns:
-        ``False`` (mpisync has no oneCCL path); it never raises.
+        ``False`` (mpisync has no oneCCL path).
+
+    Raises:
+        TypeError: Not raised by the query itself (only for a wrong call).
     """
     return False
 
@@ -92,7 +105,10 @@ def ddl_built(verbose: bool = False) -> bool:
         verbose: Present for Horovod's signature only.
 
     Returns:
-        ``False`` at all times, without raising.
+        ``False`` at all times.
+
+    Raises:
+        TypeError: Only when Python refuses the call's arguments.
     """
     return False
 
@@ -124,6 +140,10 @@ def rocm_built(verbose: bool = False) -> bool:
         verbose: Not used; Horovod's signature has it.
 
     Returns:
-        ``False``; raises nothing.
+        ``False``.
+
+    Raises:
+        TypeError: From Python, for an unexpected argument; the answer itself cannot
+            fail.
     """
     return False
