@@ -122,7 +122,7 @@ def allreduce(
         process_set: Which ranks take part (default: every rank).
 
     Returns:
-        A new tensor of ``tensor``'s shape and dtype: the reduction over the set.
+        The reduction over the set, a new tensor of ``tensor``'s shape and dtype.
 
     Raises:
         ValueError: No :func:`init` yet; ``op`` unknown, or both ``op`` and ``average``.
@@ -296,7 +296,7 @@ def allgather(
         process_set: Whose rows are gathered (default: all ranks).
 
     Returns:
-        A new tensor: the rows of rank 0, then rank 1, and so on.
+        A new tensor holding the rows of rank 0, then rank 1, and so on.
 
     Raises:
         ValueError: Called before :func:`init`.
@@ -422,8 +422,9 @@ def alltoall(
         process_set: The ranks that exchange (default: all).
 
     Returns:
-        Without ``splits``: the received rows. With ``splits``: ``(rows, received_splits)``,
-        the second an int32 tensor of the rows received from each rank.
+        The received rows, without ``splits``; with ``splits``, the pair
+        ``(rows, received_splits)``, the second an int32 tensor of the rows received from
+        each rank.
 
     Raises:
         ValueError: :func:`init` has not been called.
@@ -525,7 +526,7 @@ def reducescatter(
         postscale_factor: Multiplies the block.
 
     Returns:
-        A new tensor: this rank's rows of the reduction.
+        This rank's rows of the reduction, a new tensor.
 
     Raises:
         ValueError: No :func:`init`, or an unknown ``op``.

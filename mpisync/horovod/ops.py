@@ -138,9 +138,9 @@ def synchronize(handle: Handle | Callable[[], Any]) -> Any:
             :func:`sparse_allreduce_async` returns (called).
 
     Returns:
-        The operation's result: a tensor (allreduce, allgather, broadcast, reducescatter), a
-        list of tensors (the grouped forms), ``(output, received_splits)`` (alltoall), or the
-        input tensor(s) for the in-place forms, filled with the result.
+        The operation's result, which is a tensor (allreduce, allgather, broadcast,
+        reducescatter), a list of tensors (the grouped forms), ``(output, received_splits)``
+        (alltoall), or the input tensor(s) for the in-place forms, filled with the result.
 
     Raises:
         HorovodInternalError: The ranks described the operation differently (kind, dtype,
@@ -511,7 +511,7 @@ def alltoall_async(
         process_set: The ranks that exchange (default: every rank).
 
     Returns:
-        A :class:`Handle`; :func:`synchronize` gives ``(output, received_splits)``: the
+        A :class:`Handle`; :func:`synchronize` gives ``(output, received_splits)``, the
         rows received and an int32 tensor of how many came from each rank.
 
     Raises:
@@ -639,8 +639,8 @@ def sparse_allreduce_async(
         process_set: The ranks to reduce over (default: all).
 
     Returns:
-        A function (Horovod's handle here) that waits and returns the sparse sum or average:
-        every rank's entries, not coalesced. Call it, or pass it to :func:`synchronize`.
+        A function (Horovod's handle here) that waits and returns the sparse sum or average
+        (every rank's entries, not coalesced). Call it, or pass it to :func:`synchronize`.
 
     Raises:
         ValueError: :func:`init` has not been called.

@@ -106,7 +106,7 @@ class ProcessSet:
         """The set's engine, which runs its operations (internal: the collectives call it).
 
         Returns:
-            The :class:`~mpisync.horovod.engine.Engine` of the set on this rank.
+            The set's ``Engine`` on this rank.
 
         Raises:
             ValueError: :func:`init` has not run.

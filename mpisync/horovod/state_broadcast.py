@@ -86,14 +86,14 @@ def broadcast_parameters(
     broadcast per tensor, by name), the tensors are synced together as by
     :func:`mpisync.sync_params` (fused, in ``sorted()`` name order) and checked first: a
     difference between ranks raises on every rank and writes nothing. It needs no
-    :func:`init`.
+    :func:`~mpisync.horovod.init`.
 
     Args:
         params: A mapping of name to tensor (``model.state_dict()``) or an iterable of
             ``(name, tensor)`` pairs (``model.named_parameters()``).
         root_rank: The rank whose values every rank takes (a rank of the communicator).
         comm: The communicator (mpisync's addition); default: ``process_set``'s, else
-            :func:`init`'s, else ``MPI.COMM_WORLD``.
+            :func:`~mpisync.horovod.init`'s, else ``MPI.COMM_WORLD``.
         process_set: A process set whose ranks take part, when ``comm`` is not given.
 
     Raises:
@@ -224,7 +224,7 @@ def broadcast_optimizer_state(
     pickled; then every tensor takes the root's bytes and every other value (step counts,
     learning rate, betas) the root's value and type, through :func:`mpisync.sync_state`,
     and the optimizer loads the result. Like Horovod, an optimizer without state first
-    gets zero gradients where a parameter has none. It needs no :func:`init`.
+    gets zero gradients where a parameter has none. It needs no :func:`~mpisync.horovod.init`.
 
     Args:
         optimizer: A ``torch.optim.Optimizer`` (or a ``DistributedOptimizer``), on every rank
@@ -233,7 +233,7 @@ def broadcast_optimizer_state(
             ``broadcast_optimizer_state(optimizer, comm, root=r)`` (a communicator here)
             still works, with a DeprecationWarning.
         comm: The communicator (mpisync's addition); default: ``process_set``'s, else
-            :func:`init`'s, else ``MPI.COMM_WORLD``.
+            :func:`~mpisync.horovod.init`'s, else ``MPI.COMM_WORLD``.
         root: Another name of ``root_rank``, kept from mpisync's older signature.
         process_set: A process set whose ranks take part, when ``comm`` is not given.
 
