@@ -16,6 +16,11 @@ differentiable with Horovod's gradients. Ranks that disagree get the same
 arguments the same :class:`HorovodArgumentError` (a ``ValueError``). What Horovod has and this
 module does not (Adasum, elastic training, the timeline API, TensorFlow, Keras, MXNet) is an
 error naming it. docs/horovod.md lists every name.
+
+Besides the functions and classes below: ``Average``, ``Sum``, ``Min``, ``Max`` and ``Product``
+are the ``op`` values, with Horovod's numbers (``Adasum`` is refused); ``global_process_set``
+is the :class:`ProcessSet` of every rank of :func:`init`'s communicator, the default
+``process_set``.
 """
 
 from __future__ import annotations
@@ -64,6 +69,11 @@ _NOT_PROVIDED = {
     "spark": "horovod.spark: launch with mpiexec or srun --mpi=pmi2",
     "ray": "horovod.ray: launch with mpiexec or srun --mpi=pmi2",
 }
+
+
+def __dir__() -> list[str]:
+    # the lazily imported names too, so that dir(), completion and autodoc list them
+    return sorted(set(globals()) | set(__all__))
 
 
 def __getattr__(name: str):

@@ -4,13 +4,17 @@ set and its :class:`~mpisync.horovod.engine.Engine`, closed by ``hvd.shutdown()`
 from __future__ import annotations
 
 import weakref as _weakref
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from mpi4py import MPI
 
 from .._runtime.launch import check_launch
 from ..errors import InvalidParamError
 from . import process_sets as _process_sets
+
+if TYPE_CHECKING:
+    from .process_sets import ProcessSet
 
 __all__ = [
     "init",
@@ -51,12 +55,32 @@ class _Context:
 _context: _Context | None = None
 
 
-def init(comm: MPI.Intracomm | None = None, process_sets=None) -> None:
-    """Start: ``comm`` (an mpi4py intracommunicator, default ``MPI.COMM_WORLD``) becomes the
-    job's; ``process_sets`` (a list of :class:`~mpisync.horovod.ProcessSet`) are added. A
-    second call is a no-op, as in Horovod. A process alone in its MPI world while its launcher
-    started more (torchrun, srun without ``--mpi``) is refused here
-    (:func:`mpisync._runtime.launch.check_launch`)."""
+def init(
+    comm: MPI.Intracomm | list[int] | None = None,
+    process_sets: Sequence[ProcessSet | Sequence[int]] | None = None,
+) -> None:
+    """Start mpisync.horovod: make ``comm`` the job's communicator and add ``process_sets``.
+
+    Every rank of ``comm`` calls it. It sets up the ranks and sizes (``rank()``,
+    ``local_rank()``, ``cross_rank()``, ...), the global process set and its engine. A second
+    call before :func:`shutdown` does nothing, as in Horovod. Unlike Horovod, there is no
+    controller to choose (no Gloo, no ``horovodrun``): the communicator is MPI's, and a
+    process alone in its MPI world while its launcher started more (torchrun, ``srun``
+    without ``--mpi``) is refused here instead of training alone.
+
+    Args:
+        comm: An mpi4py intracommunicator (default ``MPI.COMM_WORLD``), or, as in Horovod, a
+            list of ranks of ``MPI.COMM_WORLD`` to run on.
+        process_sets: Process sets to add at start (each a :class:`ProcessSet` or a list of
+            ranks), as by :func:`add_process_set`, in the same order on every rank.
+
+    Raises:
+        mpisync.InvalidParamError: ``comm`` is not an intracommunicator, or the process is
+            alone in its MPI world while its launcher started several.
+        HorovodArgumentError: A process set is refused (ranks out of range or repeated, a
+            set with the same ranks exists, or the ranks differ between ranks); nothing stays
+            started then.
+    """
     global _context
     if _context is not None:
         return
@@ -82,7 +106,12 @@ def init(comm: MPI.Intracomm | None = None, process_sets=None) -> None:
 
 
 def shutdown() -> None:
-    """Close every engine and process set ``init()`` made; ``init()`` may be called again."""
+    """Close every engine and process set :func:`init` made; :func:`init` may be called again.
+
+    Every rank calls it, as in Horovod. The ``DistributedOptimizer`` objects made since
+    :func:`init` lose their reducers. Nothing happens before :func:`init`; it raises nothing
+    of its own.
+    """
     global _context
     if _context is not None:
         _context.close()
@@ -90,7 +119,12 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
-    """Whether ``init()`` was called (and ``shutdown()`` not since)."""
+    """Whether :func:`init` was called, and :func:`shutdown` not since.
+
+    Returns:
+        ``True`` between :func:`init` and :func:`shutdown`, else ``False`` (it never
+        raises).
+    """
     return _context is not None
 
 
@@ -109,30 +143,94 @@ def default_comm(process_set=None) -> MPI.Intracomm:
     return MPI.COMM_WORLD if _context is None else _context.comm
 
 
-def _layout(name: str, doc: str) -> Callable[[], int]:
-    """Horovod's function ``name()``: the context's attribute of that name (documented by
-    ``doc``), or the error Horovod gives before ``init()``."""
+def rank() -> int:
+    """This process's rank in :func:`init`'s communicator (``MPI.COMM_WORLD`` by default).
 
-    def read() -> int:
-        return getattr(require(), name)
+    Returns:
+        The rank, from 0 to ``size() - 1``; ``root_rank`` arguments are ranks of this kind.
 
-    read.__name__ = read.__qualname__ = name
-    read.__doc__ = doc
-    return read
+    Raises:
+        ValueError: Called before :func:`init` (Horovod's error and message).
+    """
+    return require().rank
 
 
-rank = _layout("rank", "This process's rank in ``init()``'s communicator.")
-size = _layout("size", "The number of processes in ``init()``'s communicator.")
-local_rank = _layout("local_rank", "This process's rank among those on its node.")
-local_size = _layout("local_size", "The number of processes on this node.")
-cross_rank = _layout(
-    "cross_rank",
-    "This node's index among the nodes (the rank among processes of the same local rank).",
-)
-cross_size = _layout("cross_size", "The number of nodes (processes with this local rank).")
+def size() -> int:
+    """The number of processes in :func:`init`'s communicator.
+
+    Returns:
+        The number of ranks of the job (of the ranks :func:`init` was given).
+
+    Raises:
+        ValueError: Asked before :func:`init` (Horovod's error and message).
+    """
+    return require().size
+
+
+def local_rank() -> int:
+    """This process's rank among the processes on its node: the GPU index to use, as in
+    ``torch.cuda.set_device(hvd.local_rank())``.
+
+    The node is MPI's shared-memory domain (``MPI_COMM_TYPE_SHARED``), as Horovod's.
+
+    Returns:
+        The local rank, from 0 to ``local_size() - 1``, in the order of :func:`rank`.
+
+    Raises:
+        ValueError: :func:`init` has not run yet (Horovod's error and message).
+    """
+    return require().local_rank
+
+
+def local_size() -> int:
+    """The number of processes of the job on this node.
+
+    Returns:
+        How many ranks share this node's memory (MPI's shared-memory domain).
+
+    Raises:
+        ValueError: No :func:`init` yet (Horovod's error and message).
+    """
+    return require().local_size
+
+
+def cross_rank() -> int:
+    """This node's index among the nodes: this process's rank among the processes that have
+    its local rank.
+
+    Returns:
+        The cross rank, from 0 to ``cross_size() - 1``.
+
+    Raises:
+        ValueError: Before :func:`init` (Horovod's error and message).
+    """
+    return require().cross_rank
+
+
+def cross_size() -> int:
+    """The number of nodes that have a process of this local rank (the number of nodes when
+    every node runs as many processes).
+
+    Returns:
+        The number of processes whose local rank is this process's.
+
+    Raises:
+        ValueError: Used before :func:`init` (Horovod's error and message).
+    """
+    return require().cross_size
 
 
 def mpi_threads_supported() -> bool:
-    """Whether MPI runs with ``MPI_THREAD_MULTIPLE``."""
+    """Whether MPI was initialized with ``MPI_THREAD_MULTIPLE``.
+
+    It says what the process's other threads may do with MPI; the thread level is the one
+    mpi4py initialized MPI with.
+
+    Returns:
+        ``True`` when ``MPI.Query_thread()`` is ``MPI.THREAD_MULTIPLE``.
+
+    Raises:
+        ValueError: Queried before :func:`init` (Horovod's error and message).
+    """
     require()
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE

@@ -10,12 +10,15 @@ The differentiable forms (``allreduce``, ``allgather``, ...) are in
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import kernels
-from .engine import Op
-from .process_sets import global_process_set, resolve
+from .engine import Engine, Op
+from .process_sets import ProcessSet, global_process_set, resolve
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "Average",
@@ -58,7 +61,8 @@ DIFFERENTIABLE = (
     "grouped_reducescatter",
 )
 
-# Horovod's ReduceOp values
+#: Horovod's reduction ops (``op=``), with Horovod's values: ``Average`` (the default),
+#: ``Sum``, ``Min``, ``Max``, ``Product``; ``Adasum`` is refused (NotImplementedError).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _OPS = {Sum: "sum", Min: "min", Max: "max", Product: "prod"}
 
@@ -87,19 +91,69 @@ def _mpi_op(op: int, postscale: float, process_set) -> tuple[str, float]:
 
 
 class Handle:
-    """What an ``*_async`` operation returns; :func:`synchronize` gives its result."""
+    """What an ``*_async`` operation returns: pass it to :func:`synchronize` for the result,
+    or to :func:`poll`.
 
-    def __init__(self, engine, op: Op, post: Callable[[Any], Any] = lambda result: result):
+    Unlike Horovod's handles (integers), it is an object; it is made by the ``*_async``
+    functions, not by user code. :func:`synchronize` may be called on it again and gives
+    the same result.
+
+    Args:
+        engine: The engine of the process set the operation was submitted to.
+        op: The submitted operation.
+        post: What turns the operation's result into the handle's (e.g. the first tensor of
+            a one-tensor group, or a copy into the input).
+    """
+
+    def __init__(self, engine: Engine, op: Op, post: Callable[[Any], Any] = lambda result: result):
         self.engine, self.op, self.post = engine, op, post
 
 
 def poll(handle: Handle) -> bool:
-    """Whether the operation of ``handle`` is done (then :func:`synchronize` does not wait)."""
+    """Whether the operation of ``handle`` has completed, without waiting.
+
+    Args:
+        handle: A handle returned by an ``*_async`` function.
+
+    Returns:
+        ``True`` once the operation has its result (or its error); :func:`synchronize` then
+        returns (or raises) without waiting for other ranks.
+
+    Raises:
+        AttributeError: ``handle`` is not a :class:`Handle` (e.g. the function that
+            :func:`sparse_allreduce_async` returns).
+    """
     return bool(handle.op.done)
 
 
-def synchronize(handle):
-    """Wait for the operation of ``handle``; its result (its error, raised on every rank)."""
+def synchronize(handle: Handle | Callable[[], Any]) -> Any:
+    """Wait for the operation of ``handle`` to complete and give its result.
+
+    While it waits, this rank negotiates with the other ranks of the set: every operation
+    pending on all of them runs (in rank 0's order), so operations of other handles may
+    complete too. An error of the operation is raised here, on every rank that waits for it.
+
+    Args:
+        handle: A :class:`Handle` from an ``*_async`` function, or the function that
+            :func:`sparse_allreduce_async` returns (called).
+
+    Returns:
+        The operation's result, which is a tensor (allreduce, allgather, broadcast,
+        reducescatter), a list of tensors (the grouped forms), ``(output, received_splits)``
+        (alltoall), or the input tensor(s) for the in-place forms, filled with the result.
+
+    Raises:
+        HorovodInternalError: The ranks described the operation differently (kind, dtype,
+            shape, root rank, op, scale factors), or every rank waits for operations that no
+            other rank submitted; the same error on every rank, before any data moves.
+        HorovodArgumentError: A rank's arguments were refused (a root rank outside the set,
+            splits that do not fit, a sparse or meta tensor): every rank gets it, naming the
+            rank(s).
+        mpisync.SyncTimeoutError: The other ranks did not take part within
+            ``MPISYNC_TIMEOUT``; raised with ``MPISYNC_TIMEOUT_ABORT=0``, else the job is
+            aborted. :class:`mpisync.PeerExitedError` (a subclass) when one has exited.
+        mpisync.SyncError: The set's engine is unusable after such a timeout.
+    """
     if callable(handle) and not isinstance(handle, Handle):
         return handle()
     return handle.post(handle.engine.wait(handle.op))
@@ -132,16 +186,45 @@ def _submit(process_set, kind: str, name, desc: dict, run) -> tuple:
 
 
 def grouped_allreduce_async(
-    tensors,
-    average=None,
-    name=None,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=global_process_set,
+    tensors: Iterable[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = global_process_set,
 ) -> Handle:
-    """Submit the reduction of each tensor of ``tensors``; the handle's result is the list of
-    reduced tensors (new; the inputs are left as they are)."""
+    """Start the reduction of each tensor of ``tensors`` over the ranks of ``process_set``.
+
+    The group is one operation under one name: every rank passes as many tensors, with the
+    same dtypes and shapes, in the same order. Each is reduced through a nonblocking MPI
+    all-reduce of a CPU copy (a CUDA tensor comes back on its device); float16 and bfloat16
+    are reduced in float32. The inputs are not modified.
+
+    Args:
+        tensors: The tensors to reduce (any dtype torch and MPI share, any device).
+        average: Horovod's older form of ``op``: ``True`` is ``Average``, ``False`` is
+            ``Sum``. Pass ``op`` instead.
+        name: The operation's name; ranks match operations by name (default: an automatic
+            ``allreduce.noname.N``, counted on each rank).
+        op: ``Average`` (the default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        prescale_factor: Each tensor is multiplied by it before the reduction (integers in
+            float64, then truncated, as Horovod).
+        postscale_factor: The result is multiplied by it (an average divides by the set's
+            size here too).
+        process_set: The ranks to reduce over (default: the global set; ``None`` too).
+
+    Returns:
+        A :class:`Handle`; :func:`synchronize` gives the list of reduced tensors (new ones).
+
+    Raises:
+        ValueError: :func:`init` has not been called; or ``op`` and ``average`` are both
+            given, or ``op`` is not a known reduction.
+        NotImplementedError: ``op`` is ``Adasum``.
+        HorovodArgumentError: ``name`` is already pending on this rank, or ``process_set``
+            was not added or does not hold this rank (this rank only). Errors that depend
+            on other ranks come from :func:`synchronize`.
+    """
     tensors, process_set = list(tensors), resolve(process_set)
     horovod_op = reduce_op(average, op)
     mpi_op, post = _mpi_op(horovod_op, float(postscale_factor), process_set)
@@ -171,30 +254,108 @@ def _copied_into(targets):
     return post
 
 
-def grouped_allreduce_async_(tensors, *args, **kwargs) -> Handle:
-    """:func:`grouped_allreduce_async` whose result is written into ``tensors``."""
+def grouped_allreduce_async_(tensors: Iterable[torch.Tensor], *args: Any, **kwargs: Any) -> Handle:
+    """Start the in-place reduction of each tensor of ``tensors``.
+
+    As :func:`grouped_allreduce_async`, but :func:`synchronize` writes each result into its
+    input (``tensor.data``) and returns the inputs.
+
+    Args:
+        tensors: The tensors to reduce and overwrite.
+        *args: :func:`grouped_allreduce_async`'s ``average``, ``name``, ``op``,
+            ``prescale_factor``, ``postscale_factor``, ``process_set``, in its order.
+        **kwargs: The same parameters by name.
+
+    Returns:
+        A :class:`Handle` whose result is the list ``tensors``, reduced.
+
+    Raises:
+        ValueError: Before :func:`init`, or for ``op``/``average`` as in
+            :func:`grouped_allreduce_async`.
+        NotImplementedError: ``op=Adasum``.
+        HorovodArgumentError: The name is pending already, or the set is not usable on this
+            rank.
+    """
     tensors = list(tensors)
     handle = grouped_allreduce_async(tensors, *args, **kwargs)
     handle.post = _copied_into(tensors)
     return handle
 
 
-def allreduce_async(tensor, *args, **kwargs) -> Handle:
-    """Submit the reduction of ``tensor`` (default: the average over the set)."""
+def allreduce_async(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Handle:
+    """Start the reduction of ``tensor`` over the set (default: the average).
+
+    A one-tensor :func:`grouped_allreduce_async`; the input is not modified. The tensor's
+    dtype and shape must be the same on every rank for a given name.
+
+    Args:
+        tensor: The tensor to reduce.
+        *args: ``average``, ``name``, ``op``, ``prescale_factor``, ``postscale_factor``,
+            ``process_set``, Horovod's order (see :func:`grouped_allreduce_async`).
+        **kwargs: Any of those by name.
+
+    Returns:
+        A :class:`Handle`; :func:`synchronize` gives the reduced tensor (a new one).
+
+    Raises:
+        ValueError: No :func:`init` yet; both ``op`` and ``average``, or an unknown ``op``.
+        NotImplementedError: ``Adasum`` was asked for.
+        HorovodArgumentError: A pending operation has this name on this rank, or the
+            process set was not added or lacks this rank.
+    """
     handle = grouped_allreduce_async([tensor], *args, **kwargs)
     handle.post = lambda results: results[0]
     return handle
 
 
-def allreduce_async_(tensor, *args, **kwargs) -> Handle:
-    """:func:`allreduce_async` whose result is written into ``tensor``."""
+def allreduce_async_(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Handle:
+    """Start the in-place reduction of ``tensor``: :func:`allreduce_async` whose result is
+    written into ``tensor`` when :func:`synchronize` returns it.
+
+    Args:
+        tensor: The tensor to reduce and overwrite.
+        *args: As for :func:`allreduce_async`, after ``tensor``.
+        **kwargs: The same by keyword.
+
+    Returns:
+        A :class:`Handle` whose result is ``tensor`` itself.
+
+    Raises:
+        ValueError: Called before :func:`init`, or ``op`` is invalid or given with
+            ``average``.
+        NotImplementedError: For ``op=Adasum``.
+        HorovodArgumentError: Its name is in flight here already, or its process set cannot
+            be used by this rank.
+    """
     handle = grouped_allreduce_async([tensor], *args, **kwargs)
     handle.post = lambda results: _copied_into([tensor])(results)[0]
     return handle
 
 
-def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    """Submit the concatenation of every rank's tensors along their first dimension."""
+def grouped_allgather_async(
+    tensors: Iterable[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet | None = global_process_set,
+) -> Handle:
+    """Start the gathering of every rank's tensors, each concatenated along its first
+    dimension in rank order.
+
+    First dimensions may differ between ranks; the other dimensions and the dtype of each
+    tensor may not. A 0-d tensor counts as one row. The inputs are not modified.
+
+    Args:
+        tensors: This rank's tensors, as many on every rank.
+        name: The operation's name, matched across ranks (default: automatic).
+        process_set: The ranks to gather from (default: every rank).
+
+    Returns:
+        A :class:`Handle`; :func:`synchronize` gives one new tensor per input.
+
+    Raises:
+        ValueError: :func:`init` has not been called.
+        HorovodArgumentError: ``name`` is pending on this rank already, or the set is not
+            added or does not include this rank.
+    """
     tensors = [t.reshape(1) if t.dim() == 0 else t for t in tensors]
     match = [[_dtype(t) for t in tensors], [list(t.shape[1:]) for t in tensors]]
     desc = _desc("allgather", match, [list(t.shape) for t in tensors], error=_refused(tensors))
@@ -208,8 +369,29 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     return Handle(*_submit(process_set, "allgather", name, desc, run))
 
 
-def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
-    """Submit the concatenation of every rank's ``tensor`` along the first dimension."""
+def allgather_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    process_set: ProcessSet | None = global_process_set,
+) -> Handle:
+    """Start the concatenation of every rank's ``tensor`` along the first dimension.
+
+    A one-tensor :func:`grouped_allgather_async`: first dimensions may differ, the rest of
+    the shape and the dtype must match.
+
+    Args:
+        tensor: This rank's rows.
+        name: A name for the operation (ranks match it); automatic if ``None``.
+        process_set: Whose tensors are gathered (default: all ranks).
+
+    Returns:
+        A :class:`Handle`; its result is the gathered tensor, in rank order.
+
+    Raises:
+        ValueError: Before :func:`init`.
+        HorovodArgumentError: The name is already pending, or the process set is not one
+            this rank can use.
+    """
     handle = grouped_allgather_async([tensor], name, process_set)
     handle.post = lambda results: results[0]
     return handle
@@ -224,8 +406,32 @@ def set_root(root_rank: int, process_set) -> tuple[int, str]:
     return ranks.index(root_rank), ""
 
 
-def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
-    """Submit the broadcast of root_rank's ``tensor``; the result is a new tensor."""
+def broadcast_async(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet | None = global_process_set,
+) -> Handle:
+    """Start the broadcast of ``root_rank``'s ``tensor`` to every rank of the set.
+
+    Every rank passes a tensor of the root's dtype and shape; none is modified.
+
+    Args:
+        tensor: The root's data; on the other ranks, a tensor of its dtype and shape.
+        root_rank: The sender, a rank of :func:`init`'s communicator (not of the set), as in
+            Horovod; it must be in the set.
+        name: The operation's name, matched across ranks; automatic if not given.
+        process_set: The ranks to broadcast to (default: all).
+
+    Returns:
+        A :class:`Handle`; :func:`synchronize` gives a new tensor holding the root's values.
+
+    Raises:
+        ValueError: :func:`init` not called yet.
+        HorovodArgumentError: An operation of this name is pending here, or the set is not
+            added or lacks this rank. A root outside the set is reported by
+            :func:`synchronize`, on every rank.
+    """
     root, error = set_root(root_rank, process_set)
     error = error or _refused([tensor])
     desc = _desc("broadcast", [root_rank, _dtype(tensor), list(tensor.shape)], [], error=error)
@@ -236,8 +442,28 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     return Handle(*_submit(process_set, "broadcast", name, desc, run))
 
 
-def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
-    """:func:`broadcast_async` whose result is written into ``tensor``."""
+def broadcast_async_(
+    tensor: torch.Tensor,
+    root_rank: int,  # a rank of init()'s communicator, as for broadcast_async
+    name: str | None = None,
+    process_set: ProcessSet | None = global_process_set,
+) -> Handle:
+    """Start the in-place broadcast: :func:`broadcast_async`, with the root's values written
+    into ``tensor`` by :func:`synchronize`.
+
+    Args:
+        tensor: The root's data, and the buffer overwritten on the other ranks.
+        root_rank: The sending rank (of :func:`init`'s communicator).
+        name: Matched across ranks; automatic when ``None``.
+        process_set: The set to broadcast within (default: global).
+
+    Returns:
+        A :class:`Handle` whose result is ``tensor``.
+
+    Raises:
+        ValueError: Asked before :func:`init`.
+        HorovodArgumentError: This name is in flight, or the process set is unusable here.
+    """
     handle = broadcast_async(tensor, root_rank, name, process_set)
     handle.post = lambda result: _copied_into([tensor])([result])[0]
     return handle
@@ -264,9 +490,36 @@ def _splits(tensor, splits, size: int) -> tuple[list, str]:
     return splits, ""
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
-    """Submit the exchange: ``splits[i]`` rows (default: equal parts) of ``tensor`` to rank i.
-    The result is ``(output, received_splits)``."""
+def alltoall_async(
+    tensor: torch.Tensor,
+    splits: Sequence[int] | torch.Tensor | None = None,
+    name: str | None = None,
+    process_set: ProcessSet | None = global_process_set,
+) -> Handle:
+    """Start the exchange of rows: ``splits[i]`` rows of ``tensor`` go to the set's rank
+    ``i``, and the rows received are concatenated in rank order.
+
+    The dtype and every dimension but the first must match on every rank. The input is not
+    modified.
+
+    Args:
+        tensor: The rows to send, of at least one dimension.
+        splits: How many rows go to each rank of the set (int32 or int64 tensor, or a list;
+            counts ``>= 0`` summing to at most the first dimension). Default: the first
+            dimension in equal parts, which must divide by the set's size.
+        name: The operation's name; ranks match it.
+        process_set: The ranks that exchange (default: every rank).
+
+    Returns:
+        A :class:`Handle`; :func:`synchronize` gives ``(output, received_splits)``, the
+        rows received and an int32 tensor of how many came from each rank.
+
+    Raises:
+        ValueError: :func:`init` has not run.
+        HorovodArgumentError: The name is already pending, or the set is not added or not
+            this rank's. Splits that do not fit, and a 0-d tensor, are reported by
+            :func:`synchronize` on every rank.
+    """
     import torch
 
     process_set = resolve(process_set)
@@ -286,15 +539,39 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 
 def grouped_reducescatter_async(
-    tensors,
-    name=None,
-    op=Average,
-    process_set=global_process_set,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
+    tensors: Iterable[torch.Tensor],
+    name: str | None = None,
+    op: int = Average,
+    process_set: ProcessSet | None = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
 ) -> Handle:
-    """Submit the reduction of each tensor, of which this rank keeps its block of rows (the
-    first ``rows % size`` ranks one row more)."""
+    """Start the reduce-scatter of each tensor: reduced over the set, of which this rank
+    keeps its block of rows.
+
+    The rows are split in rank order, the first ``rows % size`` ranks getting one row more,
+    as Horovod splits them. Every rank passes tensors of the same dtypes and shapes, of at
+    least one dimension. The inputs are not modified.
+
+    Args:
+        tensors: The tensors to reduce.
+        name: The operation's name; ranks match it (default: automatic).
+        op: ``Average`` (default) or ``Sum``, as Horovod allows.
+        process_set: The ranks to reduce over and scatter to (default: all).
+        prescale_factor: Multiplies each tensor before the reduction.
+        postscale_factor: Multiplies each result.
+
+    Returns:
+        A :class:`Handle`; :func:`synchronize` gives this rank's block of each tensor, as a
+        list of new tensors.
+
+    Raises:
+        ValueError: :func:`init` has not been called, or ``op`` is not a known reduction.
+        NotImplementedError: ``op=Adasum``.
+        HorovodArgumentError: A pending operation already has ``name`` here, or the set
+            cannot be used by this rank. ``Min``, ``Max`` or ``Product``, and 0-d tensors,
+            are reported by :func:`synchronize`, on every rank.
+    """
     tensors = list(tensors)
     process_set = resolve(process_set)
     horovod_op = reduce_op(None, op)
@@ -315,16 +592,61 @@ def grouped_reducescatter_async(
     return Handle(*_submit(process_set, "reducescatter", name, desc, run))
 
 
-def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, **scales):
-    """Submit the reduce-scatter of ``tensor`` (see :func:`grouped_reducescatter_async`)."""
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: int = Average,
+    process_set: ProcessSet | None = global_process_set,
+    **scales: float,
+) -> Handle:
+    """Start the reduce-scatter of ``tensor``: a one-tensor
+    :func:`grouped_reducescatter_async`.
+
+    Args:
+        tensor: The tensor to reduce; this rank keeps its block of rows.
+        name: Matched across ranks; automatic when ``None``.
+        op: ``Average`` or ``Sum``.
+        process_set: Where to reduce (default: the global set).
+        **scales: ``prescale_factor`` and ``postscale_factor``, as Horovod's.
+
+    Returns:
+        A :class:`Handle`; its result is this rank's block, a new tensor.
+
+    Raises:
+        ValueError: Before :func:`init`, or an unknown ``op``.
+        NotImplementedError: Adasum asked for.
+        HorovodArgumentError: Its name is pending here already, or the set is not usable on
+            this rank.
+    """
     handle = grouped_reducescatter_async([tensor], name, op, process_set, **scales)
     handle.post = lambda results: results[0]
     return handle
 
 
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    """Reduce a sparse tensor as Horovod does: allgather its indices and its values; the
-    handle is a function returning the (uncoalesced) sparse sum or average."""
+def sparse_allreduce_async(
+    tensor: torch.Tensor,
+    name: str,
+    op: int,
+    process_set: ProcessSet | None = global_process_set,
+) -> Callable[[], torch.Tensor]:
+    """Start the reduction of a sparse COO tensor as Horovod does: two allgathers, of its
+    indices and of its values.
+
+    Args:
+        tensor: A sparse COO tensor, of the same dense shape on every rank.
+        name: The base of the two operations' names (``name.indices``, ``name.values``).
+        op: ``Average`` divides the gathered values by the set's size; any other op sums.
+        process_set: The ranks to reduce over (default: all).
+
+    Returns:
+        A function (Horovod's handle here) that waits and returns the sparse sum or average
+        (every rank's entries, not coalesced). Call it, or pass it to :func:`synchronize`.
+
+    Raises:
+        ValueError: :func:`init` has not been called.
+        HorovodArgumentError: ``name.indices`` or ``name.values`` is already pending, or the
+            set is unusable on this rank.
+    """
     process_set = resolve(process_set)
     indices = allgather_async(
         tensor._indices().transpose(0, 1).contiguous(), f"{name}.indices", process_set
@@ -341,9 +663,23 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     return handle
 
 
-def barrier(process_set=global_process_set) -> None:
-    """Wait until every rank of the set has called it; pending operations every rank has
-    submitted run meanwhile."""
+def barrier(process_set: ProcessSet | None = global_process_set) -> None:
+    """Wait until every rank of the set has called it.
+
+    A negotiation like :func:`synchronize`'s: operations pending on every rank run
+    meanwhile. The wait is bounded by ``MPISYNC_TIMEOUT``.
+
+    Args:
+        process_set: The ranks that meet (default: every rank).
+
+    Raises:
+        ValueError: :func:`init` has not been called.
+        HorovodArgumentError: The set was not added or does not hold this rank.
+        HorovodInternalError: The other ranks wait for other operations (none pending on
+            all), or a rank has called :func:`join`: the same error on every rank.
+        mpisync.SyncTimeoutError: A rank did not arrive within ``MPISYNC_TIMEOUT`` (with
+            ``MPISYNC_TIMEOUT_ABORT=0``; by default the job is aborted).
+    """
 
     def run(comm, call, descs):
         call(comm.Ibarrier())
@@ -351,7 +687,26 @@ def barrier(process_set=global_process_set) -> None:
     synchronize(Handle(*_submit(process_set, "barrier", None, _desc("barrier", [], []), run)))
 
 
-def join(device=-1) -> int:
-    """This rank has no more data: it takes part in the others' all-reduces with zeros until
-    every rank has joined. Returns the rank that joined last."""
+def join(device: int = -1) -> int:
+    """Say that this rank has no more data, and wait until every rank has said so.
+
+    Meanwhile this rank takes part in the other ranks' all-reduces with zeros (an average
+    still divides by the whole set), as in Horovod, so ranks with uneven amounts of data
+    finish together. Other operations that meet a joined rank fail on the ranks that
+    issued them. ``join`` is on the global process set.
+
+    Args:
+        device: Horovod's device for its zero tensors; unused here (zeros are made on the
+            CPU).
+
+    Returns:
+        The rank that joined last.
+
+    Raises:
+        ValueError: :func:`init` has not been called.
+        HorovodInternalError: The other ranks wait for operations that cannot run (none
+            pending on every rank that has not joined).
+        mpisync.SyncTimeoutError: A rank neither joined nor took part within
+            ``MPISYNC_TIMEOUT`` (with ``MPISYNC_TIMEOUT_ABORT=0``).
+    """
     return global_process_set.require_engine().join()

@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import contextlib as _contextlib
 import warnings as _warnings
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from .compression import Compression
+from .compression import Compression, Compressor
 from .context import default_comm, require
 from .ops import Average, Sum, reduce_op
 from .process_sets import resolve
+
+if TYPE_CHECKING:
+    import torch
+
+    from .process_sets import ProcessSet
 
 __all__ = ["DistributedOptimizer"]
 
@@ -140,22 +146,53 @@ class _DistributedOptimizer:
 
     def synchronize(self) -> None:
         """Reduce the gradients now (e.g. to clip them), then step inside
-        ``skip_synchronize()``."""
+        ``skip_synchronize()``.
+
+        Raises:
+            mpisync.InvalidParamError: On every rank, when a rank's gradients cannot be
+                reduced (a dtype the op cannot reduce, for one).
+            mpisync.ManifestMismatchError: On every rank, when the ranks' gradients differ
+                in names, shapes or dtypes.
+            mpisync.SyncTimeoutError: A rank of the set did not reduce within
+                ``MPISYNC_TIMEOUT`` (with ``MPISYNC_TIMEOUT_ABORT=0``).
+        """
         self._mpisync.reduce()
 
     @_contextlib.contextmanager
-    def skip_synchronize(self):
-        """``step()`` inside this block uses the gradients as they are (reduced by
-        ``synchronize()``)."""
+    def skip_synchronize(self) -> Iterator[None]:
+        """A context in which ``step()`` uses the gradients as they are (already reduced by
+        ``synchronize()``), as in Horovod.
+
+        Yields:
+            ``None``; on leaving the block, ``step()`` reduces again.
+        """
         self._mpisync.skip = True
         try:
             yield
         finally:
             self._mpisync.skip = False
 
-    def step(self, closure=None):
-        """Reduce the gradients over the ranks (unless already done), then the optimizer's
-        step."""
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Reduce the gradients over the ranks (unless already done), then take the wrapped
+        optimizer's step.
+
+        After ``synchronize()`` and outside ``skip_synchronize()``, the gradients are not
+        reduced again and Horovod's UserWarning is given.
+
+        Args:
+            closure: Passed to the wrapped optimizer's ``step``.
+
+        Returns:
+            What the wrapped optimizer's ``step`` returns (the closure's loss, or ``None``).
+
+        Raises:
+            mpisync.InvalidParamError: On every rank, when a rank's gradients cannot be
+                reduced.
+            mpisync.ManifestMismatchError: The ranks' gradients differ in names, shapes or
+                dtypes (on every rank).
+            mpisync.SyncTimeoutError: The reduction did not complete within
+                ``MPISYNC_TIMEOUT``.
+        """
         state = self._mpisync
         if not state.skip:
             if state.synchronized:
@@ -193,19 +230,57 @@ def _named(optimizer, named_parameters) -> list:
 
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning the wrapper)
-    optimizer,
-    named_parameters=None,
-    compression=Compression.none,
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: type[Compressor] = Compression.none,
     backward_passes_per_step: int = 1,
-    op=Average,
+    op: int = Average,
     gradient_predivide_factor: float = 1.0,
-    groups=None,
+    groups: int | list[list[torch.Tensor]] | None = None,
     sparse_as_dense: bool = False,
-    process_set=None,
-):
-    """Wrap a torch optimizer: ``step()`` averages (``op=hvd.Sum``: sums) every gradient over
-    the ranks first. ``groups`` is accepted and not needed (mpisync fuses small tensors by
-    itself)."""
+    process_set: ProcessSet | None = None,
+) -> torch.optim.Optimizer:
+    """Wrap a torch optimizer so that ``step()`` first averages (``op=Sum``: sums) every
+    gradient over the ranks of ``process_set``.
+
+    The result is an instance of a subclass of the optimizer's class sharing its state and
+    parameter groups, so schedulers, ``state_dict()`` and :func:`broadcast_optimizer_state`
+    treat it as the optimizer. As in Horovod, ``synchronize()`` reduces early (to clip the
+    gradients), and ``step()`` inside ``skip_synchronize()`` then does not reduce again.
+    Unlike Horovod, which reduces each gradient by name from backward hooks, the dense
+    gradients are reduced together through one :class:`mpisync.GradSync` call that
+    ``step()`` (or ``synchronize()``) completes; a gradient that is ``None`` on some ranks
+    counts as zeros there, and stays ``None`` where every rank has none. Sparse gradients
+    travel as Horovod's (an allgather of indices and values). A rank outside
+    ``process_set`` steps with its own gradients. Horovod's deprecated ``num_groups`` is not
+    a parameter.
+
+    Args:
+        optimizer: The ``torch.optim.Optimizer`` to wrap.
+        named_parameters: ``model.named_parameters()``: names for the gradients (every
+            parameter of the optimizer must be there, each name once). Default: the
+            parameters' order.
+        compression: ``Compression.none`` or ``Compression.fp16`` (gradients travel as
+            float16).
+        backward_passes_per_step: Backward passes per ``step()``; gradients accumulate in
+            ``.grad`` as torch does and are reduced once per step.
+        op: ``Average`` (default) or ``Sum``.
+        gradient_predivide_factor: With ``Average``: gradients are divided by it before the
+            sum and multiplied by ``factor / size`` after, as Horovod's.
+        groups: Horovod's explicit grouping; accepted and not needed (mpisync fuses small
+            gradients by itself).
+        sparse_as_dense: Reduce sparse gradients as dense tensors and give them back sparse.
+        process_set: The ranks whose gradients are averaged (default: every rank).
+
+    Returns:
+        The wrapped optimizer, to use in place of ``optimizer``.
+
+    Raises:
+        ValueError: :func:`init` has not been called; ``op`` is not ``Average`` or ``Sum``;
+            ``backward_passes_per_step`` < 1; ``gradient_predivide_factor`` <= 0, or not 1
+            with ``Sum``; ``named_parameters`` repeats a name or misses a parameter.
+        NotImplementedError: ``op=Adasum``.
+    """
     context = require()
     reduce_op(None, op)  # Adasum and unknown ops are refused here, before any step
     if op not in (Average, Sum):

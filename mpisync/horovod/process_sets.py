@@ -11,6 +11,8 @@ sub-communicator with its own :class:`~mpisync.horovod.engine.Engine`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mpi4py import MPI
 
 from ..params.agreement import allgather_bytes
@@ -23,10 +25,25 @@ NOT_INITIALIZED = "mpisync.horovod has not been initialized; use hvd.init()."
 
 
 class ProcessSet:
-    """A set of ranks of ``init()``'s communicator (a list of ranks, or an mpi4py
-    communicator whose ranks they are). ``rank()`` and ``size()`` are within the set."""
+    """A set of ranks of :func:`init`'s communicator that run collectives together.
 
-    def __init__(self, ranks_or_comm=None):
+    Made from a list of ranks or from an mpi4py communicator (its ranks, translated to
+    ``MPI.COMM_WORLD``); usable once passed to :func:`add_process_set` or to
+    ``init(process_sets=...)``. Each set runs on its own MPI sub-communicator with its own
+    engine. ``root_rank`` arguments stay ranks of :func:`init`'s communicator, as in Horovod.
+    Unlike Horovod, the ranks are checked against the job when the set is added, and a
+    communicator given here is not used itself: the set gets its own.
+
+    Args:
+        ranks_or_comm: The ranks (sorted here; any order), or an mpi4py communicator whose
+            ranks they are. ``None`` is the empty set (the global set's start).
+
+    Attributes:
+        ranks: The set's ranks, sorted.
+        process_set_id: Its id once added (``0``: the global set), else ``None``.
+    """
+
+    def __init__(self, ranks_or_comm: Sequence[int] | MPI.Comm | None = None):
         self.process_set_id: int | None = None
         self.mpi_comm = None
         self.engine: Engine | None = None
@@ -47,22 +64,55 @@ class ProcessSet:
         self.process_set_id, self.engine = None, None
 
     def size(self) -> int:
-        """The number of ranks in the set."""
+        """The number of ranks in the set.
+
+        Returns:
+            ``len(self.ranks)``, whether or not the set was added (Horovod's gives ``None``
+            before it is added).
+
+        Raises:
+            ValueError: The global set is asked before :func:`init`.
+        """
         if self is global_process_set:
             _world_comm()  # before init(): Horovod's error, not a size of 0
         return len(self.ranks)
 
     def rank(self) -> int:
-        """This process's rank within the set (-1: not in it)."""
+        """This process's rank within the set, e.g. to find its rows in an
+        :func:`allgather`'s result.
+
+        Returns:
+            The index of :func:`rank` in ``self.ranks``, or ``-1`` when this process is not
+            in the set.
+
+        Raises:
+            ValueError: :func:`init` has not been called.
+        """
         mine = _world_comm().rank
         return self.ranks.index(mine) if mine in self.ranks else -1
 
     def included(self) -> bool:
-        """Whether this process is in the set."""
+        """Whether this process is in the set.
+
+        Returns:
+            ``True`` when :func:`rank` is one of ``self.ranks``.
+
+        Raises:
+            ValueError: Called before :func:`init`.
+        """
         return self.rank() >= 0
 
     def require_engine(self) -> Engine:
-        """The set's engine: this rank must be in the set, and the set registered."""
+        """The set's engine, which runs its operations (internal: the collectives call it).
+
+        Returns:
+            The set's ``Engine`` on this rank.
+
+        Raises:
+            ValueError: :func:`init` has not run.
+            HorovodArgumentError: The set was not added (or was removed), or this rank is
+                not in it.
+        """
         _world_comm()
         if self.process_set_id is None:
             raise HorovodArgumentError(
@@ -88,6 +138,7 @@ class ProcessSet:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
 
+#: Every rank of :func:`init`'s communicator: the default ``process_set`` of each operation.
 global_process_set = ProcessSet()
 
 
@@ -157,8 +208,28 @@ def _register(process_set: ProcessSet) -> ProcessSet:
     return process_set
 
 
-def add_process_set(process_set) -> ProcessSet:
-    """Add a process set (a :class:`ProcessSet` or a list of ranks); every rank calls it."""
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Add a process set, so that operations can run on it.
+
+    Every rank of :func:`init`'s communicator calls it, with the same ranks, as in Horovod;
+    the ranks are compared first, so a rank that passes others gets the same error as the
+    rest instead of a hang. The set's sub-communicator is split from :func:`init`'s.
+
+    Args:
+        process_set: A :class:`ProcessSet` not added yet, or a list of ranks.
+
+    Returns:
+        The process set, now with its ``process_set_id`` (a new :class:`ProcessSet` when a
+        list was given).
+
+    Raises:
+        ValueError: :func:`init` has not been called.
+        HorovodArgumentError: The set was already added; its ranks are empty, repeated or
+            outside ``[0, size())``; a set with these ranks exists; or the ranks passed differ
+            between ranks (on every rank, the same message).
+        mpisync.SyncTimeoutError: A rank did not call it within ``MPISYNC_TIMEOUT``
+            (with ``MPISYNC_TIMEOUT_ABORT=0``; by default the job is aborted).
+    """
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
@@ -167,7 +238,19 @@ def add_process_set(process_set) -> ProcessSet:
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Remove a process set added before; every rank calls it. False if it was not added."""
+    """Remove a process set added before: its engine closes and its sub-communicator is freed.
+
+    Every rank calls it, as in Horovod. The set may be added again afterwards.
+
+    Args:
+        process_set: A set returned by :func:`add_process_set`.
+
+    Returns:
+        ``True`` if it was removed; ``False`` for the global set or a set not added.
+
+    Raises:
+        ValueError: :func:`init` has not been called.
+    """
     _world_comm()
     if process_set is global_process_set or process_set.process_set_id is None:
         return False

@@ -17,7 +17,7 @@ import collections.abc as _abc
 import json as _json
 import warnings as _warnings
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
@@ -26,6 +26,11 @@ from ..params.agreement import all_equal, allgather_bytes, merge_ranks, rank_lis
 from ..state import _broadcast_bytes, sync_state
 from ..sync import ParamSync
 from .context import default_comm
+
+if TYPE_CHECKING:
+    import torch
+
+    from .process_sets import ProcessSet
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state"]
 
@@ -69,13 +74,37 @@ def _as_mapping(params) -> tuple:
 
 
 def broadcast_parameters(
-    params: Params, root_rank: int = 0, comm: MPI.Intracomm | None = None, process_set=None
+    params: Params,
+    root_rank: int = 0,
+    comm: MPI.Intracomm | None = None,
+    process_set: ProcessSet | None = None,
 ) -> None:
-    """Horovod's ``broadcast_parameters``: make ``params`` root_rank's on every rank, in place.
+    """Make every tensor of ``params`` ``root_rank``'s on every rank, in place (Horovod's
+    ``broadcast_parameters``).
 
-    ``params`` is a mapping (``model.state_dict()``) or an iterable of
-    ``(name, tensor)`` pairs (``model.named_parameters()``); the semantics are
-    :func:`mpisync.sync_params`'s with ``root=root_rank``. Returns ``None``.
+    Every rank calls it with the same names, shapes and dtypes. Unlike Horovod (one
+    broadcast per tensor, by name), the tensors are synced together as by
+    :func:`mpisync.sync_params` (fused, in ``sorted()`` name order) and checked first: a
+    difference between ranks raises on every rank and writes nothing. It needs no
+    :func:`~mpisync.horovod.init`.
+
+    Args:
+        params: A mapping of name to tensor (``model.state_dict()``) or an iterable of
+            ``(name, tensor)`` pairs (``model.named_parameters()``).
+        root_rank: The rank whose values every rank takes (a rank of the communicator).
+        comm: The communicator (mpisync's addition); default: ``process_set``'s, else
+            :func:`~mpisync.horovod.init`'s, else ``MPI.COMM_WORLD``.
+        process_set: A process set whose ranks take part, when ``comm`` is not given.
+
+    Raises:
+        mpisync.InvalidParamError: On every rank, when a rank's ``params`` is neither a
+            mapping nor ``(name, tensor)`` pairs, repeats a name, holds something that
+            cannot be synced, or ``root_rank`` is out of range.
+        mpisync.ManifestMismatchError: On every rank, when the ranks' names, shapes or dtypes
+            differ.
+        mpisync.SyncTimeoutError: A rank did not call it within ``MPISYNC_TIMEOUT`` (raised
+            with ``MPISYNC_TIMEOUT_ABORT=0``; by default the job aborts), or
+            :class:`mpisync.PeerExitedError` when a rank has exited.
     """
     with ParamSync(default_comm(process_set) if comm is None else comm, root=root_rank) as syncer:
         try:
@@ -180,20 +209,42 @@ def _root_and_comm(root_rank, root, comm) -> tuple:
 
 
 def broadcast_optimizer_state(
-    optimizer: Any,
-    root_rank: int = 0,
+    optimizer: torch.optim.Optimizer,
+    root_rank: int | MPI.Intracomm = 0,
     comm: MPI.Intracomm | None = None,
     *,
     root: int | None = None,
-    process_set=None,
+    process_set: ProcessSet | None = None,
 ) -> None:
-    """Make a torch optimizer's state and hyper-parameters root_rank's on every rank.
+    """Make a torch optimizer's state and hyper-parameters ``root_rank``'s on every rank
+    (Horovod's ``broadcast_optimizer_state``).
 
-    Horovod's signature: ``root_rank`` positional or keyword (``root=`` is kept as another
-    name of it). Ranks that have no state yet (only root loaded a checkpoint, or the others
-    never stepped) first get root's state structure, as Horovod does; then
-    every tensor takes root's bytes and every other value (step counts,
-    learning rate, betas) root's value and type, through :func:`mpisync.sync_state`.
+    Ranks that have no state yet (only the root loaded a checkpoint, or the others never
+    stepped) first get the root's state structure, described by the root as JSON and never
+    pickled; then every tensor takes the root's bytes and every other value (step counts,
+    learning rate, betas) the root's value and type, through :func:`mpisync.sync_state`,
+    and the optimizer loads the result. Like Horovod, an optimizer without state first
+    gets zero gradients where a parameter has none. It needs no :func:`~mpisync.horovod.init`.
+
+    Args:
+        optimizer: A ``torch.optim.Optimizer`` (or a ``DistributedOptimizer``), on every rank
+            over parameters of the same shapes.
+        root_rank: The rank whose state every rank takes. The older call
+            ``broadcast_optimizer_state(optimizer, comm, root=r)`` (a communicator here)
+            still works, with a DeprecationWarning.
+        comm: The communicator (mpisync's addition); default: ``process_set``'s, else
+            :func:`~mpisync.horovod.init`'s, else ``MPI.COMM_WORLD``.
+        root: Another name of ``root_rank``, kept from mpisync's older signature.
+        process_set: A process set whose ranks take part, when ``comm`` is not given.
+
+    Raises:
+        mpisync.InvalidParamError: ``root_rank`` and ``root`` differ; or, on every rank, a
+            rank's optimizer state cannot be read, the root's structure cannot be built on a
+            rank, a value cannot be synced, or the root is out of range.
+        mpisync.ManifestMismatchError: On every rank, when a rank's state still differs
+            from the root's in structure, shape or dtype (e.g. other parameter shapes).
+        mpisync.SyncTimeoutError: A rank did not take part within ``MPISYNC_TIMEOUT``
+            (with ``MPISYNC_TIMEOUT_ABORT=0``; by default the job is aborted).
     """
     if comm is None and process_set is not None:
         comm = default_comm(process_set)

@@ -14,22 +14,40 @@ import torch.nn.functional as F  # noqa: N812
 
 from .autograd import allreduce
 from .ops import Sum
-from .process_sets import global_process_set
+from .process_sets import ProcessSet, global_process_set
 
 __all__ = ["SyncBatchNorm"]
 
 
 class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
-    """``torch.nn.BatchNorm*d`` with statistics over every rank of ``process_set``."""
+    """``torch.nn.BatchNorm*d`` whose training statistics are those of the whole batch over
+    every rank of ``process_set`` (Horovod's ``SyncBatchNorm``).
+
+    In training, the mean and variance per channel come from two differentiable
+    all-reduces (sum and count, then the squared deviations), so gradients reach every
+    rank's inputs; ranks may hold batches of different sizes. It runs on any device torch
+    runs, CPU included. In evaluation with running statistics it is plain batch norm. Input
+    of any dimension >= 2 is accepted (channels in dimension 1), as in Horovod.
+
+    Args:
+        num_features: The number of channels ``C`` of an input ``(N, C, ...)``.
+        eps: Added to the variance for numerical stability.
+        momentum: The running statistics' update factor (``None`` is 0.1 here, not
+            torch's cumulative average).
+        affine: Whether the module has a learnable per-channel weight and bias.
+        track_running_stats: Whether it keeps running mean and variance (used in
+            evaluation).
+        process_set: The ranks whose batches form the statistics (default: every rank).
+    """
 
     def __init__(
         self,
-        num_features,
-        eps=1e-5,
-        momentum=0.1,
-        affine=True,
-        track_running_stats=True,
-        process_set=global_process_set,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_set: ProcessSet = global_process_set,
     ):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_set = process_set
@@ -38,7 +56,23 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Normalize ``input`` with the statistics of every rank's batch (in training).
+
+        Every rank of the set calls it in the same order: each call is two all-reduces.
+
+        Args:
+            input: A tensor ``(N, C, ...)`` with ``C == num_features``.
+
+        Returns:
+            The normalized tensor (scaled and shifted when ``affine``).
+
+        Raises:
+            ValueError: ``input`` has fewer than 2 dimensions.
+            HorovodInternalError: The ranks' channel counts or dtypes differ (on every
+                rank).
+            mpisync.SyncTimeoutError: A rank did not take part within ``MPISYNC_TIMEOUT``.
+        """
         self._check_input_dim(input)
         if not self.training and self.track_running_stats:
             return F.batch_norm(
