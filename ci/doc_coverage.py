@@ -1,6 +1,7 @@
 """Check that every public name of mpisync is documented the way the manual renders it.
 
 Usage: python ci/doc_coverage.py [--modules mpisync mpisync.torch mpisync.horovod]
+                                  [--inventory OUT/objects.inv]
 
 For every name in each module's ``__all__`` (Google-style sections, as napoleon reads them):
 
@@ -18,7 +19,9 @@ For every name in each module's ``__all__`` (Google-style sections, as napoleon 
 - an exception needs a docstring, and an ``Args:`` section only when it defines its own
   ``__init__`` with parameters;
 - a member whose docstring says ``:meta private:`` (autodoc's marker) is left out, as the
-  manual leaves it out; module-level data is not checked.
+  manual leaves it out; module-level data is not checked;
+- with ``--inventory`` (the built manual's ``objects.inv``), every name has an entry in the
+  manual, data included.
 
 Prints each problem as ``module.name: what is missing`` and exits 1 if there is any.
 """
@@ -87,6 +90,7 @@ def check_callable(obj, doc: str | None, *, is_init: bool = False) -> list[str]:
     """The problems of one function or method (``is_init``: a class's constructor)."""
     if not doc:
         return ["no docstring"]
+    doc = inspect.cleandoc(doc)
     signature = _signature(obj)
     if signature is None:
         return []
@@ -118,16 +122,20 @@ def check_callable(obj, doc: str | None, *, is_init: bool = False) -> list[str]:
     return problems
 
 
-def _ours(cls) -> bool:
-    return cls.__module__.split(".")[0] == "mpisync"
+def _ours(cls, package: str) -> bool:
+    return cls.__module__ == package or cls.__module__.startswith(package + ".")
 
 
 def _private(doc: str | None) -> bool:
     return bool(doc) and ":meta private:" in doc
 
 
-def check_class(cls) -> dict[str, list[str]]:
-    """The problems of a class and of its public members: member ('' for the class) -> list."""
+def check_class(cls, package: str = "mpisync") -> dict[str, list[str]]:
+    """The problems of a class and of its public members: member ('' for the class) -> list.
+
+    ``package``'s classes are the ones whose constructors and methods are checked; the others
+    (torch's, the standard library's) are the interfaces a member may implement.
+    """
     report: dict[str, list[str]] = {}
     doc = inspect.getdoc(cls) if cls.__doc__ else None
     if not doc:
@@ -139,16 +147,16 @@ def check_class(cls) -> dict[str, list[str]]:
             report[""] = check_callable(init, doc + "\n" + (init.__doc__ or ""), is_init=True)
         return {k: v for k, v in report.items() if v}
     owner = next((c for c in cls.__mro__ if "__init__" in c.__dict__), object)
-    if _ours(owner):
+    if _ours(owner, package):
         init_doc = inspect.getdoc(owner.__init__) or ""
         combined = doc + "\n" + init_doc
         if dataclasses.is_dataclass(cls):
             combined = combined.replace("Attributes:", "Args:")
         report[""] = check_callable(owner.__init__, combined, is_init=True)
-    foreign = [c for c in cls.__mro__ if not _ours(c) and c is not object]
+    foreign = [c for c in cls.__mro__ if not _ours(c, package) and c is not object]
     seen: set[str] = set()
     for klass in cls.__mro__:
-        if not _ours(klass):
+        if not _ours(klass, package):
             continue
         for name, raw in klass.__dict__.items():
             if name.startswith("_") or name in seen:
@@ -192,15 +200,38 @@ def check_module(module_name: str) -> tuple[int, list[str]]:
     return len(names), lines
 
 
+def manual_entries(path: str) -> set[str]:
+    """The Python objects the built manual documents (its Sphinx inventory)."""
+    from sphinx.util.inventory import InventoryFile
+
+    with open(path, "rb") as stream:
+        inventory = InventoryFile.load(stream, "", lambda base, uri: uri)
+    return {name for kind, names in inventory.items() if kind.startswith("py:") for name in names}
+
+
+def missing_entries(module_name: str, entries: set[str]) -> list[str]:
+    """The names of ``module_name.__all__`` without an entry in the manual."""
+    module = importlib.import_module(module_name)
+    return [
+        f"{module_name}.{name}: no entry in the manual"
+        for name in getattr(module, "__all__", [])
+        if f"{module_name}.{name}" not in entries
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", nargs="+", default=_DEFAULT_MODULES, metavar="MODULE")
+    parser.add_argument("--inventory", metavar="OBJECTS_INV", help="the built manual's objects.inv")
     args = parser.parse_args(argv)
+    entries = manual_entries(args.inventory) if args.inventory else None
     total, problems = 0, []
     for module_name in args.modules:
         count, lines = check_module(module_name)
         total += count
         problems += lines
+        if entries is not None:
+            problems += missing_entries(module_name, entries)
     for line in problems:
         print(line)
     modules = ", ".join(args.modules)
