@@ -75,8 +75,8 @@ class SyncReport:
         """One line for logs.
 
         Returns:
-            The report in words: tensors, replicas, MB, root, milliseconds, GB/s, collectives,
-            fused buckets, transport.
+            The report in words (tensors, replicas, MB, root, milliseconds, GB/s, collectives,
+            fused buckets, transport).
         """
 
         def n(count: int, word: str) -> str:

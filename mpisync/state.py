@@ -307,8 +307,8 @@ def sync_state(
         verify: After the sync, check with a digest that every rank holds root's array bytes.
 
     Returns:
-        The tree rebuilt with root's values: the same arrays (now holding root's bytes) and
-        root's other leaves.
+        The tree rebuilt with root's values (the same arrays, now holding root's bytes, and
+        root's other leaves).
 
     Raises:
         ManifestMismatchError: On every rank, when a rank's structure differs from root's (the

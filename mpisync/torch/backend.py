@@ -28,7 +28,7 @@ from .work import seconds
 
 __all__ = ["BACKEND_NAME", "init_process_group"]
 
-#: The name the backend is registered under with ``torch.distributed`` (``"mpisync"``).
+# The name the backend is registered under with torch.distributed.
 BACKEND_NAME = "mpisync"
 
 # The communicator the next default group is made over (init_process_group sets it; torch's own
