@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.abspath(".."))
+# The checkout's package, ahead of any installed copy.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import mpisync  # noqa: E402 - the checkout's package, found through the path above
+import mpisync  # noqa: E402
 
 project = "mpisync"
 author = "the mpisync developers"
@@ -22,7 +23,6 @@ version = release = mpisync.__version__
 extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
-    "sphinx.ext.intersphinx",
     "myst_parser",
 ]
 
@@ -44,11 +44,6 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_class_signature = "mixed"
 autodoc_default_options = {"members": True, "show-inheritance": True}
-autodoc_mock_imports: list[str] = []
-
-# Names from other projects resolve when their inventory is reachable; offline builds still pass.
-intersphinx_mapping: dict = {}
-nitpicky = False
 
 html_theme = "alabaster"
 html_title = f"mpisync {release}"
