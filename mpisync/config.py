@@ -1,4 +1,6 @@
-"""Effective settings: an explicit argument, else the environment, else a built-in default.
+"""Internal, no stability promise: settings resolution (public: the ``MPISYNC_*`` variables).
+
+Effective settings: an explicit argument, else the environment, else a built-in default.
 
 Each resolved value remembers where it came from, so ``mpisync info`` can say so. Every
 ``MPISYNC_*`` variable the package reads is named here, once: the four tunables

@@ -9,16 +9,28 @@ __all__ = ["SyncReport"]
 
 @_dc.dataclass
 class SyncReport:
-    """One rank's account of one sync.
+    """One rank's account of one sync or all-reduce, as returned by :func:`~mpisync.sync_params`,
+    :meth:`~mpisync.ParamSync.sync`, :func:`~mpisync.allreduce` and
+    :meth:`~mpisync.GradSync.allreduce`.
 
-    ``bytes`` counts one copy of all parameters; ``collectives`` every MPI
-    collective this rank issued (validation and verification included);
-    ``transport`` is ``"host"``, ``"staged"``, ``"cuda-aware"`` or ``"local"``
-    (no peers: only the local fan-out ran); ``channel`` says how host bytes
-    moved between ranks: ``"mpi"`` (collectives), ``"cross-memory"`` (every rank
-    on one node: tensors copied process to process) or ``"shared memory"``
-    (every rank on one node: a shared segment); neither of the last two moves
-    data through MPI.
+    Attributes:
+        tensors: Parameters (names) synced.
+        replicas: Replicas written or read, all names together.
+        bytes: Bytes of one copy of all parameters.
+        collectives: MPI collective calls this rank issued (validation and verification
+            included).
+        seconds: Wall time of the call on this rank.
+        transport: ``"host"``, ``"staged"``, ``"cuda-aware"`` or ``"local"`` (no peers: only the
+            local fan-out ran).
+        rank: This rank in the communicator.
+        size: The communicator's size.
+        root: The rank whose bytes were broadcast (0 for an all-reduce).
+        fused_buckets: Buffers that carried several small tensors at once.
+        verified: Whether ``verify=True`` checked every rank's bytes.
+        channel: How host bytes moved between ranks: ``"mpi"`` (collectives),
+            ``"cross-memory"`` (every rank on one node: tensors copied process to process) or
+            ``"shared memory"`` (every rank on one node: a shared segment).
+        transfers: Steps of the plan: fused buckets and direct transfers.
     """
 
     tensors: int
@@ -38,7 +50,10 @@ class SyncReport:
 
     @classmethod
     def of(cls, manifest, *, rank: int, size: int, root: int = 0, transport: str = "host"):
-        """A report of ``manifest``'s tensors, replicas and bytes, before anything ran."""
+        """A report of ``manifest``'s tensors, replicas and bytes, before anything ran.
+
+        :meta private:
+        """
         return cls(
             tensors=manifest.tensors,
             replicas=manifest.nreplicas,
@@ -57,7 +72,12 @@ class SyncReport:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
     def summary(self) -> str:
-        """One line for logs."""
+        """One line for logs.
+
+        Returns:
+            The report in words (tensors, replicas, MB, root, milliseconds, GB/s, collectives,
+            fused buckets, transport).
+        """
 
         def n(count: int, word: str) -> str:
             return f"{count} {word}{'' if count == 1 else 's'}"

@@ -286,15 +286,44 @@ def sync_state(
     timeout: float | None = None,
     verify: bool = False,
 ) -> Any:
-    """Sync a nested state from ``root``: arrays in place, other leaves to root's values; return
-    the tree.
+    """Sync a nested state from ``root``: arrays in place, other leaves to root's values.
 
-    ``tree`` nests mappings (str or int keys), lists and tuples; its leaves are
-    arrays (synced in place, named by dotted path) or ints, floats, bools,
-    strings, None and tuples of those (root's values, returned in a rebuilt
-    tree; apply them with e.g. ``optimizer.load_state_dict(result)``). A
-    difference in structure raises :class:`~mpisync.ManifestMismatchError` on
-    every rank naming the first differing path.
+    Collective over ``comm``. Array leaves are synced in place as by
+    :func:`sync_params` (named by their dotted path); every other leaf takes
+    root's value through a safe encoding (tagged JSON, never pickle), in a
+    rebuilt tree that is returned: apply it, e.g. with
+    ``optimizer.load_state_dict(result)``.
+
+    Args:
+        tree: Nested mappings (str or int keys), lists and tuples, such as an optimizer's
+            ``state_dict()``; its leaves are arrays, or ints, floats, bools, strings, ``None``
+            and tuples of those.
+        comm: The intracommunicator whose ranks take part (default ``MPI.COMM_WORLD``).
+        root: The rank of ``comm`` whose state every rank receives.
+        max_concurrent: The most collectives in flight at once (``MPISYNC_MAX_CONCURRENT``).
+        fusion_bytes: Arrays smaller than this are packed into shared buffers of at most this
+            size; ``0`` turns fusion off (``MPISYNC_FUSION_BYTES``).
+        timeout: Seconds every collective of the call may take (``MPISYNC_TIMEOUT``).
+        verify: After the sync, check with a digest that every rank holds root's array bytes.
+
+    Returns:
+        The tree rebuilt with root's values (the same arrays, now holding root's bytes, and
+        root's other leaves).
+
+    Raises:
+        ManifestMismatchError: On every rank, when a rank's structure differs from root's (the
+            message names the first differing path), or the arrays' names, shapes or dtypes do.
+        InvalidParamError: On every rank, when any rank's tree cannot be walked or holds a leaf
+            that cannot be synced, or ``root`` is out of range.
+        SyncTimeoutError: A collective did not complete within ``timeout``; by default the job is
+            aborted after the diagnostic (``MPISYNC_TIMEOUT_ABORT=0`` raises instead).
+        PeerExitedError: A rank of ``comm`` ended its script while others waited.
+        VerificationError: ``verify=True`` found a rank whose bytes differ from root's.
+
+    Example::
+
+        synced = mpisync.sync_state(optimizer.state_dict(), MPI.COMM_WORLD, root=0)
+        optimizer.load_state_dict(synced)
     """
     with ParamSync(
         comm, root=root, max_concurrent=max_concurrent, fusion_bytes=fusion_bytes, timeout=timeout

@@ -173,18 +173,38 @@ class _Compiler:
 
 
 class ParamSync(Reusable):
-    """A reusable parameter sync over ``comm`` (default ``MPI.COMM_WORLD``).
+    """A reusable parameter sync over ``comm``: the form to call again and again.
 
-    The first ``sync`` duplicates ``comm`` (so mpisync's traffic never matches
-    the caller's) and decides, the same way on every rank, how host bytes
-    move (see :mod:`mpisync.transports.selection`); later syncs reuse the communicator,
-    the transport and its buffers. When a mapping of bare arrays comes back
-    with the same array objects, each still at the same address with the same
-    shape, strides, dtype and writability, its validation and compiled copies
-    are reused too; every sync still agrees with the other ranks on the
-    manifest digest. ``close()`` frees everything. Settings left ``None`` come
-    from ``MPISYNC_*`` environment variables, else built-in defaults (see
-    ``mpisync info``).
+    The first :meth:`sync` duplicates ``comm`` (so mpisync's traffic never
+    matches the caller's) and decides, the same way on every rank, how host
+    bytes move; later syncs reuse the communicator, the transport and its
+    buffers. When a mapping of bare arrays comes back with the same array
+    objects, each still at the same address with the same shape, strides,
+    dtype and writability, its validation and compiled copies are reused too;
+    every sync still agrees with the other ranks on the manifest digest.
+    :meth:`close` (or leaving a ``with`` block) frees everything.
+
+    Nothing collective happens at construction, and nothing is raised there:
+    an invalid setting or ``root`` is reported by the first :meth:`sync`, on
+    every rank, like any bad input. Settings left ``None`` come from the
+    ``MPISYNC_*`` environment variables, else built-in defaults
+    (``mpisync info`` shows each and its source).
+
+    Args:
+        comm: The intracommunicator whose ranks take part (default ``MPI.COMM_WORLD``).
+        root: The rank of ``comm`` whose master replicas every other replica receives.
+        max_concurrent: The most collectives in flight at once (``MPISYNC_MAX_CONCURRENT``).
+        fusion_bytes: Tensors smaller than this are packed into shared buffers of at most this
+            size; ``0`` turns fusion off (``MPISYNC_FUSION_BYTES``).
+        gpu_transport: ``"auto"`` (CUDA-aware MPI only when positively detected, else host
+            staging), ``"cuda-aware"`` or ``"staged"`` (``MPISYNC_GPU_TRANSPORT``).
+        timeout: Seconds every collective of a sync may take, the validation exchange included
+            (``MPISYNC_TIMEOUT``).
+
+    Example::
+
+        with mpisync.ParamSync(MPI.COMM_WORLD, root=0) as syncer:
+            syncer.sync(model.state_dict())
     """
 
     def __init__(
@@ -217,9 +237,9 @@ class ParamSync(Reusable):
         self._host.preferred = channel
 
     @property
-    def last_choice(self):
-        """How host bytes moved in the last sync and why (a
-        :class:`mpisync.transports.selection.Choice`), or None."""
+    def last_choice(self) -> Any:
+        """How host bytes moved in the last sync and why (an internal record whose ``str()`` says
+        it), or ``None`` before the first sync between ranks."""
         return self._host.last_choice
 
     @property
@@ -237,8 +257,10 @@ class ParamSync(Reusable):
     def close(self) -> None:
         """Free the duplicated communicator and the cached buffers; further syncs raise.
 
-        After a timed-out sync the buffers are kept alive but never used again:
-        collectives still pending may write into them."""
+        Not collective: each rank closes its own. After a timed-out sync the
+        buffers are kept alive but never used again: collectives still pending
+        may write into them. Closing twice is harmless.
+        """
         broken = self._broken is not None
         self._link.close(broken)
         self._prepared = None
@@ -260,9 +282,35 @@ class ParamSync(Reusable):
     ) -> SyncReport:
         """Make every replica on every rank byte-for-byte equal to root's master replica.
 
-        Every rank of the communicator must call this with parameter sets of the
-        same names, shapes, dtypes and replica counts; otherwise every rank
-        raises the same :class:`~mpisync.SyncError` and nothing is written.
+        Collective: every rank of the communicator calls it, with parameter sets
+        of the same names, shapes, dtypes and replica counts (in any insertion
+        order: names are processed in ``sorted()`` order).
+
+        Args:
+            params: Each name maps to its replicas: one array, a sequence of arrays, or a mapping
+                of device key to array (numpy, torch CPU or CUDA, CuPy, or anything with the
+                buffer protocol or DLPack; C-contiguous, writable on receiving ranks). The master
+                replica is the first one (for a mapping, the one under ``devices[0]`` when
+                ``devices`` is given).
+            devices: For mapping replicas: the device keys in order, the master's first.
+            verify: After the sync, check with a digest that every rank holds root's bytes.
+
+        Returns:
+            This rank's account of the sync (tensors, replicas, bytes, collectives, seconds,
+            transport).
+
+        Raises:
+            InvalidParamError: On every rank, when any rank passes an unsupported object, a
+                non-contiguous array, a read-only array on a receiving rank, replicas that
+                disagree in shape or dtype, an invalid setting or a ``root`` out of range.
+            ManifestMismatchError: On every rank, when the ranks' names, shapes, dtypes, replica
+                counts or settings differ.
+            SyncTimeoutError: A collective did not complete within ``timeout`` (a rank that never
+                calls ``sync``); the diagnostic goes to stderr and, by default, the job is
+                aborted (``MPISYNC_TIMEOUT_ABORT=0`` raises instead).
+            PeerExitedError: A rank of the communicator ended its script while others waited.
+            VerificationError: ``verify=True`` found a rank whose bytes differ from root's.
+            SyncError: This syncer is closed, or unusable after a timed-out sync.
         """
         # A cold sync creates a few objects per tensor and no reference cycles; left on, the
         # cyclic collector walks the whole heap several times meanwhile.
@@ -434,11 +482,52 @@ def sync_params(
 ) -> SyncReport:
     """Broadcast every parameter from ``root``'s master replica to every replica on every rank.
 
-    ``params`` maps each name to one array, a sequence of replicas, or a
-    mapping of device key to replica (master: ``devices[0]`` if given, else
-    the first). Names are processed in ``sorted()`` order. Raises the same
-    :class:`~mpisync.SyncError` on every rank when any rank's input is bad.
-    See :class:`ParamSync` for the reusable form; both use the same transports.
+    Collective over ``comm``; the one-shot form of :class:`ParamSync` (both use the
+    same transports). Names are processed in ``sorted()`` order, so the
+    mapping's insertion order may differ between ranks. With one process
+    (``comm.size == 1``) only the local fan-out to the other replicas runs.
+    Settings left ``None`` come from the ``MPISYNC_*`` environment variables,
+    else built-in defaults.
+
+    Args:
+        params: Each name maps to its replicas: one array, a sequence of arrays, or a mapping of
+            device key to array (numpy, torch CPU or CUDA, CuPy, or anything with the buffer
+            protocol or DLPack; any fixed-size dtype; C-contiguous, writable on receiving ranks).
+            All replicas of a name share shape and dtype.
+        comm: The intracommunicator whose ranks take part (default ``MPI.COMM_WORLD``).
+        root: The rank of ``comm`` whose master replicas every other replica receives.
+        devices: For mapping replicas: the device keys in order; the master is under
+            ``devices[0]`` (default: the mapping's first key).
+        max_concurrent: The most collectives in flight at once (``MPISYNC_MAX_CONCURRENT``).
+        fusion_bytes: Tensors smaller than this are packed into shared buffers of at most this
+            size; ``0`` turns fusion off (``MPISYNC_FUSION_BYTES``).
+        gpu_transport: ``"auto"`` (CUDA-aware MPI only when positively detected, else host
+            staging), ``"cuda-aware"`` or ``"staged"`` (``MPISYNC_GPU_TRANSPORT``).
+        timeout: Seconds every collective of the call may take, the validation exchange included
+            (``MPISYNC_TIMEOUT``).
+        verify: After the sync, check with a digest that every rank holds root's bytes.
+
+    Returns:
+        This rank's account of the sync (tensors, replicas, bytes, collectives, seconds,
+        transport).
+
+    Raises:
+        InvalidParamError: On every rank, when any rank passes an unsupported object, a
+            non-contiguous array, a read-only array on a receiving rank, replicas that disagree in
+            shape or dtype, an invalid setting, or a ``root`` out of range; also a world of one
+            process where the launcher started more.
+        ManifestMismatchError: On every rank, when the ranks' names, shapes, dtypes, replica
+            counts or settings differ.
+        SyncTimeoutError: A collective did not complete within ``timeout`` (a rank that never
+            calls ``sync_params``); the diagnostic goes to stderr and, by default, the job is
+            aborted (``MPISYNC_TIMEOUT_ABORT=0`` raises instead).
+        PeerExitedError: A rank of ``comm`` ended its script while others waited.
+        VerificationError: ``verify=True`` found a rank whose bytes differ from root's.
+
+    Example::
+
+        report = mpisync.sync_params(model.state_dict(), MPI.COMM_WORLD, root=0)
+        print(report.summary())
     """
     syncer = ParamSync(
         comm,

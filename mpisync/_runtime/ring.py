@@ -10,6 +10,7 @@ import collections as _collections
 import collections.abc as _abc
 import os as _os
 import time as _time
+import typing as _typing
 
 from . import failfast as _failfast
 from .keepalive import keep_alive
@@ -57,20 +58,34 @@ def wait_request(request, deadline: float | None, comm=None) -> None:
 
 
 class RequestRing:
-    """At most ``capacity`` MPI requests in flight; ``push`` waits for the oldest when full.
+    """At most ``capacity`` MPI requests in flight; :meth:`push` waits for the oldest when full.
 
-    >>> ring = RequestRing(4)
-    >>> for buf in buffers:            # doctest: +SKIP
-    ...     ring.push(comm.Ibcast(buf, root=0))
-    >>> ring.drain()                   # doctest: +SKIP
+    Caffe2's ``CollectivesConcurrencyControl`` with MPI requests: operation ``k``
+    waits for operation ``k - capacity``. Requests are any objects with
+    mpi4py's ``Wait()`` (``comm.Ibcast(...)``, ``comm.Iallreduce(...)``, ...).
+    ``len(ring)`` is the number in flight.
+
+    Args:
+        capacity: The most requests in flight at once (an int >= 1).
+
+    Raises:
+        ValueError: ``capacity`` is not an int >= 1.
+
+    Example::
+
+        ring = mpisync.RequestRing(4)
+        for buf in buffers:
+            ring.push(comm.Ibcast(buf, root=0))
+        ring.drain()
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
         self._capacity = capacity
         self._pending: _collections.deque = _collections.deque()
-        # requests retired so far: request k (from 0, in push order) is done once this is > k
+        #: Requests retired so far: request ``k`` (from 0, in push order) is done once this is
+        #: greater than ``k``.
         self.retired = 0
 
     @property
@@ -81,23 +96,47 @@ class RequestRing:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def push(self, request) -> None:
-        """Add ``request``, first waiting for the oldest one if ``capacity`` are in flight."""
+    def push(self, request: _typing.Any) -> None:
+        """Add ``request``, first waiting for the oldest one if ``capacity`` are in flight.
+
+        Args:
+            request: A started nonblocking MPI request (anything with ``Wait()``).
+
+        Raises:
+            mpi4py.MPI.Exception: Waiting for an older request failed in MPI (the ring keeps the
+                request that failed).
+        """
         self.make_room()
         self._pending.append(request)
 
     def make_room(self) -> None:
-        """Wait for the oldest requests until fewer than ``capacity`` are in flight."""
+        """Wait for the oldest requests until fewer than ``capacity`` are in flight.
+
+        Raises:
+            mpi4py.MPI.Exception: Waiting for a request failed in MPI.
+        """
         while len(self._pending) >= self._capacity:
             self._retire_oldest()
 
     def drain(self) -> None:
-        """Wait for every request in flight, oldest first."""
+        """Wait for every request in flight, oldest first.
+
+        Raises:
+            mpi4py.MPI.Exception: Waiting for a request failed in MPI (the requests after it stay
+                in the ring).
+        """
         while self._pending:
             self._retire_oldest()
 
     def retire_through(self, k: int) -> None:
-        """Wait, oldest first, until the ``k``-th request pushed (from 0) is retired."""
+        """Wait, oldest first, until the ``k``-th request pushed (from 0) is retired.
+
+        Args:
+            k: The push index (from 0) of the request to wait for.
+
+        Raises:
+            mpi4py.MPI.Exception: Waiting for a request failed in MPI.
+        """
         while self.retired <= k and self._pending:
             self._retire_oldest()
 

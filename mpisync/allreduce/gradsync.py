@@ -58,14 +58,35 @@ class _Prepared(_typing.NamedTuple):
 
 
 class GradSync(Reusable):
-    """A reusable all-reduce over ``comm`` (default ``MPI.COMM_WORLD``) with reduction ``op``
-    (``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or ``"prod"``).
+    """A reusable all-reduce over ``comm``: the form to call at every step.
 
-    The first call duplicates ``comm``; later calls reuse it, and when the same
-    arrays come back (same keys and objects, each still at the same address
-    with the same shape, strides, dtype and writability) the validation and
-    the compiled buckets too; every call still agrees with the other ranks on
-    the manifest digest. ``close()`` frees everything.
+    The first :meth:`allreduce` duplicates ``comm``; later calls reuse it, and
+    when the same arrays come back (same keys and objects, each still at the
+    same address with the same shape, strides, dtype and writability) the
+    validation and the compiled buckets too; every call still agrees with the
+    other ranks on the manifest digest. :meth:`close` (or leaving a ``with``
+    block) frees everything. Nothing collective happens at construction, and
+    nothing is raised there: an invalid ``op`` or setting is reported by the
+    first :meth:`allreduce`, on every rank.
+
+    Args:
+        comm: The intracommunicator whose ranks take part (default ``MPI.COMM_WORLD``).
+        op: The reduction: ``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or ``"prod"``.
+        max_concurrent: The most collectives in flight at once (``MPISYNC_MAX_CONCURRENT``).
+        fusion_bytes: Tensors smaller than this are packed into shared buffers of at most this
+            size; ``0`` turns fusion off (``MPISYNC_FUSION_BYTES``).
+        gpu_transport: ``"auto"``, ``"cuda-aware"`` or ``"staged"``
+            (``MPISYNC_GPU_TRANSPORT``).
+        timeout: Seconds each collective may take, the validation exchange included
+            (``MPISYNC_TIMEOUT``).
+
+    Example::
+
+        with mpisync.GradSync(MPI.COMM_WORLD, op="avg") as reducer:
+            for batch in data:
+                loss(model(batch)).backward()
+                reducer.allreduce({n: p.grad for n, p in model.named_parameters()})
+                optimizer.step()
     """
 
     def __init__(
@@ -104,7 +125,10 @@ class GradSync(Reusable):
         return segment + len(program.arena)
 
     def close(self) -> None:
-        """Free the duplicated communicator and cached buffers; further calls raise."""
+        """Free the duplicated communicator and cached buffers; further calls raise.
+
+        Not collective: each rank closes its own. Closing twice is harmless.
+        """
         if self._transport is not None:
             self._transport.close(broken=self._broken is not None)
         if self._comm is not None and self._broken is None:
@@ -114,9 +138,37 @@ class GradSync(Reusable):
         self._transport = None
         self._closed = True
 
-    def allreduce(self, params, *, devices=None) -> SyncReport:
-        """Reduce every replica of every name over all ranks, in place (see
-        :func:`mpisync.allreduce`)."""
+    def allreduce(
+        self, params: Mapping[str, _typing.Any], *, devices: Sequence[_typing.Any] | None = None
+    ) -> SyncReport:
+        """Reduce every replica of every name over all replicas on all ranks, in place.
+
+        Collective: every rank of the communicator calls it with parameter sets
+        of the same names, shapes, dtypes and replica counts. A name that maps to
+        ``None`` on every rank (a frozen or unused layer's ``p.grad``) is skipped
+        and stays ``None``.
+
+        Args:
+            params: Each name maps to its replicas (one array, a sequence of arrays, or a mapping
+                of device key to array), as for :func:`mpisync.sync_params`; every replica must
+                be writable.
+            devices: For mapping replicas: the device keys in order, the master's first.
+
+        Returns:
+            This rank's account of the call (tensors, replicas, bytes, collectives, seconds,
+            transport).
+
+        Raises:
+            InvalidParamError: On every rank, when any rank passes an unsupported object or
+                layout, a read-only replica, a dtype ``op`` cannot reduce, an invalid ``op`` or
+                setting, or names that overlap in memory.
+            ManifestMismatchError: On every rank, when the ranks' names, shapes, dtypes, replica
+                counts, settings or ``None`` names differ.
+            SyncTimeoutError: A collective did not complete within ``timeout``; by default the job
+                is aborted after the diagnostic (``MPISYNC_TIMEOUT_ABORT=0`` raises instead).
+            PeerExitedError: A rank of the communicator ended its script while others waited.
+            SyncError: This object is closed, or unusable after a timed-out call.
+        """
         if self._closed:
             raise SyncError("mpisync: this GradSync is closed")
         if self._broken:
@@ -326,11 +378,43 @@ def allreduce(
 ) -> SyncReport:
     """Reduce, in place, every replica of every name over all replicas on all ranks of ``comm``.
 
-    ``params`` maps each name to one array, a sequence of replicas, or a
-    mapping of device key to replica, as for :func:`mpisync.sync_params`;
-    ``op`` is ``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or ``"prod"``. Every
-    rank raises the same :class:`~mpisync.SyncError` when any rank's input is
-    bad. See :class:`GradSync` for the reusable form.
+    Collective over ``comm``; the one-shot form of :class:`GradSync`. Every
+    replica of every name ends up holding the reduction; names are processed
+    in ``sorted()`` order. A name that maps to ``None`` on every rank is
+    skipped. Settings left ``None`` come from the ``MPISYNC_*`` environment
+    variables, else built-in defaults.
+
+    Args:
+        params: Each name maps to its replicas: one array, a sequence of arrays, or a mapping of
+            device key to array, as for :func:`mpisync.sync_params`; every replica must be
+            writable.
+        comm: The intracommunicator whose ranks take part (default ``MPI.COMM_WORLD``).
+        op: The reduction: ``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or ``"prod"``.
+        devices: For mapping replicas: the device keys in order, the master's first.
+        max_concurrent: The most collectives in flight at once (``MPISYNC_MAX_CONCURRENT``).
+        fusion_bytes: Tensors smaller than this are packed into shared buffers of at most this
+            size; ``0`` turns fusion off (``MPISYNC_FUSION_BYTES``).
+        gpu_transport: ``"auto"``, ``"cuda-aware"`` or ``"staged"`` (``MPISYNC_GPU_TRANSPORT``).
+        timeout: Seconds each collective may take, the validation exchange included
+            (``MPISYNC_TIMEOUT``).
+
+    Returns:
+        This rank's account of the call (tensors, replicas, bytes, collectives, seconds,
+        transport).
+
+    Raises:
+        InvalidParamError: On every rank, when any rank passes an unsupported object or layout, a
+            read-only replica, a dtype ``op`` cannot reduce, an invalid ``op`` or setting, or
+            names that overlap in memory.
+        ManifestMismatchError: On every rank, when the ranks' names, shapes, dtypes, replica
+            counts, settings or ``None`` names differ.
+        SyncTimeoutError: A collective did not complete within ``timeout``; by default the job is
+            aborted after the diagnostic (``MPISYNC_TIMEOUT_ABORT=0`` raises instead).
+        PeerExitedError: A rank of ``comm`` ended its script while others waited.
+
+    Example::
+
+        mpisync.allreduce({n: p.grad for n, p in model.named_parameters()}, op="avg")
     """
     with GradSync(
         comm,

@@ -1,4 +1,6 @@
-"""Device (GPU) buffers: backends by array library, and CUDA-aware MPI detection."""
+"""Internal, no stability promise: device (GPU) buffers.
+
+Device (GPU) buffers: backends by array library, and CUDA-aware MPI detection."""
 
 from __future__ import annotations
 

@@ -12,6 +12,26 @@ rank and size taken from MPI (no ``MASTER_ADDR``, ``RANK`` or ``WORLD_SIZE``).
 from __future__ import annotations
 
 from .backend import BACKEND_NAME, init_process_group
+from .communicators import GroupTimeoutError
+from .errors import (
+    ArgumentError,
+    CountError,
+    MismatchError,
+    OperationError,
+    OperationTimeoutError,
+    WaitTimeoutError,
+)
 from .process_group import ProcessGroupMPISync
 
-__all__ = ["BACKEND_NAME", "ProcessGroupMPISync", "init_process_group"]
+__all__ = [
+    "BACKEND_NAME",
+    "ProcessGroupMPISync",
+    "init_process_group",
+    "ArgumentError",
+    "MismatchError",
+    "CountError",
+    "GroupTimeoutError",
+    "OperationError",
+    "OperationTimeoutError",
+    "WaitTimeoutError",
+]

@@ -8,6 +8,7 @@ import os as _os
 import socket as _socket
 import time as _time
 import urllib.parse as _urlparse
+from typing import Any
 
 import numpy as _np
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from .work import seconds
 
 __all__ = ["BACKEND_NAME", "init_process_group"]
 
+# The name the backend is registered under with torch.distributed.
 BACKEND_NAME = "mpisync"
 
 # The communicator the next default group is made over (init_process_group sets it; torch's own
@@ -128,16 +130,42 @@ def _register() -> None:
         )
 
 
-def init_process_group(comm=None, **kwargs) -> None:
-    """Initialise torch's default process group on the ``"mpisync"`` backend over ``comm``
-    (default ``MPI.COMM_WORLD``): rank and size come from MPI, the store is an in-process one
-    (nothing else rendezvouses). Other keyword arguments pass to
-    ``torch.distributed.init_process_group``; ``timeout`` (a timedelta or seconds) bounds the
-    group's creation and every operation on it (default ``MPISYNC_TIMEOUT``, else 300 s).
-    ``backend`` may be a mixed string such as ``"cpu:mpisync,cuda:nccl"``: the other backends
-    then rendezvous through a TCP store that rank 0 serves (its address sent through MPI).
+def init_process_group(comm: MPI.Intracomm | None = None, **kwargs: Any) -> None:
+    """Initialise torch's default process group on the ``"mpisync"`` backend over ``comm``.
 
-    >>> mpisync.torch.init_process_group(timeout=60)   # doctest: +SKIP
+    Collective over ``comm``. Rank and size come from MPI; the store is an
+    in-process one (nothing else rendezvouses), so no ``MASTER_ADDR``, ``RANK``
+    or ``WORLD_SIZE`` is needed. ``torch.distributed.init_process_group("mpisync")``
+    with torch's own rendezvous works too.
+
+    Args:
+        comm: The intracommunicator whose ranks form the group (default ``MPI.COMM_WORLD``);
+            torch's ranks are its ranks.
+        **kwargs: Passed to ``torch.distributed.init_process_group``. ``timeout`` (a
+            ``timedelta`` or seconds) bounds the group's creation and every operation on it
+            (default ``MPISYNC_TIMEOUT``, else 300 s). ``backend`` may be a mixed string such
+            as ``"cpu:mpisync,cuda:nccl"``: the other backends then rendezvous through a TCP
+            store that rank 0 serves (its address sent through MPI). ``rank`` and
+            ``world_size`` are refused.
+
+    Raises:
+        InvalidParamError: ``backend`` names no mpisync part; ``rank`` or ``world_size`` is
+            given; torch expects another rank or size than MPI's; or this process is alone in
+            its MPI world while its launcher started more (the message names the fix).
+        ArgumentError: A mixed backend string names a pair mpisync cannot create.
+        MismatchError: The ranks' mpisync settings (``MPISYNC_*`` that change what travels)
+            differ; raised on every rank.
+        GroupTimeoutError: A rank did not join within the timeout (torch's ``env://``
+            rendezvous through MPI).
+        SyncTimeoutError: The group's communicators were not created within the timeout; by
+            default the job is aborted after the diagnostic (``MPISYNC_TIMEOUT_ABORT=0`` raises
+            instead).
+
+    Example::
+
+        import mpisync.torch
+        mpisync.torch.init_process_group(timeout=60)
+        model = torch.nn.parallel.DistributedDataParallel(model)
     """
     global _base_comm, _timeout_override
     comm = MPI.COMM_WORLD if comm is None else comm

@@ -45,7 +45,12 @@ _TAG_BASE, _TAG_SPAN = 20000, 12000
 
 
 class GroupTimeoutError(SyncTimeoutError, RuntimeError):
-    """A process group was not created within its timeout (a member did not arrive)."""
+    """A process group was not created within its timeout: a member did not arrive.
+
+    Raised by ``init_process_group`` (torch's ``env://`` rendezvous through MPI)
+    and ``torch.distributed.new_group`` on every member that came, naming the
+    ranks that did not; nothing collective is left pending.
+    """
 
 
 def _wait_all(requests: list, deadline: float | None, comm=None) -> None:

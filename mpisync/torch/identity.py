@@ -12,7 +12,8 @@ __all__ = ["Identity", "backend_type"]
 class Identity:
     """torch's identity accessors of :class:`~mpisync.torch.ProcessGroupMPISync`, over its
     ``_rank``, ``_size``, ``_name``, ``_desc`` and ``_others`` (the backends of a mixed backend
-    string, by device type)."""
+    string, by device type). torch calls them, users do not: they are private to the manual
+    (``:meta private:``)."""
 
     _rank: int
     _size: int
@@ -21,31 +22,52 @@ class Identity:
     _others: dict
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's names)
-        """The backend's name, ``"mpisync"``."""
+        """The backend's name, ``"mpisync"``.
+
+        :meta private: (torch calls it)
+        """
         return "mpisync"
 
     def getRank(self) -> int:  # noqa: N802
-        """This process's rank in the group."""
+        """This process's rank in the group.
+
+        :meta private: (torch calls it)
+        """
         return self._rank
 
     def getSize(self) -> int:  # noqa: N802
-        """The number of ranks in the group."""
+        """The number of ranks in the group.
+
+        :meta private: (torch calls it)
+        """
         return self._size
 
     def setGroupName(self, name: str) -> None:  # noqa: N802
-        """Called by torch when it registers the group."""
+        """Called by torch when it registers the group.
+
+        :meta private: (torch calls it)
+        """
         self._name = name
 
     def getGroupName(self) -> str:  # noqa: N802
-        """The name torch gave the group (``group_name``)."""
+        """The name torch gave the group (``group_name``).
+
+        :meta private: (torch calls it)
+        """
         return self._name
 
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
-        """Called by torch when it registers the group."""
+        """Called by torch when it registers the group.
+
+        :meta private: (torch calls it)
+        """
         self._desc = desc
 
     def getGroupDesc(self) -> str:  # noqa: N802
-        """The description torch gave the group (``group_desc``)."""
+        """The description torch gave the group (``group_desc``).
+
+        :meta private: (torch calls it)
+        """
         return self._desc
 
     # torch asks a group for its backend per device (dcp.async_save wants a CPU one; object

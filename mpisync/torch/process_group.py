@@ -15,8 +15,11 @@ issue order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
+from mpi4py import MPI
 
 from .. import config as _config
 from .._runtime.keepalive import keep_alive
@@ -37,22 +40,55 @@ __all__ = ["ProcessGroupMPISync"]
 
 @routed
 class ProcessGroupMPISync(Identity, dist.ProcessGroup):
-    """The ``"mpisync"`` backend over ``comm``: two duplicates of it (made within ``timeout``),
-    one for the collectives, one for ``send``/``recv``; with ``adopt=True`` ``comm`` itself is
-    the first (and ``p2p``, if given, the second), freed with the group. ``others`` (device type
-    -> torch backend, from a mixed backend string) serve their devices' tensors instead."""
+    """The ``"mpisync"`` backend's process group over an MPI communicator.
+
+    torch creates it: :func:`init_process_group`,
+    ``torch.distributed.init_process_group("mpisync")`` and ``new_group`` return
+    one, and torch's operations (``all_reduce``, ``broadcast``, ...) call its
+    methods, which follow torch's ``ProcessGroup`` interface. Construct one
+    directly only to use a communicator outside torch's registry.
+    Operations are posted in issue order by one engine per group and
+    complete as torch's work objects; an operation's errors are raised by its
+    ``wait()`` (or by the call, without ``async_op``).
+
+    Args:
+        comm: The intracommunicator of the group's ranks. Two duplicates of it are made
+            within ``timeout`` (one for the collectives, one for ``send``/``recv``); with
+            ``adopt=True`` ``comm`` itself is the first, freed with the group.
+        timeout: Seconds each operation, and the group's creation, may take (default
+            ``MPISYNC_TIMEOUT``, else 300 s).
+        max_concurrent: The most operations in flight at once (``MPISYNC_MAX_CONCURRENT``).
+        adopt: Take ``comm`` (and ``p2p``, if given) as the group's own communicators.
+        p2p: With ``adopt=True``: the communicator for ``send``/``recv``.
+        on_shutdown: Called with whether the group broke when it shuts down.
+        others: Device type -> torch backend, from a mixed backend string: those backends serve
+            their devices' tensors instead.
+
+    Raises:
+        MismatchError: The ranks' mpisync settings differ (at creation, on every rank); also an
+            operation whose ranks passed different dtypes, sizes, ops or roots.
+        ArgumentError: An operation's arguments are invalid or not supported (on every rank,
+            before anything is posted).
+        CountError: A ``recv`` got a message of another size than its tensor.
+        WaitTimeoutError: ``work.wait(timeout)`` timed out.
+        OperationTimeoutError: An operation did not complete within the group's timeout (with
+            ``MPISYNC_TIMEOUT_ABORT=0``; by default the job is aborted).
+        OperationError: An MPI error, or the group is unusable after an earlier failure or
+            shut down.
+        PeerExitedError: A rank of the group ended its script while others waited.
+    """
 
     def __init__(
         self,
-        comm,
+        comm: MPI.Intracomm,
         *,
         timeout: float | None = None,
         max_concurrent: int | None = None,
         adopt: bool = False,
-        p2p=None,
-        on_shutdown=None,
+        p2p: MPI.Intracomm | None = None,
+        on_shutdown: Callable[[bool], None] | None = None,
         others: dict | None = None,
-    ):
+    ) -> None:
         # torch binds ProcessGroup(rank, size) too; its stubs list only (store, rank, size)
         super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
         settings = _config.resolve(max_concurrent, None, None, timeout)
@@ -62,7 +98,10 @@ class ProcessGroupMPISync(Identity, dist.ProcessGroup):
             comm, p2p = duplicates(comm, 2, self._timeout, what)
         elif p2p is None:
             p2p = duplicates(comm, 1, self._timeout, what)[0]
-        self._comm, self._p2p, self._rank, self._size = comm, p2p, comm.rank, comm.size
+        # None once the group is shut down
+        self._comm: MPI.Intracomm | None = comm
+        self._p2p: MPI.Intracomm | None = p2p
+        self._rank, self._size = comm.rank, comm.size
         try:
             agree_on_settings(comm, self._timeout, "the process group")
         except MismatchError:
@@ -87,7 +126,7 @@ class ProcessGroupMPISync(Identity, dist.ProcessGroup):
     def shutdown(self) -> None:
         """Complete what is in flight (within the timeout), stop the worker, free the
         communicator (kept instead, if operations may still be in flight)."""
-        if self._comm is None:
+        if self._comm is None or self._p2p is None:  # shut down already (both go together)
             return
         self._engine.close()
         if self._engine.broken:  # freeing them with requests in flight can crash the MPI library
