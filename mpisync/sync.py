@@ -300,14 +300,11 @@ class ParamSync(Reusable):
             transport).
 
         Raises:
-            InvalidParamError: On every rank, when any rank passes an unsupported object, a
-                non-contiguous array, a read-only array on a receiving rank, replicas that
-                disagree in shape or dtype, an invalid setting or a ``root`` out of range.
-            ManifestMismatchError: On every rank, when the ranks' names, shapes, dtypes, replica
-                counts or settings differ.
-            SyncTimeoutError: A collective did not complete within ``timeout`` (a rank that never
-                calls ``sync``); the diagnostic goes to stderr and, by default, the job is
-                aborted (``MPISYNC_TIMEOUT_ABORT=0`` raises instead).
+            InvalidParamError: Bad input on any rank, raised on every rank (the cases
+                :func:`sync_params` lists).
+            ManifestMismatchError: The ranks' sets or settings differ (on every rank).
+            SyncTimeoutError: A rank never called ``sync`` within ``timeout`` (by default the
+                job is aborted after the diagnostic; ``MPISYNC_TIMEOUT_ABORT=0`` raises).
             PeerExitedError: A rank of the communicator ended its script while others waited.
             VerificationError: ``verify=True`` found a rank whose bytes differ from root's.
             SyncError: This syncer is closed, or unusable after a timed-out sync.
@@ -498,13 +495,10 @@ def sync_params(
         root: The rank of ``comm`` whose master replicas every other replica receives.
         devices: For mapping replicas: the device keys in order; the master is under
             ``devices[0]`` (default: the mapping's first key).
-        max_concurrent: The most collectives in flight at once (``MPISYNC_MAX_CONCURRENT``).
-        fusion_bytes: Tensors smaller than this are packed into shared buffers of at most this
-            size; ``0`` turns fusion off (``MPISYNC_FUSION_BYTES``).
-        gpu_transport: ``"auto"`` (CUDA-aware MPI only when positively detected, else host
-            staging), ``"cuda-aware"`` or ``"staged"`` (``MPISYNC_GPU_TRANSPORT``).
-        timeout: Seconds every collective of the call may take, the validation exchange included
-            (``MPISYNC_TIMEOUT``).
+        max_concurrent: As for :class:`ParamSync`: the most collectives in flight.
+        fusion_bytes: As for :class:`ParamSync`: the size of the buffers small tensors share.
+        gpu_transport: As for :class:`ParamSync`: how GPU buffers travel.
+        timeout: As for :class:`ParamSync`: seconds each collective of the call may take.
         verify: After the sync, check with a digest that every rank holds root's bytes.
 
     Returns:

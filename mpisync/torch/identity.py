@@ -29,45 +29,27 @@ class Identity:
         return "mpisync"
 
     def getRank(self) -> int:  # noqa: N802
-        """This process's rank in the group.
-
-        :meta private: (torch calls it)
-        """
+        """:meta private: this process's rank in the group (torch calls it)."""
         return self._rank
 
     def getSize(self) -> int:  # noqa: N802
-        """The number of ranks in the group.
-
-        :meta private: (torch calls it)
-        """
+        """:meta private: the number of ranks in the group (torch calls it)."""
         return self._size
 
     def setGroupName(self, name: str) -> None:  # noqa: N802
-        """Called by torch when it registers the group.
-
-        :meta private: (torch calls it)
-        """
+        """:meta private: torch calls it when it registers the group."""
         self._name = name
 
     def getGroupName(self) -> str:  # noqa: N802
-        """The name torch gave the group (``group_name``).
-
-        :meta private: (torch calls it)
-        """
+        """:meta private: the name torch gave the group (``group_name``) (torch calls it)."""
         return self._name
 
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
-        """Called by torch when it registers the group.
-
-        :meta private: (torch calls it)
-        """
+        """:meta private: torch calls it when it registers the group."""
         self._desc = desc
 
     def getGroupDesc(self) -> str:  # noqa: N802
-        """The description torch gave the group (``group_desc``).
-
-        :meta private: (torch calls it)
-        """
+        """:meta private: the description torch gave the group (``group_desc``) (torch calls it)."""
         return self._desc
 
     # torch asks a group for its backend per device (dcp.async_save wants a CPU one; object
