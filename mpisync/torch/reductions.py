@@ -146,7 +146,7 @@ def _into_block(rank, size, output, input, whole, red, signature, describe) -> O
 
     def body(comm):
         scratch = SCRATCH.take(out)
-        if op.everywhere:
+        if op.everywhere and combine is not None:
             peer = 1 - rank
             theirs = whole[peer * count : (peer + 1) * count]
             received = comm.Irecv(scratch, peer, REDUCE_SCATTER_TAG)
