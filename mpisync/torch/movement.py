@@ -400,8 +400,8 @@ def all_to_all_single(size: int, output, input, out_splits, in_splits) -> Op:
 def _exchanged_in_place(comm, blocks: _np.ndarray):
     """The steps of an equal-split all-to-all with one buffer in and out on every rank: block
     ``p`` of ``blocks`` goes to rank ``p`` from a copy, and rank ``p``'s block for this rank is
-    received in its place, peer after peer in a ring (``MPI_IN_PLACE``'s algorithm exchanges
-    with one peer at a time, and its time varies from run to run by 1-3x)."""
+    received in its place, every peer at once (MPICH's ``MPI_IN_PLACE`` all-to-all exchanges
+    with one peer at a time; docs/allreduce.md compares them)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     n = blocks.nbytes // size
     stage = SCRATCH.take(blocks[: n * (size - 1)])
