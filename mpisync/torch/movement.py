@@ -27,9 +27,9 @@ __all__ = [
 ]
 
 
-# The tags of the messages scatter and gather send on the group's communicator (no user message
-# travels there: send and recv use the group's other one).
-_SCATTER_TAG, _GATHER_TAG = 1, 2
+# The tags of the messages the collectives built of point-to-point messages send on the group's
+# communicator (no user message travels there: send and recv use the group's other one).
+_SCATTER_TAG, _GATHER_TAG, _ALL_TO_ALL_TAG, REDUCE_SCATTER_TAG = 1, 2, 3, 4
 
 
 def _signature(tensors, *extra) -> list:
@@ -375,11 +375,12 @@ def all_to_all_single(size: int, output, input, out_splits, in_splits) -> Op:
     item = input.element_size()
 
     def body(comm):
+        if op.everywhere:  # every rank passed one tensor
+            yield from _exchanged_in_place(comm, recv)
+            return
         source: object
         copy = None
-        if op.everywhere:  # every rank passed one tensor: MPI_IN_PLACE
-            source = MPI.IN_PLACE
-        elif shared:  # from a copy (MPI refuses aliased buffers), in a reused buffer
+        if shared:  # from a copy (MPI refuses aliased buffers), in a reused buffer
             source = copy = _copied(send)
         else:
             source = send
@@ -395,8 +396,28 @@ def all_to_all_single(size: int, output, input, out_splits, in_splits) -> Op:
         if back is not None:
             back()
 
-    op = Op("all_to_all_single", signature, describe, body, output, cross=cross, in_place=same)
+    in_place = same and size > 1
+    op = Op("all_to_all_single", signature, describe, body, output, cross=cross, in_place=in_place)
     return op
+
+
+def _exchanged_in_place(comm, blocks: _np.ndarray):
+    """The steps of an equal-split all-to-all with one buffer in and out on every rank: block
+    ``p`` of ``blocks`` goes to rank ``p`` from a copy, and rank ``p``'s block for this rank is
+    received in its place, every peer at once (MPICH's ``MPI_IN_PLACE`` all-to-all exchanges
+    with one peer at a time; docs/allreduce.md compares them)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    n = blocks.nbytes // size
+    stage = SCRATCH.take(blocks[: n * (size - 1)])
+    requests = []
+    for step in range(1, size):
+        peer = (rank + step) % size
+        out, block = stage[(step - 1) * n : step * n], blocks[peer * n : (peer + 1) * n]
+        out[...] = block  # before the peer's block may land there
+        requests.append(comm.Irecv(block, peer, _ALL_TO_ALL_TAG))
+        requests.append(comm.Isend(out, peer, _ALL_TO_ALL_TAG))
+    yield requests, True
+    SCRATCH.give(stage)
 
 
 def _equal_rows(tensor: torch.Tensor, size: int) -> list:

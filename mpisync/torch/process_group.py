@@ -238,14 +238,15 @@ class ProcessGroupMPISync(Identity, dist.ProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts=None):
         """``reduce_scatter_tensor``: ``input`` reduced; this rank keeps its block."""
-        return self._start(reductions.reduce_scatter_tensor(self._size, output, input, opts))
+        op = reductions.reduce_scatter_tensor(self._rank, self._size, output, input, opts)
+        return self._start(op)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         """:meth:`reduce_scatter_single` of each pair, as one operation."""
         ops = [
-            reductions.reduce_scatter_tensor(self._size, o, i, opts)
+            reductions.reduce_scatter_tensor(self._rank, self._size, o, i, opts)
             for o, i in zip(outputs, inputs)
         ]
         return self._start(combined("reduce_scatter_tensor", ops, list(outputs)))

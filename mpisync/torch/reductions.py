@@ -8,6 +8,7 @@ import torch
 from mpi4py import MPI
 
 from .buffers import SCRATCH, ReduceBuffer, in_place_array, reduce_problem, reduction
+from .movement import REDUCE_SCATTER_TAG
 from .op import Once, Op, dtype_code, fold, joined, overlapping, shape_text
 from .refusals import refusing
 
@@ -94,7 +95,9 @@ def reduce(rank: int, size: int, tensors, opts) -> Op:
 
 
 @refusing("reduce_scatter_tensor")
-def reduce_scatter_tensor(size: int, output: torch.Tensor, input: torch.Tensor, opts) -> Op:
+def reduce_scatter_tensor(
+    rank: int, size: int, output: torch.Tensor, input: torch.Tensor, opts
+) -> Op:
     """``input`` reduced over the ranks; this rank keeps its ``output``-sized block."""
     red, problem, name = _prepare([input, output], opts)
 
@@ -114,16 +117,7 @@ def reduce_scatter_tensor(size: int, output: torch.Tensor, input: torch.Tensor, 
     shared = overlapping([input, output])
     whole = in_place_array(input, red) if shared else None
     if whole is not None and in_place_array(output, red) is not None and _is_block(output, input):
-        # FSDP's form, the output one block of the input: MPI reads the input where it is and
-        # writes a scratch block, copied into the output once MPI is done (a copy of 1/size of
-        # the bytes; MPI_IN_PLACE measured 1.35-1.55x the plain form, benchmarks/torch_aliased.py)
-        def into_block(comm):
-            scratch = SCRATCH.take(whole[: output.numel()])
-            yield [comm.Ireduce_scatter_block(whole, scratch, red.mpi_op)], True
-            output.detach().reshape(-1).numpy()[...] = scratch
-            SCRATCH.give(scratch)
-
-        return Op("reduce_scatter_tensor", signature, describe, into_block, output)
+        return _into_block(rank, size, output, input, whole, red, signature, describe)
     send = ReduceBuffer(input, red, stage=shared)  # any other overlap: a copy of the input
     result = ReduceBuffer(output, red, size)
 
@@ -134,6 +128,58 @@ def reduce_scatter_tensor(size: int, output: torch.Tensor, input: torch.Tensor, 
         result.finish()
 
     return Op("reduce_scatter_tensor", signature, describe, body, output)
+
+
+def _into_block(rank, size, output, input, whole, red, signature, describe) -> Op:
+    """FSDP's form, the output one block of the input (``whole``, reduced where it is).
+
+    Where the group has 2 ranks and each one's output is its own block, each sends the other
+    the block that is the other's and combines the one it receives into its output: MPI's
+    reduce-scatter of two ranks, without a copy, and the same bytes (two operands combine to
+    the same result in either order; with more ranks the order would be ours, not MPI's).
+    Otherwise MPI reduces into a scratch block, copied into the output once it is done
+    (``MPI_IN_PLACE`` writes the result at the start of the input, not in this rank's block)."""
+    count = output.numel()
+    out = output.detach().reshape(-1).numpy()
+    combine = _COMBINE.get(red.name)
+    own = output.data_ptr() == input.data_ptr() + rank * count * output.element_size()
+
+    def body(comm):
+        scratch = SCRATCH.take(out)
+        if op.everywhere and combine is not None:
+            peer = 1 - rank
+            theirs = whole[peer * count : (peer + 1) * count]
+            received = comm.Irecv(scratch, peer, REDUCE_SCATTER_TAG)
+            yield [received, comm.Isend(theirs, peer, REDUCE_SCATTER_TAG)], True
+            with _np.errstate(all="ignore"):  # overflow to inf, as MPI's sum: no warning
+                combine(out, scratch, out=out)
+        else:
+            yield [comm.Ireduce_scatter_block(whole, scratch, red.mpi_op)], True
+            out[...] = scratch
+        SCRATCH.give(scratch)
+
+    op = Op(
+        "reduce_scatter_tensor",
+        signature,
+        describe,
+        body,
+        output,
+        in_place=own and size == 2 and combine is not None,
+    )
+    return op
+
+
+# The operations of in_place_array's dtypes and reductions, as numpy applies them element by
+# element (integers wrap, as in MPI).
+_COMBINE = {
+    "sum": _np.add,
+    "prod": _np.multiply,
+    "min": _np.minimum,
+    "max": _np.maximum,
+    "band": _np.bitwise_and,
+    "bor": _np.bitwise_or,
+    "bxor": _np.bitwise_xor,
+}
 
 
 def _is_block(output: torch.Tensor, input: torch.Tensor) -> bool:
