@@ -95,7 +95,7 @@ class Handle:
 
 def poll(handle: Handle) -> bool:
     """Whether the operation of ``handle`` is done (then :func:`synchronize` does not wait)."""
-    return bool(handle.op.done)
+    return handle.engine.poll(handle.op)
 
 
 def synchronize(handle):
