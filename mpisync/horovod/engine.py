@@ -19,16 +19,17 @@ rank has joined, with the rank that joined last.
 
 from __future__ import annotations
 
+import contextlib
 import json as _json
 import threading as _threading
 import time as _time
 from collections.abc import Callable
 from typing import Any
 
-from .._runtime.ring import Expired
 from ..params.agreement import merge_ranks
 from ..sync import ParamSync
 from .errors import HorovodArgumentError, HorovodInternalError
+from .guard import RunError, guarded_run
 from .progress import Rounds
 
 __all__ = ["Op", "Engine"]
@@ -219,13 +220,13 @@ class Engine:
             return
         if op is None:  # joined: an all-reduce with zeros in place of this rank's tensors
             template = next(d for d in descs if d is not None)
-            _zero_allreduce(comm, call, template)
+            zeros = Op(name, template, lambda comm, call, _: _zero_allreduce(comm, call, template))
+            with contextlib.suppress(RunError):  # the others raise it: this rank has no caller
+                guarded_run(zeros, comm, call, descs)
             return
         try:
-            result = op.run(comm, call, descs)
-        except Expired:
-            raise  # the round's timeout
-        except Exception as exc:  # noqa: BLE001 - the operation's failure, whatever it is
+            result = guarded_run(op, comm, call, descs)
+        except RunError as exc:  # the same on every rank
             op.finish(error=exc)
             return
         op.finish(result)
