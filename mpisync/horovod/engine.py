@@ -26,6 +26,7 @@ import time as _time
 from collections.abc import Callable
 from typing import Any
 
+from .._runtime.ring import Expired
 from ..params.agreement import merge_ranks
 from ..sync import ParamSync
 from .errors import HorovodArgumentError, HorovodInternalError
@@ -226,7 +227,9 @@ class Engine:
             return
         try:
             result = guarded_run(op, comm, call, descs)
-        except RunError as exc:  # the same on every rank
+        except Expired:
+            raise  # the round's timeout
+        except Exception as exc:  # noqa: BLE001 - agreed by the guard: the same on every rank
             op.finish(error=exc)
             return
         op.finish(result)

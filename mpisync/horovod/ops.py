@@ -341,6 +341,17 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     return handle
 
 
+def in_engine(process_set, kind: str, name: str, match: list, body: Callable[[], Any]) -> Any:
+    """Run ``body()`` (collectives on its own communicators) as the operation ``kind.name`` of
+    the set's engine, so that it is matched by name with the others' operations (ranks that
+    issue different ones get the same error instead of a wait); its result. A fixed name, not
+    a count: ranks whose counts differ after a mismatch still match."""
+    desc = _desc(kind, match, [])
+    return synchronize(
+        Handle(*_submit(process_set, kind, name, desc, lambda comm, call, descs: body()))
+    )
+
+
 def barrier(process_set=global_process_set) -> None:
     """Wait until every rank of the set has called it; pending operations every rank has
     submitted run meanwhile."""

@@ -77,17 +77,34 @@ def broadcast_parameters(
     ``(name, tensor)`` pairs (``model.named_parameters()``); the semantics are
     :func:`mpisync.sync_params`'s with ``root=root_rank``. Returns ``None``.
     """
-    with ParamSync(default_comm(process_set) if comm is None else comm, root=root_rank) as syncer:
-        try:
-            mapping, error = _as_mapping(params)
-        except Exception as exc:  # an iterable that fails while it is read: every rank hears of it
-            mapping, error = {}, f"cannot read params: {type(exc).__name__}: {exc}"
-        syncer._collective_exchange(
-            "argument check",
-            list(mapping),
-            lambda comm, call: _agree_on_local_errors(comm, error, call),
-        )
-        syncer.sync(mapping)
+    target = default_comm(process_set) if comm is None else comm
+
+    def body() -> None:
+        with ParamSync(target, root=root_rank) as syncer:
+            try:
+                mapping, error = _as_mapping(params)
+            except Exception as exc:  # an iterable that fails while read: every rank hears of it
+                mapping, error = {}, f"cannot read params: {type(exc).__name__}: {exc}"
+            syncer._collective_exchange(
+                "argument check",
+                list(mapping),
+                lambda comm, call: _agree_on_local_errors(comm, error, call),
+            )
+            syncer.sync(mapping)
+
+    _matched(comm, process_set, "broadcast_parameters", [root_rank], body)
+
+
+def _matched(comm, process_set, kind: str, match: list, body) -> Any:
+    """``body()``; after ``hvd.init()`` and without an explicit ``comm``, as an operation of the
+    process set's engine, matched by name with the ranks' other operations."""
+    from . import context
+    from .ops import in_engine
+    from .process_sets import resolve
+
+    if comm is not None or context._context is None:
+        return body()
+    return in_engine(resolve(process_set), kind, "all", match, body)
 
 
 def _describe(optimizer) -> dict:
@@ -195,10 +212,24 @@ def broadcast_optimizer_state(
     every tensor takes root's bytes and every other value (step counts,
     learning rate, betas) root's value and type, through :func:`mpisync.sync_state`.
     """
+    given = comm
     if comm is None and process_set is not None:
         comm = default_comm(process_set)
     _zero_gradients(optimizer)
     root, comm = _root_and_comm(root_rank, root, comm)
+    if isinstance(root_rank, MPI.Comm):  # the older form: its comm was given
+        given = comm
+    _matched(
+        given,
+        process_set,
+        "broadcast_optimizer_state",
+        [root],
+        lambda: _state(optimizer, root, comm),
+    )
+
+
+def _state(optimizer, root: int, comm) -> None:
+    """Broadcast ``optimizer``'s state structure, then its state, from ``root`` over ``comm``."""
     with ParamSync(comm, root=root) as syncer:
 
         def exchange(world, call):
