@@ -91,3 +91,28 @@ def test_synchronize_gives_values_at_every_thread_level(started):
         [float(i * comm.size)] * 2 for i in range(5)
     ]
     assert all(hvd.poll(h) for h in handles)
+
+
+@pytest.fixture
+def short_timeout(comm, monkeypatch):
+    monkeypatch.setenv("MPISYNC_TIMEOUT", "3")
+    monkeypatch.setenv("MPISYNC_TIMEOUT_ABORT", "0")
+    hvd.init(comm)
+    yield comm
+    hvd.shutdown()
+
+
+def test_synchronize_keeps_the_timeout(short_timeout):
+    import mpisync
+
+    comm = short_timeout
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    if comm.rank == 0:  # the others never submit it
+        handle = hvd.allreduce_async(torch.ones(2), name="lonely", op=hvd.Sum)
+        start = time.monotonic()
+        with pytest.raises(mpisync.SyncTimeoutError, match="timed out"):
+            hvd.synchronize(handle)
+        assert time.monotonic() - start < BOUND_SECONDS
+        assert hvd.poll(handle)
+    comm.Barrier()
