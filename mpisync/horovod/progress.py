@@ -68,6 +68,7 @@ class Rounds:
         self._busy = False  # a round is in flight (posted, its completion not yet run)
         self._entry: Entry | None = None  # the latest round's entry
         self._names: list = []  # what the latest round waits for (the timeout's diagnostic)
+        self._told: Entry | None = None  # the failed round failure() reported
 
     def kick(self):
         """Start a round unless one is in flight or this rank has nothing to say; the round in
@@ -91,9 +92,14 @@ class Rounds:
         return entry.error
 
     def failure(self) -> BaseException | None:
-        """What the latest round failed with (a timeout, a broken engine), or ``None``."""
-        entry = self._entry
-        return entry.error if entry is not None and entry.done else None
+        """What the latest round failed with (a timeout, a broken engine), the first time it is
+        asked; else ``None`` (operations submitted after it are not failed with it)."""
+        with self._lock:
+            entry = self._entry
+            if entry is None or not entry.done or entry.error is None or entry is self._told:
+                return None
+            self._told = entry
+            return entry.error
 
     def close(self) -> None:
         """Stop the progress engine; a round still in flight (peers that never answered) is
