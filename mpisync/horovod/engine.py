@@ -2,14 +2,15 @@
 
 Each process set has one :class:`Engine`. An operation is *submitted* (``*_async`` returns
 then) and runs once every rank of the set has submitted an operation of that name. The ranks
-learn that in a *negotiation*: each rank's waiting call (``synchronize``, a blocking operation,
-``join``) sends the list of its pending operations, each with a short description (kind, dtype,
-shape, root, op, splits) as JSON, never pickled. The ranks' lists are gathered, every name
-pending on every rank runs in rank 0's order, after its descriptions are compared: ranks that
-disagree get the same :class:`HorovodInternalError` on every rank, an argument refused on any
-rank the same :class:`HorovodArgumentError`, and nothing moves. When every rank waits and no
-name is pending on all of them, the ranks issued different operations: each gets the same
-error naming every rank's pending operations, instead of a wait that never ends.
+learn that in *rounds* of negotiation (:mod:`mpisync.horovod.progress`: the torch backend's
+progress engine runs them, in the background at ``MPI_THREAD_MULTIPLE``): a rank with pending
+operations sends their list, each with a short description (kind, dtype, shape, root, op,
+splits) as JSON, never pickled, and whether it waits for one. The ranks' lists are gathered,
+every name pending on every rank runs in rank 0's order, after its descriptions are compared:
+ranks that disagree get the same :class:`HorovodInternalError` on every rank, an argument
+refused on any rank the same :class:`HorovodArgumentError`, and nothing moves. When every rank
+waits and no name is pending on all of them, the ranks issued different operations: each gets
+the same error naming every rank's pending operations, instead of a wait that never ends.
 
 A rank inside ``join()`` has no operations; it takes part in the others' all-reduces with
 zeros, and the others' other operations fail (Horovod's rule). ``join()`` returns once every
@@ -18,13 +19,19 @@ rank has joined, with the rank that joined last.
 
 from __future__ import annotations
 
+import contextlib
 import json as _json
+import threading as _threading
+import time as _time
 from collections.abc import Callable
 from typing import Any
 
-from ..params.agreement import allgather_bytes, merge_ranks
+from .._runtime.ring import Expired
+from ..params.agreement import merge_ranks
 from ..sync import ParamSync
 from .errors import HorovodArgumentError, HorovodInternalError
+from .guard import RunError, guarded_run
+from .progress import Rounds
 
 __all__ = ["Op", "Engine"]
 
@@ -76,17 +83,24 @@ def verdict(name: str, descs: list) -> tuple[str, str]:
 
 class Engine:
     """The pending operations of one process set on this rank, and their negotiation over the
-    set's communicator (``syncer``'s, under mpisync's timeout)."""
+    set's communicator in rounds (:class:`~mpisync.horovod.progress.Rounds`, under mpisync's
+    timeout). Callers submit and wait on any thread; a round's completion runs on the driver."""
 
     def __init__(self, comm):
         self.syncer = ParamSync(comm, root=0)
-        self.pending: dict[str, Op] = {}
+        self._lock = _threading.Lock()  # pending, reserved, joined_at, join_op, waiting
+        self.pending: dict[str, Op] = {}  # submitted, not yet run
+        self.reserved: set[str] = set()  # names in use: submitted and not yet waited for
         self.counters: dict[str, int] = {}
-        self.joined_at = -1  # the negotiation count when this rank joined, or -1
+        self.joined_at = -1  # the round count when this rank joined, or -1
         self.join_op: Op | None = None
-        self.negotiations = 0
+        self.negotiations = 0  # rounds posted: the same count on every rank
+        self.waiting = 0  # callers of this rank inside wait()
+        timeout = self.syncer._settings.timeout.value
+        self.rounds = Rounds(comm, timeout, self._say, self._settle)
 
     def close(self) -> None:
+        self.rounds.close()
         self.syncer.close()
 
     def auto_name(self, kind: str) -> str:
@@ -96,22 +110,42 @@ class Engine:
         return f"{kind}.noname.{count}"
 
     def submit(self, op: Op) -> Op:
-        """Queue ``op``; a name already pending on this rank is refused here."""
-        if op.name in self.pending:
-            raise HorovodArgumentError(
-                f"mpisync.horovod: an operation named {op.name!r} is already in flight on this "
-                "rank (Horovod matches operations by name: names must be unique while pending)"
-            )
-        self.pending[op.name] = op
+        """Queue ``op`` (it may run from now on); a name in use on this rank (submitted, not yet
+        waited for) is refused here."""
+        with self._lock:
+            if op.name in self.reserved:
+                raise HorovodArgumentError(
+                    f"mpisync.horovod: an operation named {op.name!r} is already in flight on "
+                    "this rank (Horovod matches operations by name: names must be unique while "
+                    "pending)"
+                )
+            self.pending[op.name] = op
+            self.reserved.add(op.name)
+        if self.rounds.threaded:
+            self.rounds.kick()
         return op
+
+    def poll(self, op: Op) -> bool:
+        """Whether ``op`` is done (never waits)."""
+        self._failed_round()
+        return op.done
 
     def wait(self, op: Op) -> Any:
         """Negotiate until ``op`` is done; its result, or its error raised."""
-        while not op.done:
-            self.negotiations += 1
-            self.syncer._collective_exchange(
-                "Horovod negotiation", list(self.pending), self._negotiate
-            )
+        with self._lock:
+            self.waiting += 1
+        try:
+            while not op.done:
+                entry = self.rounds.kick()
+                if entry is not None:
+                    self.rounds.wait(entry)
+                else:  # being finished by the round that ran it, on the driver's thread
+                    _time.sleep(0.001)
+                self._failed_round()
+        finally:
+            with self._lock:
+                self.waiting -= 1
+                self.reserved.discard(op.name)
         if op.error is not None:
             raise op.error
         return op.result
@@ -122,36 +156,64 @@ class Engine:
 
     def join(self) -> int:
         """Horovod's ``join()``: take part in the others' all-reduces until every rank joined."""
-        self.joined_at = self.negotiations
-        self.join_op = Op("join", {}, lambda *_: None)
+        with self._lock:
+            self.joined_at = self.negotiations
+            self.join_op = Op("join", {}, lambda *_: None)
         try:
             return self.wait(self.join_op)
         finally:
-            self.joined_at, self.join_op = -1, None
+            with self._lock:
+                self.joined_at, self.join_op = -1, None
 
-    def _negotiate(self, comm, call) -> None:
-        mine = {"o": [[n, op.desc] for n, op in self.pending.items()], "j": self.joined_at}
-        parts = [
-            _json.loads(raw) for raw in allgather_bytes(comm, _json.dumps(mine).encode(), call)
-        ]
+    def _failed_round(self) -> None:
+        """A round that failed (a timeout) fails every pending operation with its error."""
+        error = self.rounds.failure()
+        if error is not None:
+            self._fail_all(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            ops = list(self.pending.values()) + ([self.join_op] if self.join_op else [])
+            self.pending.clear()
+        for op in ops:
+            if not op.done:
+                op.finish(error=error)  # type: ignore[arg-type]
+
+    def _say(self) -> tuple[bytes, list] | None:
+        """This rank's message for the next round, and its pending names (None: nothing)."""
+        with self._lock:
+            if not (self.pending or self.join_op is not None):
+                return None
+            self.negotiations += 1
+            ops = [[n, op.desc] for n, op in self.pending.items()]
+            mine = {"o": ops, "j": self.joined_at, "w": self.waiting > 0}
+        return _json.dumps(mine).encode(), [n for n, _ in ops]
+
+    def _settle(self, comm, call, messages: list) -> bool:
+        """Act on a round's messages; whether anything ran or failed."""
+        parts = [_json.loads(raw) for raw in messages]
         active = [r for r, p in enumerate(parts) if p["j"] < 0]
         if not active:
             last = max(range(len(parts)), key=lambda r: (parts[r]["j"], r))
             if self.join_op is not None:
                 self.join_op.finish(last)
-            return
+            return True
         lists = {r: dict((n, d) for n, d in parts[r]["o"]) for r in active}
         ready = [n for n, _ in parts[active[0]]["o"] if all(n in lists[r] for r in active)]
         if not ready:
-            self._stalled(parts, active)
-            return
+            if all(parts[r]["w"] for r in range(len(parts))):
+                self._stalled(parts, active, [n for n, _ in parts[comm.rank]["o"]])
+                return True
+            return False
         for name in ready:
             descs = [lists[r][name] if r in lists else None for r in range(len(parts))]
             self._execute(comm, call, name, descs)
+        return True
 
     def _execute(self, comm, call, name: str, descs: list) -> None:
         kind, message = verdict(name, descs)
-        op = self.pending.pop(name, None)
+        with self._lock:
+            op = self.pending.pop(name, None)
         if kind:
             if op is not None:
                 error = HorovodArgumentError if kind == "argument" else HorovodInternalError
@@ -159,11 +221,22 @@ class Engine:
             return
         if op is None:  # joined: an all-reduce with zeros in place of this rank's tensors
             template = next(d for d in descs if d is not None)
-            _zero_allreduce(comm, call, template)
+            zeros = Op(name, template, lambda comm, call, _: _zero_allreduce(comm, call, template))
+            with contextlib.suppress(RunError):  # the others raise it: this rank has no caller
+                guarded_run(zeros, comm, call, descs)
             return
-        op.finish(op.run(comm, call, descs))
+        try:
+            result = guarded_run(op, comm, call, descs)
+        except Expired:
+            raise  # the round's timeout
+        except Exception as exc:  # noqa: BLE001 - agreed by the guard: the same on every rank
+            op.finish(error=exc)
+            return
+        op.finish(result)
 
-    def _stalled(self, parts: list, active: list) -> None:
+    def _stalled(self, parts: list, active: list, mine: list) -> None:
+        """Every rank waits, and no operation is pending on all: the operations of this rank's
+        message (``mine``) and its ``join()`` fail with the same error on every rank."""
         shown = merge_ranks(
             (r, ", ".join(f"{d['k']} {n!r}" for n, d in parts[r]["o"]) or "nothing") for r in active
         )
@@ -171,11 +244,11 @@ class Engine:
             "mpisync.horovod: the ranks wait for different operations, none pending on every "
             "rank: " + "; ".join(shown)
         )
-        for op in self.pending.values():
+        with self._lock:
+            ops = [self.pending.pop(n) for n in mine if n in self.pending]
+            ops += [self.join_op] if self.join_op is not None else []
+        for op in ops:
             op.finish(error=error)
-        self.pending.clear()
-        if self.join_op is not None:
-            self.join_op.finish(error=error)
 
 
 def _zero_allreduce(comm, call, desc: dict) -> None:

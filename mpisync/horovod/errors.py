@@ -22,8 +22,9 @@ class HorovodInternalError(SyncError, RuntimeError):
     factors), when every rank waits and no operation is pending on all of them (they called
     different operations), or when an operation other than an all-reduce meets a rank that
     called :func:`join`. Every rank gets the same message, naming what each rank submitted;
-    no data has moved. A :class:`RuntimeError`, as Horovod's, and an
-    :class:`mpisync.SyncError`.
+    no data has moved. Also raised on every rank, naming the rank and its error, when an
+    operation's run fails on some ranks only (a dtype its reduction cannot convert, say).
+    A :class:`RuntimeError`, as Horovod's, and an :class:`mpisync.SyncError`.
     """
 
 

@@ -123,15 +123,16 @@ def poll(handle: Handle) -> bool:
         AttributeError: ``handle`` is not a :class:`Handle` (e.g. the function that
             :func:`sparse_allreduce_async` returns).
     """
-    return bool(handle.op.done)
+    return handle.engine.poll(handle.op)
 
 
 def synchronize(handle: Handle | Callable[[], Any]) -> Any:
     """Wait for the operation of ``handle`` to complete and give its result.
 
-    While it waits, this rank negotiates with the other ranks of the set: every operation
-    pending on all of them runs (in rank 0's order), so operations of other handles may
-    complete too. An error of the operation is raised here, on every rank that waits for it.
+    The set's ranks negotiate in rounds while any of them has operations pending (in the
+    background at ``MPI_THREAD_MULTIPLE``, else while a rank waits): every operation pending
+    on all of them runs, in rank 0's order, so operations of other handles may complete too.
+    An error of the operation is raised here, on every rank that waits for it.
 
     Args:
         handle: A :class:`Handle` from an ``*_async`` function, or the function that
@@ -663,10 +664,21 @@ def sparse_allreduce_async(
     return handle
 
 
+def in_engine(process_set, kind: str, name: str, match: list, body: Callable[[], Any]) -> Any:
+    """Run ``body()`` (collectives on its own communicators) as the operation ``kind.name`` of
+    the set's engine, so that it is matched by name with the others' operations (ranks that
+    issue different ones get the same error instead of a wait); its result. A fixed name, not
+    a count: ranks whose counts differ after a mismatch still match."""
+    desc = _desc(kind, match, [])
+    return synchronize(
+        Handle(*_submit(process_set, kind, name, desc, lambda comm, call, descs: body()))
+    )
+
+
 def barrier(process_set: ProcessSet | None = global_process_set) -> None:
     """Wait until every rank of the set has called it.
 
-    A negotiation like :func:`synchronize`'s: operations pending on every rank run
+    Matched by name like any operation: operations pending on every rank run
     meanwhile. The wait is bounded by ``MPISYNC_TIMEOUT``.
 
     Args:

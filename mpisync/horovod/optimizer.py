@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib as _contextlib
 import warnings as _warnings
+import zlib as _zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .compression import Compression, Compressor
 from .context import default_comm, require
-from .ops import Average, Sum, reduce_op
+from .ops import Average, Sum, in_engine, reduce_op
 from .process_sets import resolve
 
 if TYPE_CHECKING:
@@ -119,7 +120,12 @@ class _Reduction:
             sending[name] = sent
             kept.append((i, p, sent, ctx))
         sending[_FLAGS] = self.flags
-        self.reducer.allreduce(sending)
+        reducer = self.reducer
+        # named by its first gradient, as Horovod names a gradient: the parameter's name
+        name = self.named[0][0] if self.named else "none"
+        names = _zlib.crc32("\0".join(n for n, _ in self.named).encode())
+        match = [self.horovod_op, self.predivide, len(self.named), names]
+        in_engine(self.process_set, "gradients", name, match, lambda: reducer.allreduce(sending))
         for p, handle in sparse:
             p.grad = handle()
         for i, p, sent, ctx in kept:

@@ -105,18 +105,38 @@ def broadcast_parameters(
         mpisync.SyncTimeoutError: A rank did not call it within ``MPISYNC_TIMEOUT`` (raised
             with ``MPISYNC_TIMEOUT_ABORT=0``; by default the job aborts), or
             :class:`mpisync.PeerExitedError` when a rank has exited.
+        mpisync.horovod.HorovodInternalError: After :func:`init` and without ``comm``, the ranks called
+            other operations meanwhile (it is the engine's operation
+            ``broadcast_parameters.all``), or the broadcast failed on some ranks only.
     """
-    with ParamSync(default_comm(process_set) if comm is None else comm, root=root_rank) as syncer:
-        try:
-            mapping, error = _as_mapping(params)
-        except Exception as exc:  # an iterable that fails while it is read: every rank hears of it
-            mapping, error = {}, f"cannot read params: {type(exc).__name__}: {exc}"
-        syncer._collective_exchange(
-            "argument check",
-            list(mapping),
-            lambda comm, call: _agree_on_local_errors(comm, error, call),
-        )
-        syncer.sync(mapping)
+    target = default_comm(process_set) if comm is None else comm
+
+    def body() -> None:
+        with ParamSync(target, root=root_rank) as syncer:
+            try:
+                mapping, error = _as_mapping(params)
+            except Exception as exc:  # an iterable that fails while read: every rank hears of it
+                mapping, error = {}, f"cannot read params: {type(exc).__name__}: {exc}"
+            syncer._collective_exchange(
+                "argument check",
+                list(mapping),
+                lambda comm, call: _agree_on_local_errors(comm, error, call),
+            )
+            syncer.sync(mapping)
+
+    _matched(comm, process_set, "broadcast_parameters", [root_rank], body)
+
+
+def _matched(comm, process_set, kind: str, match: list, body) -> Any:
+    """``body()``; after ``hvd.init()`` and without an explicit ``comm``, as an operation of the
+    process set's engine, matched by name with the ranks' other operations."""
+    from . import context
+    from .ops import in_engine
+    from .process_sets import resolve
+
+    if comm is not None or context._context is None:
+        return body()
+    return in_engine(resolve(process_set), kind, "all", match, body)
 
 
 def _describe(optimizer) -> dict:
@@ -245,11 +265,28 @@ def broadcast_optimizer_state(
             from the root's in structure, shape or dtype (e.g. other parameter shapes).
         mpisync.SyncTimeoutError: A rank did not take part within ``MPISYNC_TIMEOUT``
             (with ``MPISYNC_TIMEOUT_ABORT=0``; by default the job is aborted).
+        mpisync.horovod.HorovodInternalError: After :func:`init` and without ``comm``, the ranks called
+            other operations meanwhile (it is the engine's operation
+            ``broadcast_optimizer_state.all``), or it failed on some ranks only.
     """
+    given = comm
     if comm is None and process_set is not None:
         comm = default_comm(process_set)
     _zero_gradients(optimizer)
     root, comm = _root_and_comm(root_rank, root, comm)
+    if isinstance(root_rank, MPI.Comm):  # the older form: its comm was given
+        given = comm
+    _matched(
+        given,
+        process_set,
+        "broadcast_optimizer_state",
+        [root],
+        lambda: _state(optimizer, root, comm),
+    )
+
+
+def _state(optimizer, root: int, comm) -> None:
+    """Broadcast ``optimizer``'s state structure, then its state, from ``root`` over ``comm``."""
     with ParamSync(comm, root=root) as syncer:
 
         def exchange(world, call):
