@@ -105,8 +105,8 @@ def broadcast_parameters(
         mpisync.SyncTimeoutError: A rank did not call it within ``MPISYNC_TIMEOUT`` (raised
             with ``MPISYNC_TIMEOUT_ABORT=0``; by default the job aborts), or
             :class:`mpisync.PeerExitedError` when a rank has exited.
-        mpisync.horovod.HorovodInternalError: After :func:`init` and without ``comm``, the ranks called
-            other operations meanwhile (it is the engine's operation
+        mpisync.horovod.HorovodInternalError: After :func:`init` and without ``comm``, the
+            ranks called other operations meanwhile (it is the engine's operation
             ``broadcast_parameters.all``), or the broadcast failed on some ranks only.
     """
     target = default_comm(process_set) if comm is None else comm
@@ -265,8 +265,8 @@ def broadcast_optimizer_state(
             from the root's in structure, shape or dtype (e.g. other parameter shapes).
         mpisync.SyncTimeoutError: A rank did not take part within ``MPISYNC_TIMEOUT``
             (with ``MPISYNC_TIMEOUT_ABORT=0``; by default the job is aborted).
-        mpisync.horovod.HorovodInternalError: After :func:`init` and without ``comm``, the ranks called
-            other operations meanwhile (it is the engine's operation
+        mpisync.horovod.HorovodInternalError: After :func:`init` and without ``comm``, the
+            ranks called other operations meanwhile (it is the engine's operation
             ``broadcast_optimizer_state.all``), or it failed on some ranks only.
     """
     given = comm
