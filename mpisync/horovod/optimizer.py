@@ -63,7 +63,9 @@ class _Reduction:
         self.op = "sum" if op == Sum or predivide != 1.0 else "avg"
         self.scale_after = predivide / process_set.size() if predivide != 1.0 else 1.0
         self.reducer = None  # made at the first reduction
+        # set and read through numpy (a torch element access costs microseconds per gradient)
         self.flags = torch.zeros(len(named), dtype=torch.float32)
+        self.flag_values = self.flags.numpy()
         self.synchronized = False
         self.skip = False
 
@@ -110,9 +112,9 @@ class _Reduction:
         sending, kept = {}, []
         for i, (name, p) in enumerate(self.named):
             if id(p) in sparse_ids:
-                self.flags[i] = 0.0
+                self.flag_values[i] = 0.0
                 continue
-            self.flags[i] = 0.0 if p.grad is None else 1.0
+            self.flag_values[i] = 0.0 if p.grad is None else 1.0
             grad = self._gradient(name, p)
             sent, ctx = self.compression.compress(grad)
             if self.predivide != 1.0:
@@ -129,7 +131,7 @@ class _Reduction:
         for p, handle in sparse:
             p.grad = handle()
         for i, p, sent, ctx in kept:
-            if not self.flags[i] > 0:  # no rank has a gradient: the optimizer skips it
+            if not self.flag_values[i] > 0:  # no rank has a gradient: the optimizer skips it
                 continue
             result = self.compression.decompress(sent, ctx)
             if self.scale_after != 1.0:

@@ -37,8 +37,10 @@ if TYPE_CHECKING:
 __all__ = ["Rounds"]
 
 # After a round in which nothing ran (operations pending on some ranks only, none waiting on
-# every rank), the next starts after this pause rather than at once: Horovod's cycle time.
-IDLE_ROUND_SECONDS = 0.002
+# every rank), the next starts after a pause rather than at once: the first pause is short (a
+# peer a little behind submits soon), each idle round after it doubles it up to the longest
+# (Horovod's cycle time), so peers far behind do not keep the cores busy with empty rounds.
+IDLE_ROUND_SECONDS = (0.00005, 0.002)
 
 PHASE = "Horovod negotiation"
 
@@ -69,6 +71,7 @@ class Rounds:
         self._entry: Entry | None = None  # the latest round's entry
         self._names: list = []  # what the latest round waits for (the timeout's diagnostic)
         self._told: Entry | None = None  # the failed round failure() reported
+        self._pause = IDLE_ROUND_SECONDS[0]  # before the next round, after an idle one
 
     def kick(self):
         """Start a round unless one is in flight or this rank has nothing to say; the round in
@@ -135,8 +138,11 @@ class Rounds:
             with self._lock:
                 self._busy = False
         if self.threaded:
-            if not progressed:
-                _time.sleep(IDLE_ROUND_SECONDS)
+            if progressed:
+                self._pause = IDLE_ROUND_SECONDS[0]
+            else:
+                _time.sleep(self._pause)
+                self._pause = min(2 * self._pause, IDLE_ROUND_SECONDS[1])
             self.kick()
 
     def _timed_out(self, labels: list) -> str:
