@@ -6,7 +6,7 @@ gradients, side by side.
 The gradients have the shapes of ResNet-18's parameters (listed below, no torchvision needed:
 62 tensors, 11.7 M float32 values). Each iteration times ``optimizer.synchronize()`` (the
 all-reduce part of a step: one named operation of mpisync.horovod's engine around one
-``GradSync`` call) and ``GradSync.allreduce`` of an equal set of tensors, in a shuffled order
+``GradSync`` call) and ``GradSync.allreduce`` of the same gradient tensors, in a shuffled order
 (medians of the slowest rank). Rank 0 prints both, their ratio, and the load average, since
 timings on a shared machine are noisy.
 """
@@ -66,7 +66,8 @@ def main(argv=None) -> int:
         p.grad = torch.full_like(p, float(comm.rank))
     named = [(name, p) for (name, _), p in zip(shapes, params)]
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), named_parameters=named)
-    grads = {name: torch.full(shape, float(comm.rank)) for name, shape in shapes}
+    # the same tensors (a separately allocated set lies elsewhere in memory: another speed)
+    grads = {name: p.grad for name, p in named}
     sync = mpisync.GradSync(comm, op="avg")
     runs = {
         "DistributedOptimizer": optimizer.synchronize,
