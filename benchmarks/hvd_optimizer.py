@@ -44,6 +44,14 @@ def resnet18_shapes() -> list:
     return shapes + [("fc.weight", (1000, 512)), ("fc.bias", (1000,))]
 
 
+def print_rows(what: str, ranks: int, iterations: int, timings: dict) -> None:
+    """The title line (``what``, the medians' count, the load average) and one line per row."""
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"{what}, {ranks} ranks, medians of {iterations} (slowest rank), load average {load}")
+    for name, timing in timings.items():
+        print(f"  {name:36s} {timing.median * 1e3:8.2f} ms")
+
+
 def main(argv=None) -> int:
     """Time both ways; rank 0 prints them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,13 +87,8 @@ def main(argv=None) -> int:
     assert all(torch.all(g == expected) for g in grads.values())
     if comm.rank == 0:
         values = sum(p.numel() for p in params)
-        print(
-            f"{len(params)} gradients, {values / 1e6:.1f} M float32, {comm.size} ranks, "
-            f"medians of {args.iterations} (slowest rank), load average "
-            + " ".join(f"{x:.2f}" for x in os.getloadavg())
-        )
-        for name, timing in timings.items():
-            print(f"  {name:22s} {timing.median * 1e3:8.2f} ms")
+        what = f"{len(params)} gradients, {values / 1e6:.1f} M float32"
+        print_rows(what, comm.size, args.iterations, timings)
         ratio = timings["DistributedOptimizer"].median / timings["GradSync"].median
         print(f"  DistributedOptimizer / GradSync: {ratio:.3f}x")
     sync.close()

@@ -12,9 +12,10 @@ sum. Rank 0 prints the rows and the load average.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
+
+from hvd_optimizer import print_rows  # this folder's script (on sys.path when run)
 
 
 def main(argv=None) -> int:
@@ -52,13 +53,8 @@ def main(argv=None) -> int:
     }
     timings = measure_interleaved(comm, runs, iterations=args.iterations, warmup=3)
     if comm.rank == 0:
-        print(
-            f"{args.megabytes} MiB float32, {args.work_ms:g} ms of work, {comm.size} ranks, "
-            f"medians of {args.iterations} (slowest rank), load average "
-            + " ".join(f"{x:.2f}" for x in os.getloadavg())
-        )
-        for name, timing in timings.items():
-            print(f"  {name:36s} {timing.median * 1e3:8.2f} ms")
+        what = f"{args.megabytes} MiB float32, {args.work_ms:g} ms of work"
+        print_rows(what, comm.size, args.iterations, timings)
     hvd.shutdown()
     return 0
 
