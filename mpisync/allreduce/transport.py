@@ -17,8 +17,9 @@ from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired, TrackedRing
 from ..plan.arena import Arena
 from ..transports.base import Context, Transport
+from ..transports.crossreduce import MIN_BYTES, drive, reduce_steps
+from ..transports.selection import CROSS, SHARED
 from ..transports.selection import MPI as MPI_NAME
-from ..transports.selection import SHARED
 from . import ops as _ops
 from .plan import ReducePlan, fused_arena
 from .reduceset import ReduceSet
@@ -117,12 +118,25 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         ctx.pending = ring.pending_labels
         op = _ops.mpi_op(self.op)
         fused = [step for step in steps if step.fused] if spans is not None else ()
+        crossed, posted_cross = 0, 0  # steps reduced by cross-memory, and their collectives
         for step in steps:
             if fused and step.fused:
                 continue  # through the segment, below
             ring.make_room()
             if step.load is not None:
                 step.load()
+            if several and not step.fused and step.buffer.nbytes >= MIN_BYTES:
+                # The size and the set are agreed, so every rank takes this branch for this step
+                # (collectives stay in one order; the ring's earlier requests progress meanwhile).
+                done, posted = drive(
+                    reduce_steps(self.comm, step.buffer, _ops.local_op(self.op)), ctx.call
+                )
+                posted_cross += posted
+                if done:
+                    crossed += 1
+                    if step.store is not None:
+                        step.store()
+                    continue
             if several:
                 request = self.comm.Iallreduce(MPI.IN_PLACE, step.buffer, op)
                 ring.push(request, step.store, step.label)
@@ -135,9 +149,10 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         report = ctx.report
         if several:
             report.collectives += len(steps) - len(fused) + (2 if fused else 0)
+            report.collectives += posted_cross - crossed
         report.fused_buckets = sum(1 for s in steps if s.fused)
         report.transfers = len(steps)
-        report.channel = SHARED if fused else MPI_NAME
+        report.channel = SHARED if fused else CROSS if crossed else MPI_NAME
 
     def _reduce_on_segment(self, fused: list, spans: list, ring: TrackedRing, ctx: Context) -> None:
         # The large tensors' all-reduces stay in flight meanwhile; the barriers come after them on

@@ -1,0 +1,116 @@
+"""The all-reduce of one large array on one node, by cross-memory and through MPI, in one run.
+
+    mpiexec -n 2 python benchmarks/node_allreduce.py [--rounds 30] [--sizes 8 25 64]
+
+Rows per size (MiB of float32 per rank; each the median of ``--rounds`` calls of the slowest
+rank, a barrier before each, the array rewritten before each call as a training step does;
+the rows interleaved round by round, so a change in the machine's state touches them alike;
+rank 0 prints):
+
+- ``MPI_Allreduce``: mpi4py's in-place all-reduce of the same array, no mpisync code;
+- ``GradSync``: ``mpisync.GradSync.allreduce`` of ``{"grad": array}``, its default path
+  (cross-memory from ``mpisync.transports.crossreduce.MIN_BYTES`` on one node), and the same with
+  cross-memory off (``MPISYNC_CROSS_MEMORY=0`` when it probes): through MPI;
+- ``torch all_reduce``: the backend's ``all_reduce`` of a tensor, default and with cross-memory
+  off (a second group probed with it off);
+- ``limit``: the all-reduce's least work as local adds and copies on every rank at once
+  (``mpisync.tools.bench.limits``).
+
+numpy arrays of this size are on transparent huge pages (numpy advises them); torch's allocator
+leaves 4 KiB pages, which cross-memory pins one by one: the two memories give other figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import mpisync
+import mpisync.torch
+from mpisync.tools.bench.limits import limit_run
+
+
+def _off(make):
+    """``make()`` with cross-memory off while it probes (its first large call)."""
+    os.environ["MPISYNC_CROSS_MEMORY"] = "0"
+    try:
+        return make()
+    finally:
+        del os.environ["MPISYNC_CROSS_MEMORY"]
+
+
+def _rows(comm, mib: float, rounds: int, off_group) -> list:
+    n = int(mib * (1 << 20)) // 4
+    array = np.empty(n, np.float32)
+    tensor = torch.empty(n)
+    base = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
+    on, off = mpisync.GradSync(comm), mpisync.GradSync(comm)
+    grads = {"grad": array}
+    on.allreduce(grads)
+    _off(lambda: off.allreduce(grads))
+    _off(lambda: dist.all_reduce(tensor, group=off_group))
+    limit = limit_run(comm, "all-reduce", n * 4, 0)
+    runs = {
+        "MPI_Allreduce, numpy": (array, lambda: comm.Allreduce(MPI.IN_PLACE, array)),
+        "GradSync, numpy": (array, lambda: on.allreduce(grads)),
+        "GradSync cross-memory off, numpy": (array, lambda: off.allreduce(grads)),
+        "MPI_Allreduce, torch": (tensor.numpy(), lambda: comm.Allreduce(MPI.IN_PLACE, tensor)),
+        "torch all_reduce": (tensor.numpy(), lambda: dist.all_reduce(tensor)),
+        "torch all_reduce cross-memory off": (
+            tensor.numpy(),
+            lambda: dist.all_reduce(tensor, group=off_group),
+        ),
+        "limit": (None, limit),
+    }
+    times: dict = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, (target, call) in runs.items():
+            if target is not None:
+                target[...] = base
+            comm.Barrier()
+            start = MPI.Wtime()
+            call()
+            elapsed = np.array([MPI.Wtime() - start])
+            comm.Allreduce(MPI.IN_PLACE, elapsed, MPI.MAX)
+            times[name].append(elapsed[0] * 1e3)
+    on.close()
+    off.close()
+    medians = {name: float(np.median(t)) for name, t in times.items()}
+    return [(mib, name, ms, medians["limit"] / ms) for name, ms in medians.items()]
+
+
+def main() -> None:
+    """Print the rows (rank 0)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[8, 25, 64])
+    args = parser.parse_args()
+    mpisync.torch.init_process_group()
+    comm = MPI.COMM_WORLD
+    off_group = dist.new_group(backend="mpisync")
+    if comm.rank == 0:
+        print(f"{comm.size} ranks, {MPI.Get_library_version().splitlines()[0]}")
+        print(f"{'MiB':>5}  {'row':<36} {'ms':>8}  {'of limit':>8}  {'x MPI':>6}")
+    for mib in args.sizes:
+        rows = _rows(comm, mib, args.rounds, off_group)
+        mpi = {
+            kind: ms
+            for _, name, ms, _ in rows
+            for kind in ("numpy", "torch")
+            if name == f"MPI_Allreduce, {kind}"
+        }
+        for _, name, ms, of_limit in rows:
+            kind = "torch" if "torch" in name else "numpy"
+            if comm.rank == 0:
+                ratio = mpi[kind] / ms if name != "limit" else float("nan")
+                print(f"{mib:>5g}  {name:<36} {ms:8.3f}  {of_limit:8.2f}  {ratio:6.2f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""All-reduces of large host arrays between the ranks of one node, by cross-memory attach.
+
+Rank ``r`` owns share ``r`` of an array (an equal split of its values). Once every rank's input is
+in place (the first collective, which also carries the array's address), each rank reads its share
+of every peer's array (``process_vm_readv``) a chunk at a time into a buffer that stays in cache,
+and combines it into its own array; once every rank has (the second collective), each reads every
+peer's reduced share into its own array; the third collective keeps every array in place until the
+last peer has read it. No MPI data movement: each byte crosses between processes once per phase,
+read by the rank that needs it, all ranks at once, where an MPI all-reduce moves it through the
+library's buffers (figures: docs/allreduce.md, "On one node").
+
+A share is combined by one rank, its peers in rank order, so every rank ends with the same bytes;
+with two ranks they are MPI's too (two operands give the same result in either order).
+
+Reading another process needs care, so: a rank reads a peer only after reading back, at the
+address that peer published, the random token it published (a pid from another PID namespace or
+node is never read), and each call's arrays are published anew in its first collective. A copy
+that fails or falls short after that (which the probe rules out but the kernel may still refuse)
+leaves the arrays half combined: every rank then raises :class:`CrossReduceError` at the next
+collective, and the object is off for later calls (MPI reduces them).
+"""
+
+from __future__ import annotations
+
+import ctypes as _ctypes
+import os as _os
+import secrets as _secrets
+import typing as _typing
+
+import numpy as _np
+from mpi4py import MPI
+
+from .cma import _CALLS, _Iovec, enabled, host_word
+
+__all__ = ["CrossReduce", "CrossReduceError", "MIN_BYTES", "combine_of", "drive", "reduce_steps"]
+
+# The smallest array worth it: below, the three collectives cost what MPI's all-reduce saves
+# (2 ranks, MPICH: even at 1-4 MiB; docs/allreduce.md, "On one node").
+MIN_BYTES = 8 << 20
+# Bytes read from a peer per call before combining them: small enough to stay in cache, large
+# enough that the system call's cost vanishes (256 KiB-4 MiB measured; 1 MiB the best).
+_CHUNK = 1 << 20
+
+# ``(requests, last)``: what a step posts, and whether it is the operation's last collective.
+Step = tuple[list, bool]
+
+_UFUNCS = (
+    (MPI.SUM, _np.add),
+    (MPI.PROD, _np.multiply),
+    (MPI.MIN, _np.minimum),
+    (MPI.MAX, _np.maximum),
+    (MPI.BAND, _np.bitwise_and),
+    (MPI.BOR, _np.bitwise_or),
+    (MPI.BXOR, _np.bitwise_xor),
+)
+
+
+def combine_of(mpi_op) -> _typing.Callable | None:
+    """The numpy ufunc that combines two operands as ``mpi_op`` does, or None (an op this path
+    does not take)."""
+    for op, ufunc in _UFUNCS:
+        if op == mpi_op:
+            return ufunc
+    return None
+
+
+class CrossReduceError(RuntimeError):
+    """Raised on every rank: the ranks' arrays differ in size (nothing copied), or a cross-memory
+    copy failed after the probe (the arrays hold partial values)."""
+
+
+class CrossReduce:
+    """Every rank's pid, each checked readable by every other; :meth:`steps` reduces one array."""
+
+    def __init__(self, pids: list, rank: int):
+        self.pids, self.rank, self.size = pids, rank, len(pids)
+        self.on = True  # off after a failed copy: MPI from then on, the same on every rank
+        self._hot = _np.empty(_CHUNK, dtype=_np.uint8)  # one operation's reads at a time
+
+    @staticmethod
+    def open_steps(comm, out: list) -> _typing.Generator[Step, None, None]:
+        """The collective steps that probe every pair of ``comm``'s ranks; afterwards ``out``
+        holds the object, or None on every rank (ranks on several nodes, cross-memory switched off
+        anywhere, a peer that cannot be read)."""
+        rank, size = comm.rank, comm.size
+        mine = enabled()
+        token = _np.frombuffer(_secrets.token_bytes(16), dtype=_np.int64).copy()
+        row = _np.array(
+            [_os.getpid() if mine else 0, token.ctypes.data, token[0], token[1], host_word()],
+            dtype=_np.int64,
+        )
+        table = _np.empty((size, 5), dtype=_np.int64)
+        yield [comm.Iallgather(row, table)], False
+        ok = bool(table[:, 0].all()) and bool((table[:, 4] == table[0, 4]).all())
+        probe = _np.zeros(2, dtype=_np.int64)
+        for peer in range(size) if ok else ():
+            if peer == rank:
+                continue
+            try:
+                got = _read(int(table[peer, 0]), probe.ctypes.data, int(table[peer, 1]), 16)
+            except Exception:  # noqa: BLE001 - any local failure: every rank learns it below
+                got = -1
+            if got != 16 or not _np.array_equal(probe, table[peer, 2:4]):
+                ok = False
+                break
+        everyone = _np.zeros(1, dtype=_np.int64)
+        # Every rank's token stays alive until here: nobody leaves before every read is done.
+        yield [comm.Iallreduce(_np.array([int(ok)], dtype=_np.int64), everyone, MPI.MIN)], False
+        out.append(CrossReduce(table[:, 0].tolist(), rank) if everyone[0] else None)
+
+    def steps(
+        self, comm, array: _np.ndarray, combine, last: bool = True
+    ) -> _typing.Generator[Step, None, None]:
+        """The collective steps that reduce ``array`` (C-contiguous, this rank's, the same dtype
+        and size on every rank) with ``combine`` over ``comm``'s ranks, in place; the third
+        step's ``last`` is ``last``. Raises :class:`CrossReduceError` on every rank when a copy
+        failed anywhere (the object is then off)."""
+        size, rank = self.size, self.rank
+        flat = array.reshape(-1)
+        count, itemsize = flat.size, flat.itemsize
+        bounds = [k * count // size for k in range(size + 1)]
+        table = _np.empty((size, 2), dtype=_np.int64)
+        row = _np.array([flat.ctypes.data, flat.nbytes], dtype=_np.int64)
+        yield [comm.Iallgather(row, table)], False
+        if not (table[:, 1] == flat.nbytes).all():  # the same table on every rank
+            raise CrossReduceError(
+                f"ranks passed arrays of {sorted(set(table[:, 1].tolist()))} bytes to one "
+                "all-reduce; nothing was copied"
+            )
+        addresses = table[:, 0]
+        flags = _np.zeros(4, dtype=_np.int64)  # (mine, everyone's) after each phase
+        flags[0] = self._reduce_share(flat, addresses, bounds, combine)
+        yield [comm.Iallreduce(flags[0:1], flags[1:2], MPI.MIN)], False
+        flags[2] = flags[1]
+        for peer in range(size) if flags[1] else ():
+            if peer != rank:
+                lo, hi = bounds[peer], bounds[peer + 1]
+                nbytes = (hi - lo) * itemsize
+                here = flat.ctypes.data + lo * itemsize
+                there = int(addresses[peer]) + lo * itemsize
+                if nbytes and _read(self.pids[peer], here, there, nbytes) != nbytes:
+                    flags[2] = 0
+        yield [comm.Iallreduce(flags[2:3], flags[3:4], MPI.MIN)], last
+        if not flags[3]:
+            self.on = False
+            raise CrossReduceError(
+                "a cross-memory copy failed on some rank during an all-reduce: the arrays hold "
+                "partial values on every rank; later calls reduce through MPI "
+                "(MPISYNC_CROSS_MEMORY=0 keeps MPI from the start)"
+            )
+
+    def _reduce_share(self, flat: _np.ndarray, addresses, bounds: list, combine) -> bool:
+        """Combine this rank's share of every peer's array into ``flat``; False when a copy
+        failed."""
+        rank, itemsize = self.rank, flat.itemsize
+        lo, hi = bounds[rank], bounds[rank + 1]
+        step = _CHUNK // itemsize
+        hot = self._hot[: step * itemsize].view(flat.dtype)
+        with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
+            for peer in range(self.size):
+                if peer == rank:
+                    continue
+                pid, base = self.pids[peer], int(addresses[peer])
+                for start in range(lo, hi, step):
+                    n = min(step, hi - start)
+                    nbytes = n * itemsize
+                    if _read(pid, hot.ctypes.data, base + start * itemsize, nbytes) != nbytes:
+                        return False
+                    mine = flat[start : start + n]
+                    combine(mine, hot[:n], out=mine)
+        return True
+
+
+_keyval: int | None = None
+
+
+def _held(comm) -> list:
+    """What this module keeps on ``comm`` (an MPI attribute, freed with it): empty until the
+    probe ran, then ``[CrossReduce or None]``."""
+    global _keyval
+    if _keyval is None:
+        _keyval = MPI.Comm.Create_keyval()
+    held = comm.Get_attr(_keyval)
+    if held is None:
+        held = []
+        comm.Set_attr(_keyval, held)
+    return held
+
+
+def reduce_steps(
+    comm, array: _np.ndarray, combine, last: bool = True
+) -> _typing.Generator[Step, None, bool]:
+    """The steps reducing ``array`` over ``comm`` by cross-memory (:meth:`CrossReduce.steps`),
+    after the probe of ``comm``'s pairs on its first call; returns False, having posted at most
+    the probe, where the path is not open (the same answer on every rank). Every rank calls it
+    for the same arrays in the same order."""
+    held = _held(comm)
+    if not held:
+        yield from CrossReduce.open_steps(comm, held)
+    cross = held[0]
+    if cross is None or not cross.on:
+        return False
+    yield from cross.steps(comm, array, combine, last)
+    return True
+
+
+def drive(steps: _typing.Generator[Step, None, bool], call) -> tuple[bool, int]:
+    """Run ``steps`` to the end, each request waited with ``call``: ``(what it returned, the
+    collectives it posted)``."""
+    posted = 0
+    while True:
+        try:
+            requests, _ = next(steps)
+        except StopIteration as stop:
+            return stop.value, posted
+        for request in requests:
+            posted += 1
+            call(request)
+
+
+def _read(pid: int, here: int, there: int, nbytes: int) -> int:
+    """``process_vm_readv`` of one range: the bytes read, or -1."""
+    local, remote = _Iovec(here, nbytes), _Iovec(there, nbytes)
+    assert _CALLS is not None  # enabled() was true on every rank
+    return _CALLS[0](pid, _ctypes.addressof(local), 1, _ctypes.addressof(remote), 1, 0)

@@ -1,0 +1,123 @@
+"""The backend's paths of its own on one node: ``all_reduce`` and ``reduce`` of a large tensor by
+cross-memory, and the plain ``reduce_scatter_tensor`` of two ranks by one exchange. Their bytes
+are gloo's and MPI's (two ranks: two operands combine alike in either order), every rank's the
+same at more ranks, for every reduction and the dtypes that take these paths."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+pytestmark = pytest.mark.mpi
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import mpisync.torch  # noqa: E402  (registers the backend)
+from mpisync.transports.crossreduce import MIN_BYTES  # noqa: E402
+
+_MPI_OPS = {"SUM": MPI.SUM, "PRODUCT": MPI.PROD, "MIN": MPI.MIN, "MAX": MPI.MAX}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def groups():
+    """The mpisync default group and a gloo group of the same ranks (the reference)."""
+    mpisync.torch.init_process_group(backend="cpu:mpisync,cuda:gloo", timeout=120)
+    yield dist.group.WORLD, dist.new_group(backend="gloo")
+    dist.destroy_process_group()
+
+
+def _data(rank: int, n: int, dtype, exact: bool = False) -> torch.Tensor:
+    rng = np.random.default_rng(500 + rank)
+    if exact or not dtype.is_floating_point:
+        values = rng.integers(-3 if dtype.is_signed else 0, 4, n)
+    else:
+        values = rng.standard_normal(n) * 1e3
+    return torch.from_numpy(values).to(dtype)
+
+
+def _bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("op", ["SUM", "MAX", "MIN", "AVG"])
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce"])
+def test_a_large_all_reduce_has_gloos_bytes(comm, groups, op, kind):
+    size, rank = comm.size, comm.rank
+    n = MIN_BYTES // 4 + 5  # float32: just over the cross-memory threshold
+    data = _data(rank, n, torch.float32, exact=size > 2)
+    results = []
+    for group in groups:
+        t = data.clone()
+        if kind == "reduce":
+            dist.reduce(t, dst=0, op=getattr(dist.ReduceOp, op), group=group)
+        else:
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
+        results.append(t)
+    if kind == "all_reduce" or rank == 0:
+        assert _bytes(results[0]) == _bytes(results[1])
+    everyone = np.empty((size, n * 4), np.uint8)
+    comm.Allgather(results[0].view(torch.uint8).numpy(), everyone)
+    assert (everyone == everyone[0]).all()
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.int8, torch.int64, torch.uint8], ids=str
+)
+@pytest.mark.parametrize("op", list(_MPI_OPS))
+@pytest.mark.parametrize("count", [1, 7, 65537])
+def test_the_plain_reduce_scatter_tensor_has_mpis_bytes(comm, dtype, op, count):
+    size, rank = comm.size, comm.rank
+    data = _data(rank, count * size, dtype, exact=op == "PRODUCT")
+    out = torch.empty(count, dtype=dtype)
+    dist.reduce_scatter_tensor(out, data.clone(), op=getattr(dist.ReduceOp, op))
+    expected = np.empty(count, dtype=out.numpy().dtype)
+    comm.Reduce_scatter_block(data.numpy(), expected, _MPI_OPS[op])
+    if size <= 2 or not dtype.is_floating_point:
+        assert _bytes(out) == expected.tobytes(), (count, dtype, op)
+
+
+def test_the_plain_reduce_scatter_tensor_has_gloos_bytes(comm, groups):
+    size, rank = comm.size, comm.rank
+    data = _data(rank, 65537 * size, torch.float32, exact=size > 2)
+    outs = []
+    for group in groups:
+        out = torch.empty(65537)
+        dist.reduce_scatter_tensor(out, data.clone(), group=group)
+        outs.append(out)
+    assert _bytes(outs[0]) == _bytes(outs[1])
+
+
+def test_the_plain_form_beside_the_in_place_form_and_a_staged_dtype(comm):
+    """Rank 0 in place, the others plain, then a float16 reduce-scatter (no exchange): every
+    rank's bytes are the sums, the input's other blocks untouched where in place."""
+    size, rank = comm.size, comm.rank
+    count = 1000
+    data = _data(rank, count * size, torch.float64, exact=True)
+    whole = data.clone()
+    out = whole.chunk(size)[rank] if rank == 0 else torch.empty(count, dtype=torch.float64)
+    dist.reduce_scatter_tensor(out, whole)
+    expected = sum(_data(r, count * size, torch.float64, True) for r in range(size))
+    assert torch.equal(out, expected.chunk(size)[rank])
+    assert all(
+        torch.equal(whole.chunk(size)[r], data.chunk(size)[r]) for r in range(size) if r != rank
+    )
+    half = torch.empty(count, dtype=torch.float16)
+    dist.reduce_scatter_tensor(half, data.to(torch.float16))
+    assert torch.equal(half, expected.chunk(size)[rank].to(torch.float16))
+
+
+@pytest.mark.parametrize("op", ["MAX", "MIN"])
+def test_a_large_all_reduce_lets_nan_win(comm, op):
+    """As torch's ``maximum``/``minimum`` (gloo's keeps a number there)."""
+    size, rank = comm.size, comm.rank
+    n = MIN_BYTES // 4 + 5
+    every = [_data(r, n, torch.float32) for r in range(size)]
+    for r, d in enumerate(every):
+        d[r::7] = float("nan")
+    t = every[rank].clone()
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+    combine = torch.maximum if op == "MAX" else torch.minimum
+    expected = every[0]
+    for d in every[1:]:
+        expected = combine(expected, d)
+    assert torch.equal(t.isnan(), expected.isnan())
+    assert torch.equal(t.nan_to_num(), expected.nan_to_num())

@@ -1,0 +1,141 @@
+"""The cross-memory all-reduce (:mod:`mpisync.transports.crossreduce`) with the real MPI library:
+MPI's bytes at two ranks, the same bytes on every rank at any count, a share per rank that may be
+empty, a failed copy raised on every rank, and the users that route large arrays through it
+(``GradSync``, the torch backend's ``all_reduce``)."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpisync import GradSync
+from mpisync.transports.crossreduce import (
+    MIN_BYTES,
+    CrossReduce,
+    CrossReduceError,
+    _held,
+    combine_of,
+    drive,
+    reduce_steps,
+)
+
+pytestmark = pytest.mark.mpi
+
+
+def _wait(request):
+    request.Wait()
+
+
+@pytest.fixture
+def dup(comm):
+    """A fresh duplicate of the world (the probe's result is kept per communicator)."""
+    c = comm.Dup()
+    yield c
+    c.Free()
+
+
+def _opened(dup) -> CrossReduce | None:
+    held: list = []
+    drive(CrossReduce.open_steps(dup, held), _wait)
+    return held[0]
+
+
+def _data(rank: int, n: int, dtype) -> np.ndarray:
+    rng = np.random.default_rng(77 + rank)
+    if np.dtype(dtype).kind == "f":
+        return (rng.standard_normal(n) * 1e3).astype(dtype)
+    return rng.integers(-50, 50, n).astype(dtype)
+
+
+def _all(comm, n: int, dtype) -> np.ndarray:
+    return np.stack([_data(r, n, dtype) for r in range(comm.size)])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.int64, np.complex64])
+@pytest.mark.parametrize("op", ["SUM", "PROD", "MIN", "MAX"])
+@pytest.mark.parametrize("n", [1, 7, 300_001])
+def test_the_bytes_of_mpis_all_reduce(dup, dtype, op, n):
+    """At two ranks MPI's bytes exactly; at more, every rank the same bytes (one rank combines each
+    share), equal to the exact result for integers."""
+    if np.dtype(dtype).kind == "c" and op in ("MIN", "MAX"):
+        pytest.skip("no order of complex numbers")
+    cross = _opened(dup)
+    if cross is None:
+        pytest.skip("cross-memory is not open between these ranks")
+    mpi_op = getattr(MPI, op)
+    mine = _data(dup.rank, n, dtype)
+    ours, theirs = mine.copy(), mine.copy()
+    drive(cross.steps(dup, ours, combine_of(mpi_op)), _wait)
+    dup.Allreduce(MPI.IN_PLACE, theirs, mpi_op)
+    everyone = np.empty((dup.size, ours.nbytes), np.uint8)
+    dup.Allgather(ours.view(np.uint8), everyone)
+    assert (everyone == everyone[0]).all()
+    if dup.size <= 2 or np.dtype(dtype).kind in "iu":
+        assert ours.tobytes() == theirs.tobytes()
+    if np.dtype(dtype).kind in "iu":
+        with np.errstate(all="ignore"):
+            expected = combine_of(mpi_op).reduce(_all(dup, n, dtype), axis=0, dtype=dtype)
+        assert ours.tobytes() == expected.tobytes()
+
+
+def test_a_share_of_no_values(dup):
+    """Fewer values than ranks: the ranks without a share still take part."""
+    cross = _opened(dup)
+    if cross is None:
+        pytest.skip("cross-memory is not open between these ranks")
+    x = np.array([dup.rank + 1.0])
+    drive(cross.steps(dup, x, np.add), _wait)
+    assert x.tolist() == [dup.size * (dup.size + 1) / 2]
+
+
+def test_sizes_that_differ_raise_on_every_rank_and_copy_nothing(dup):
+    cross = _opened(dup)
+    if cross is None or dup.size == 1:
+        pytest.skip("needs cross-memory between two ranks or more")
+    x = np.full(5 + dup.rank, float(dup.rank))
+    with pytest.raises(CrossReduceError, match="arrays of"):
+        drive(cross.steps(dup, x, np.add), _wait)
+    assert (x == dup.rank).all()
+    assert cross.on
+
+
+def test_a_failed_copy_raises_on_every_rank_and_turns_the_path_off(dup):
+    """A peer that cannot be read (here: rank 0 is given a pid nobody has) fails the call on
+    every rank, and ``reduce_steps`` leaves later calls to MPI."""
+    drive(reduce_steps(dup, np.ones(4), np.add), _wait)  # opens the path kept on ``dup``
+    cross = _held(dup)[0]
+    if cross is None or dup.size == 1:
+        pytest.skip("needs cross-memory between two ranks or more")
+    if dup.rank == 0:
+        cross.pids[1] = 2**22 + 7  # above Linux's pid_max: no such process
+    x = np.ones(64)
+    with pytest.raises(CrossReduceError, match="partial values"):
+        drive(cross.steps(dup, x, np.add), _wait)
+    assert not cross.on
+    done, posted = drive(reduce_steps(dup, x, np.add), _wait)
+    assert (done, posted) == (False, 0)
+
+
+def test_off_on_one_rank_is_off_on_every_rank(dup, monkeypatch):
+    if dup.rank == dup.size - 1:
+        monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "0")
+    assert _opened(dup) is None
+
+
+def test_gradsync_reduces_a_large_array_by_cross_memory(comm):
+    """A gradient of at least ``MIN_BYTES``: the channel says cross-memory on a node where it
+    opens, and the bytes are MPI's (two ranks) or every rank's same exact sum (integers)."""
+    n = MIN_BYTES // 4 + 3
+    dtype = np.float32 if comm.size <= 2 else np.int32
+    grads = {"w": _data(comm.rank, n, dtype), "b": _data(comm.rank, 10, dtype)}
+    expected = {k: v.copy() for k, v in grads.items()}
+    for v in expected.values():
+        comm.Allreduce(MPI.IN_PLACE, v)
+    with GradSync(comm) as sync:
+        report = sync.allreduce(grads)
+        again = sync.allreduce({k: _data(comm.rank, v.size, dtype) for k, v in grads.items()})
+    for k in grads:
+        assert grads[k].tobytes() == expected[k].tobytes(), k
+    probe = comm.Dup()
+    opens = comm.size > 1 and _opened(probe) is not None
+    probe.Free()
+    assert report.channel == again.channel == ("cross-memory" if opens else "mpi")
