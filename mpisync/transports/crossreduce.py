@@ -7,7 +7,7 @@ and combines it into its own array; once every rank has (the second collective),
 peer's reduced share into its own array; the third collective keeps every array in place until the
 last peer has read it. No MPI data movement: each byte crosses between processes once per phase,
 read by the rank that needs it, all ranks at once, where an MPI all-reduce moves it through the
-library's buffers (figures: docs/allreduce.md, "On one node").
+library's buffers (figures: docs/allreduce.md, "Large tensors by cross-memory reads").
 
 A share is combined by one rank, its peers in rank order, so every rank ends with the same bytes;
 with two ranks they are MPI's too (two operands give the same result in either order).
@@ -34,9 +34,11 @@ from .cma import _CALLS, _Iovec, enabled, host_word
 
 __all__ = ["CrossReduce", "CrossReduceError", "MIN_BYTES", "combine_of", "drive", "reduce_steps"]
 
-# The smallest array worth it: below, the three collectives cost what MPI's all-reduce saves
-# (2 ranks, MPICH: even at 1-4 MiB; docs/allreduce.md, "On one node").
-MIN_BYTES = 8 << 20
+# The smallest array it takes. From 32 MiB MPICH's all-reduce takes its temporary buffer from fresh
+# pages on every call (glibc's mmap threshold) and runs at 0.2-0.3 of the limit row; below, this
+# path and MPI's are within each other's swings on a 2-vCPU VM (0.76-1.20x at 25 MiB over six
+# runs). Figures: docs/allreduce.md, "Large tensors by cross-memory reads".
+MIN_BYTES = 32 << 20
 # Bytes read from a peer per call before combining them: small enough to stay in cache, large
 # enough that the system call's cost vanishes (256 KiB-4 MiB measured; 1 MiB the best).
 _CHUNK = 1 << 20
