@@ -44,7 +44,9 @@ def _rows(doc: dict) -> dict:
     for section, entries in (doc.get("allreduce") or {}).items():
         for r in entries if isinstance(entries, list) else ():
             label = " ".join(
-                f"{k}={r[k]}" for k in ("workload", "set", "bytes", "model", "size", "op") if k in r
+                f"{k}={r[k]}"
+                for k in ("collective", "workload", "set", "bytes", "model", "size", "op")
+                if k in r
             )
             for key, value in r.items():
                 if key.endswith("_us") and isinstance(value, (int, float)):

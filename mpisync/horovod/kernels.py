@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as _np
 from mpi4py import MPI
 
+from ..transports.crossreduce import MIN_BYTES, combine_of, drive, reduce_steps
+
 __all__ = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "scaled"]
 
 _MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
@@ -64,7 +66,11 @@ def allreduce(comm, call, tensor, op: str, prescale: float, postscale: float):
     work = scaled(_host(tensor), prescale)
     wide = work.to(torch.float32) if work.dtype in (torch.float16, torch.bfloat16) else work
     array = wide.numpy() if wide.dim() else wide.reshape(1).numpy()
-    if array.size:
+    done = False
+    if array.nbytes >= MIN_BYTES and comm.size > 1:
+        # the shape and dtype were negotiated: every rank takes this branch together
+        done, _ = drive(reduce_steps(comm, array, combine_of(_MPI_OPS[op])), call)
+    if array.size and not done:
         call(comm.Iallreduce(MPI.IN_PLACE, array, op=_MPI_OPS[op]))
     result = torch.from_numpy(array).reshape(tensor.shape).to(tensor.dtype)
     return scaled(result, postscale).to(tensor.device)

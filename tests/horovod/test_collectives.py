@@ -129,3 +129,29 @@ def test_objects_may_be_sets(started):
     got = hvd.allgather_object({"rank", comm.rank})
     assert got == [{"rank", r} for r in range(comm.size)]
     assert hvd.broadcast_object(frozenset({1, 2})) == frozenset({1, 2})
+
+
+def _values(rank: int, n: int, exact: bool):
+    import numpy as np
+
+    rng = np.random.default_rng(rank)
+    values = rng.integers(-9, 9, n) if exact else rng.standard_normal(n)
+    return values.astype(np.float32)
+
+
+def test_a_large_allreduce_has_mpis_bytes(started):
+    """From ``MIN_BYTES`` the reduction reads the peers' memory on one node: MPI's bytes at two
+    ranks, the same exact integers at more."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from mpisync.transports.crossreduce import MIN_BYTES
+
+    comm = started
+    n, exact = MIN_BYTES // 4 + 3, comm.size > 2
+    x = torch.from_numpy(_values(comm.rank, n, exact))
+    expected = x.numpy().copy()
+    comm.Allreduce(MPI.IN_PLACE, expected)
+    assert hvd.allreduce(x, op=hvd.Sum).numpy().tobytes() == expected.tobytes()
+    largest = np.maximum.reduce([_values(r, n, exact) for r in range(comm.size)])
+    assert hvd.allreduce(x, op=hvd.Max).numpy().tobytes() == largest.tobytes()
