@@ -3,21 +3,25 @@
 Rank ``r`` owns share ``r`` of an array (an equal split of its values). Once every rank's input is
 in place (the first collective, which also carries the array's address), each rank reads its share
 of every peer's array (``process_vm_readv``) a chunk at a time into a buffer that stays in cache,
-and combines it into its own array; once every rank has (the second collective), each reads every
-peer's reduced share into its own array; the third collective keeps every array in place until the
-last peer has read it. No MPI data movement: each byte crosses between processes once per phase,
-read by the rank that needs it, all ranks at once, where an MPI all-reduce moves it through the
-library's buffers (figures: docs/allreduce.md, "Large tensors by cross-memory reads").
+combines it into its own array, and writes the combined chunk into every peer's array
+(``process_vm_writev``) while it is still in cache; the second collective says every rank is done,
+so no array is handed back while a peer still reads or writes it. Between the two collectives a
+rank touches only its own share of its own array and its share of its peers' arrays: no two ranks
+touch the same bytes. No MPI data movement and no temporary buffer as large as the message: each
+byte crosses between processes once each way (figures: docs/allreduce.md, "Large tensors by
+cross-memory reads").
 
-A share is combined by one rank, its peers in rank order, so every rank ends with the same bytes;
-with two ranks they are MPI's too (two operands give the same result in either order).
+A share is combined by one rank, its own values first and then its peers' in rank order, so every
+rank ends with the same bytes; with two ranks they are MPI's too (two operands give the same
+result in either order).
 
-Reading another process needs care, so: a rank reads a peer only after reading back, at the
-address that peer published, the random token it published (a pid from another PID namespace or
-node is never read), and each call's arrays are published anew in its first collective. A copy
-that fails or falls short after that (which the probe rules out but the kernel may still refuse)
-leaves the arrays half combined: every rank then raises :class:`CrossReduceError` at the next
-collective, and the object is off for later calls (MPI reduces them).
+Reading and writing another process needs care, so: a rank touches a peer only after reading
+back, at the address that peer published, the random token it published (a pid from another PID
+namespace or node is never touched), and each call's arrays are published anew in its first
+collective. A copy that fails or falls short after that (which the probe rules out but the kernel
+may still refuse) leaves the arrays half combined: every rank then raises
+:class:`CrossReduceError` at the second collective, and the object is off for later calls (MPI
+reduces them).
 """
 
 from __future__ import annotations
@@ -34,11 +38,10 @@ from .cma import _CALLS, _Iovec, enabled, host_word
 
 __all__ = ["CrossReduce", "CrossReduceError", "MIN_BYTES", "combine_of", "drive", "reduce_steps"]
 
-# The smallest array it takes. From 32 MiB MPICH's all-reduce takes its temporary buffer from fresh
-# pages on every call (glibc's mmap threshold) and runs at 0.2-0.3 of the limit row; below, this
-# path and MPI's are within each other's swings on a 2-vCPU VM (0.76-1.20x at 25 MiB over six
-# runs). Figures: docs/allreduce.md, "Large tensors by cross-memory reads".
-MIN_BYTES = 32 << 20
+# The smallest array it takes: from 16 MiB this path beat MPICH's all-reduce in every run at 2
+# ranks (1.1-1.5x); at 8 MiB and below it lost in some placements of the VM's two vCPUs.
+# Figures: docs/allreduce.md, "Large tensors by cross-memory reads".
+MIN_BYTES = 16 << 20
 # Bytes read from a peer per call before combining them: small enough to stay in cache, large
 # enough that the system call's cost vanishes (256 KiB-4 MiB measured; 1 MiB the best).
 _CHUNK = 1 << 20
@@ -114,12 +117,12 @@ class CrossReduce:
         self, comm, array: _np.ndarray, combine, last: bool = True
     ) -> _typing.Generator[Step, None, None]:
         """The collective steps that reduce ``array`` (C-contiguous, this rank's, the same dtype
-        and size on every rank) with ``combine`` over ``comm``'s ranks, in place; the third
+        and size on every rank) with ``combine`` over ``comm``'s ranks, in place; the second
         step's ``last`` is ``last``. Raises :class:`CrossReduceError` on every rank when a copy
         failed anywhere (the object is then off)."""
-        size, rank = self.size, self.rank
+        size = self.size
         flat = array.reshape(-1)
-        count, itemsize = flat.size, flat.itemsize
+        count = flat.size
         bounds = [k * count // size for k in range(size + 1)]
         table = _np.empty((size, 2), dtype=_np.int64)
         row = _np.array([flat.ctypes.data, flat.nbytes], dtype=_np.int64)
@@ -129,21 +132,10 @@ class CrossReduce:
                 f"ranks passed arrays of {sorted(set(table[:, 1].tolist()))} bytes to one "
                 "all-reduce; nothing was copied"
             )
-        addresses = table[:, 0]
-        flags = _np.zeros(4, dtype=_np.int64)  # (mine, everyone's) after each phase
-        flags[0] = self._reduce_share(flat, addresses, bounds, combine)
-        yield [comm.Iallreduce(flags[0:1], flags[1:2], MPI.MIN)], False
-        flags[2] = flags[1]
-        for peer in range(size) if flags[1] else ():
-            if peer != rank:
-                lo, hi = bounds[peer], bounds[peer + 1]
-                nbytes = (hi - lo) * itemsize
-                here = flat.ctypes.data + lo * itemsize
-                there = int(addresses[peer]) + lo * itemsize
-                if nbytes and _read(self.pids[peer], here, there, nbytes) != nbytes:
-                    flags[2] = 0
-        yield [comm.Iallreduce(flags[2:3], flags[3:4], MPI.MIN)], last
-        if not flags[3]:
+        ok = _np.array([self._reduce_and_push(flat, table[:, 0], bounds, combine)], _np.int64)
+        everyone = _np.zeros(1, dtype=_np.int64)
+        yield [comm.Iallreduce(ok, everyone, MPI.MIN)], last
+        if not everyone[0]:
             self.on = False
             raise CrossReduceError(
                 "a cross-memory copy failed on some rank during an all-reduce: the arrays hold "
@@ -151,25 +143,27 @@ class CrossReduce:
                 "(MPISYNC_CROSS_MEMORY=0 keeps MPI from the start)"
             )
 
-    def _reduce_share(self, flat: _np.ndarray, addresses, bounds: list, combine) -> bool:
-        """Combine this rank's share of every peer's array into ``flat``; False when a copy
-        failed."""
+    def _reduce_and_push(self, flat: _np.ndarray, addresses, bounds: list, combine) -> bool:
+        """Combine this rank's share of every peer's array into ``flat``, a chunk at a time, and
+        write each combined chunk into every peer's array while it is in cache; False when a
+        copy failed."""
         rank, itemsize = self.rank, flat.itemsize
         lo, hi = bounds[rank], bounds[rank + 1]
         step = _CHUNK // itemsize
         hot = self._hot[: step * itemsize].view(flat.dtype)
+        peers = [(self.pids[k], int(addresses[k])) for k in range(self.size) if k != rank]
         with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
-            for peer in range(self.size):
-                if peer == rank:
-                    continue
-                pid, base = self.pids[peer], int(addresses[peer])
-                for start in range(lo, hi, step):
-                    n = min(step, hi - start)
-                    nbytes = n * itemsize
-                    if _read(pid, hot.ctypes.data, base + start * itemsize, nbytes) != nbytes:
+            for start in range(lo, hi, step):
+                n = min(step, hi - start)
+                nbytes, offset = n * itemsize, start * itemsize
+                mine = flat[start : start + n]
+                for pid, base in peers:
+                    if _read(pid, hot.ctypes.data, base + offset, nbytes) != nbytes:
                         return False
-                    mine = flat[start : start + n]
                     combine(mine, hot[:n], out=mine)
+                for pid, base in peers:
+                    if _write(pid, mine.ctypes.data, base + offset, nbytes) != nbytes:
+                        return False
         return True
 
 
@@ -218,6 +212,13 @@ def drive(steps: _typing.Generator[Step, None, bool], call) -> tuple[bool, int]:
         for request in requests:
             posted += 1
             call(request)
+
+
+def _write(pid: int, here: int, there: int, nbytes: int) -> int:
+    """``process_vm_writev`` of one range: the bytes written, or -1."""
+    local, remote = _Iovec(here, nbytes), _Iovec(there, nbytes)
+    assert _CALLS is not None  # enabled() was true on every rank
+    return _CALLS[1](pid, _ctypes.addressof(local), 1, _ctypes.addressof(remote), 1, 0)
 
 
 def _read(pid: int, here: int, there: int, nbytes: int) -> int:
