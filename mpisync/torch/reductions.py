@@ -136,11 +136,23 @@ def reduce_scatter_tensor(
 
     def body(comm):
         arrays = send.start(), result.start()
-        yield [comm.Ireduce_scatter_block(*arrays, red.mpi_op)], True
+        if not (yield from _crossed(comm, size, *arrays, red)):
+            yield [comm.Ireduce_scatter_block(*arrays, red.mpi_op)], True
         send.finish(write=False)
         result.finish()
 
     return Op("reduce_scatter_tensor", signature, describe, body, output)
+
+
+def _crossed(comm, size: int, whole, out, red):
+    """The reduce-scatter of ``whole`` into ``out`` by cross-memory where the input is large and
+    the group one node (:mod:`mpisync.transports.crossreduce`); returns whether it ran. The size
+    and the reduction are what the argument check compares, so every rank decides alike,
+    whichever form of the call each passed."""
+    combine = combine_of(red.mpi_op)
+    if size == 1 or combine is None or whole.nbytes < MIN_BYTES:
+        return False
+    return (yield from reduce_steps(comm, whole, combine, out=out))
 
 
 def _into_block(rank, size, output, input, whole, red, signature, describe) -> Op:
@@ -151,7 +163,8 @@ def _into_block(rank, size, output, input, whole, red, signature, describe) -> O
     reduce-scatter of two ranks, without a copy, and the same bytes (two operands combine to
     the same result in either order; with more ranks the order would be ours, not MPI's).
     Otherwise MPI reduces into a scratch block, copied into the output once it is done
-    (``MPI_IN_PLACE`` writes the result at the start of the input, not in this rank's block)."""
+    (``MPI_IN_PLACE`` writes the result at the start of the input, not in this rank's block).
+    A large input on one node goes by cross-memory first (:func:`_crossed`)."""
     count = output.numel()
     out = output.detach().reshape(-1).numpy()
     combine = _COMBINE.get(red.name)
@@ -159,7 +172,11 @@ def _into_block(rank, size, output, input, whole, red, signature, describe) -> O
 
     def body(comm):
         scratch = SCRATCH.take(out)
-        if op.everywhere and combine is not None:
+        # Another rank's block of the input is that rank's to read: its result waits in scratch.
+        if (yield from _crossed(comm, size, whole, out if own else scratch, red)):
+            if not own:
+                out[...] = scratch
+        elif op.everywhere and combine is not None:
             peer = 1 - rank
             theirs = whole[peer * count : (peer + 1) * count]
             received = comm.Irecv(scratch, peer, REDUCE_SCATTER_TAG)
@@ -185,14 +202,16 @@ def _into_block(rank, size, output, input, whole, red, signature, describe) -> O
 def _exchanged(rank, output, whole, out, red, signature, describe) -> Op:
     """The plain form at 2 ranks, by the in-place form's exchange (:func:`_into_block`): the
     peer's block of the input sent, this rank's received into the output and combined with its
-    own block there. MPICH's nonblocking reduce-scatter of two ranks costs 4-5x the all-reduce of
-    the same bytes (docs/allreduce.md); both forms post the same messages, so ranks may mix them.
-    """
+    own block there. MPICH's nonblocking reduce-scatter of 1 MiB takes 8x its blocking form
+    (docs/allreduce.md); both forms post the same messages, so ranks may mix them.
+    A large input on one node goes by cross-memory first (:func:`_crossed`)."""
     count = out.size
     mine, theirs = whole[rank * count : (rank + 1) * count], whole[(1 - rank) * count :][:count]
     combine = _COMBINE[red.name]
 
     def body(comm):
+        if (yield from _crossed(comm, 2, whole, out, red)):
+            return
         if op.everywhere:
             peer = 1 - rank
             received = comm.Irecv(out, peer, REDUCE_SCATTER_TAG)

@@ -114,12 +114,14 @@ class CrossReduce:
         out.append(CrossReduce(table[:, 0].tolist(), rank) if everyone[0] else None)
 
     def steps(
-        self, comm, array: _np.ndarray, combine, last: bool = True
+        self, comm, array: _np.ndarray, combine, last: bool = True, out=None
     ) -> _typing.Generator[Step, None, None]:
         """The collective steps that reduce ``array`` (C-contiguous, this rank's, the same dtype
         and size on every rank) with ``combine`` over ``comm``'s ranks, in place; the second
-        step's ``last`` is ``last``. Raises :class:`CrossReduceError` on every rank when a copy
-        failed anywhere (the object is then off)."""
+        step's ``last`` is ``last``. With ``out`` (this rank's share's size and dtype; it may be
+        that share of ``array``): a reduce-scatter, this rank's share of the result written into
+        ``out``, the peers' arrays only read. Raises :class:`CrossReduceError` on every rank when
+        a copy failed anywhere (the object is then off)."""
         size = self.size
         flat = array.reshape(-1)
         count = flat.size
@@ -132,7 +134,11 @@ class CrossReduce:
                 f"ranks passed arrays of {sorted(set(table[:, 1].tolist()))} bytes to one "
                 "all-reduce; nothing was copied"
             )
-        ok = _np.array([self._reduce_and_push(flat, table[:, 0], bounds, combine)], _np.int64)
+        target = flat[bounds[self.rank] : bounds[self.rank + 1]] if out is None else out
+        done = self._reduce_share(
+            flat, target.reshape(-1), table[:, 0], bounds, combine, out is None
+        )
+        ok = _np.array([done], _np.int64)
         everyone = _np.zeros(1, dtype=_np.int64)
         yield [comm.Iallreduce(ok, everyone, MPI.MIN)], last
         if not everyone[0]:
@@ -143,26 +149,32 @@ class CrossReduce:
                 "(MPISYNC_CROSS_MEMORY=0 keeps MPI from the start)"
             )
 
-    def _reduce_and_push(self, flat: _np.ndarray, addresses, bounds: list, combine) -> bool:
-        """Combine this rank's share of every peer's array into ``flat``, a chunk at a time, and
-        write each combined chunk into every peer's array while it is in cache; False when a
-        copy failed."""
+    def _reduce_share(
+        self, flat: _np.ndarray, target: _np.ndarray, addresses, bounds: list, combine, push: bool
+    ) -> bool:
+        """Combine this rank's share of its own ``flat`` and of every peer's array into ``target``,
+        a chunk at a time; with ``push``, write each combined chunk into every peer's array while
+        it is in cache. False when a copy failed."""
         rank, itemsize = self.rank, flat.itemsize
         lo, hi = bounds[rank], bounds[rank + 1]
         step = _CHUNK // itemsize
         hot = self._hot[: step * itemsize].view(flat.dtype)
         peers = [(self.pids[k], int(addresses[k])) for k in range(self.size) if k != rank]
+        if not peers:  # one rank: its share is the result
+            target[...] = flat[lo:hi]
+            return True
         with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
             for start in range(lo, hi, step):
                 n = min(step, hi - start)
                 nbytes, offset = n * itemsize, start * itemsize
-                mine = flat[start : start + n]
+                mine, result = flat[start : start + n], target[start - lo : start - lo + n]
                 for pid, base in peers:
                     if _read(pid, hot.ctypes.data, base + offset, nbytes) != nbytes:
                         return False
-                    combine(mine, hot[:n], out=mine)
-                for pid, base in peers:
-                    if _write(pid, mine.ctypes.data, base + offset, nbytes) != nbytes:
+                    combine(mine, hot[:n], out=result)
+                    mine = result
+                for pid, base in peers if push else ():
+                    if _write(pid, result.ctypes.data, base + offset, nbytes) != nbytes:
                         return False
         return True
 
@@ -184,19 +196,19 @@ def _held(comm) -> list:
 
 
 def reduce_steps(
-    comm, array: _np.ndarray, combine, last: bool = True
+    comm, array: _np.ndarray, combine, last: bool = True, out=None
 ) -> _typing.Generator[Step, None, bool]:
-    """The steps reducing ``array`` over ``comm`` by cross-memory (:meth:`CrossReduce.steps`),
-    after the probe of ``comm``'s pairs on its first call; returns False, having posted at most
-    the probe, where the path is not open (the same answer on every rank). Every rank calls it
-    for the same arrays in the same order."""
+    """The steps reducing ``array`` over ``comm`` by cross-memory (:meth:`CrossReduce.steps`;
+    ``out``: a reduce-scatter into it), after the probe of ``comm``'s pairs on its first call;
+    returns False, having posted at most the probe, where the path is not open (the same answer
+    on every rank). Every rank calls it for the same arrays in the same order."""
     held = _held(comm)
     if not held:
         yield from CrossReduce.open_steps(comm, held)
     cross = held[0]
     if cross is None or not cross.on:
         return False
-    yield from cross.steps(comm, array, combine, last)
+    yield from cross.steps(comm, array, combine, last, out)
     return True
 
 

@@ -121,3 +121,25 @@ def test_a_large_all_reduce_lets_nan_win(comm, op):
         expected = combine(expected, d)
     assert torch.equal(t.isnan(), expected.isnan())
     assert torch.equal(t.nan_to_num(), expected.nan_to_num())
+
+
+@pytest.mark.parametrize("form", ["plain", "own block", "another rank's block", "mixed"])
+@pytest.mark.parametrize("op", ["SUM", "MAX"])
+def test_a_large_reduce_scatter_tensor_has_mpis_bytes(comm, form, op):
+    """An input of at least the cross-memory threshold, in each form a rank may pass (``mixed``:
+    rank 0 in place, the others plain): MPI's bytes at two ranks, the exact result at more, and
+    the input's other blocks untouched where the output lies in it."""
+    size, rank = comm.size, comm.rank
+    count = MIN_BYTES // 4 // size + 3
+    data = _data(rank, count * size, torch.float32, exact=size > 2)
+    whole = data.clone()
+    in_place = form in ("own block", "another rank's block") or (form == "mixed" and rank == 0)
+    block = rank if form != "another rank's block" else (rank + 1) % size
+    out = whole.chunk(size)[block] if in_place else torch.empty(count)
+    dist.reduce_scatter_tensor(out, whole, op=getattr(dist.ReduceOp, op))
+    expected = np.empty(count, np.float32)
+    comm.Reduce_scatter_block(data.numpy(), expected, _MPI_OPS[op])
+    assert _bytes(out) == expected.tobytes()
+    for r in range(size):
+        if not in_place or r != block:
+            assert torch.equal(whole.chunk(size)[r], data.chunk(size)[r]), r

@@ -139,3 +139,25 @@ def test_gradsync_reduces_a_large_array_by_cross_memory(comm):
     opens = comm.size > 1 and _opened(probe) is not None
     probe.Free()
     assert report.channel == again.channel == ("cross-memory" if opens else "mpi")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_a_reduce_scatter_into_a_separate_output_or_in_place(dup, dtype):
+    """With ``out``: this rank's block of the sum, MPI's bytes at two ranks; the input untouched
+    (a separate output) or only this rank's block written (the output that block)."""
+    cross = _opened(dup)
+    if cross is None:
+        pytest.skip("cross-memory is not open between these ranks")
+    size, rank, count = dup.size, dup.rank, 70_001
+    mine = _data(rank, count * size, dtype)
+    expected = np.empty(count, dtype)
+    dup.Reduce_scatter_block(mine, expected, MPI.SUM)
+    x, out = mine.copy(), np.empty(count, dtype)
+    drive(cross.steps(dup, x, np.add, out=out), _wait)
+    assert x.tobytes() == mine.tobytes()
+    if size <= 2 or np.dtype(dtype).kind == "i":
+        assert out.tobytes() == expected.tobytes()
+    block = slice(rank * count, (rank + 1) * count)
+    drive(cross.steps(dup, x, np.add, out=x[block]), _wait)
+    assert x[block].tobytes() == out.tobytes()
+    assert np.delete(x, np.s_[block]).tobytes() == np.delete(mine, np.s_[block]).tobytes()
