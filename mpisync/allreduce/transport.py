@@ -17,7 +17,7 @@ from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired, TrackedRing
 from ..plan.arena import Arena
 from ..transports.base import Context, Transport
-from ..transports.crossreduce import MIN_BYTES, drive, reduce_steps
+from ..transports.crossreduce import MIN_BYTES, drive, opened
 from ..transports.selection import CROSS, SHARED
 from ..transports.selection import MPI as MPI_NAME
 from . import ops as _ops
@@ -58,6 +58,7 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         # Calls whose agreement passed: the same count on every rank, whatever fails after.
         self.agreed = 0
         self._ring: TrackedRing | None = None  # the ring of the run in progress
+        self._cross_collectives = 0  # posted by the last run's cross-memory reductions
 
     @property
     def nbytes(self) -> int:
@@ -118,25 +119,13 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         ctx.pending = ring.pending_labels
         op = _ops.mpi_op(self.op)
         fused = [step for step in steps if step.fused] if spans is not None else ()
-        crossed, posted_cross = 0, 0  # steps reduced by cross-memory, and their collectives
+        crossed = self._reduce_large(steps, ctx) if several else set()
         for step in steps:
-            if fused and step.fused:
-                continue  # through the segment, below
+            if (fused and step.fused) or id(step) in crossed:
+                continue  # through the segment, below, or done
             ring.make_room()
             if step.load is not None:
                 step.load()
-            if several and not step.fused and step.buffer.nbytes >= MIN_BYTES:
-                # The size and the set are agreed, so every rank takes this branch for this step
-                # (collectives stay in one order; the ring's earlier requests progress meanwhile).
-                done, posted = drive(
-                    reduce_steps(self.comm, step.buffer, _ops.local_op(self.op)), ctx.call
-                )
-                posted_cross += posted
-                if done:
-                    crossed += 1
-                    if step.store is not None:
-                        step.store()
-                    continue
             if several:
                 request = self.comm.Iallreduce(MPI.IN_PLACE, step.buffer, op)
                 ring.push(request, step.store, step.label)
@@ -148,11 +137,41 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         self._ring, ctx.pending = None, None
         report = ctx.report
         if several:
-            report.collectives += len(steps) - len(fused) + (2 if fused else 0)
-            report.collectives += posted_cross - crossed
+            report.collectives += len(steps) - len(fused) - len(crossed) + (2 if fused else 0)
+            report.collectives += self._cross_collectives
         report.fused_buckets = sum(1 for s in steps if s.fused)
         report.transfers = len(steps)
         report.channel = SHARED if fused else CROSS if crossed else MPI_NAME
+
+    def _reduce_large(self, steps: list, ctx: Context) -> set:
+        """Reduce by cross-memory, one dtype at a time, the direct steps (tensors reduced in their
+        own memory) of each dtype that hold at least ``MIN_BYTES`` together, where the node's
+        path is open; the ids of the steps done. The plan is agreed, so every rank groups the
+        same steps and posts the same collectives, before any of the ring's."""
+        self._cross_collectives = 0
+        groups: dict = {}
+        for step in steps:
+            if not step.fused:
+                groups.setdefault(step.buffer.dtype, []).append(step)
+        large = [g for g in groups.values() if sum(s.buffer.nbytes for s in g) >= MIN_BYTES]
+        if not large:
+            return set()
+        cross, posted = drive(opened(self.comm), ctx.call)
+        self._cross_collectives += posted
+        if cross is None:
+            return set()
+        combine = _ops.local_op(self.op)
+        for group in large:
+            for step in group:
+                if step.load is not None:
+                    step.load()
+            self._cross_collectives += drive(
+                cross.steps(self.comm, [s.buffer for s in group], combine), ctx.call
+            )[1]
+            for step in group:
+                if step.store is not None:
+                    step.store()
+        return {id(step) for group in large for step in group}
 
     def _reduce_on_segment(self, fused: list, spans: list, ring: TrackedRing, ctx: Context) -> None:
         # The large tensors' all-reduces stay in flight meanwhile; the barriers come after them on

@@ -34,9 +34,17 @@ import typing as _typing
 import numpy as _np
 from mpi4py import MPI
 
-from .cma import _CALLS, _Iovec, enabled, host_word
+from .cma import _BATCH, _CALLS, _Iovec, enabled, host_word
 
-__all__ = ["CrossReduce", "CrossReduceError", "MIN_BYTES", "combine_of", "drive", "reduce_steps"]
+__all__ = [
+    "CrossReduce",
+    "CrossReduceError",
+    "MIN_BYTES",
+    "combine_of",
+    "drive",
+    "opened",
+    "reduce_steps",
+]
 
 # The smallest array it takes: from 16 MiB this path beat MPICH's all-reduce in every run at 2
 # ranks (1.1-1.5x); at 8 MiB and below it lost in some placements of the VM's two vCPUs.
@@ -114,31 +122,27 @@ class CrossReduce:
         out.append(CrossReduce(table[:, 0].tolist(), rank) if everyone[0] else None)
 
     def steps(
-        self, comm, array: _np.ndarray, combine, last: bool = True, out=None
+        self, comm, arrays, combine, last: bool = True, out=None
     ) -> _typing.Generator[Step, None, None]:
-        """The collective steps that reduce ``array`` (C-contiguous, this rank's, the same dtype
-        and size on every rank) with ``combine`` over ``comm``'s ranks, in place; the second
-        step's ``last`` is ``last``. With ``out`` (this rank's share's size and dtype; it may be
-        that share of ``array``): a reduce-scatter, this rank's share of the result written into
-        ``out``, the peers' arrays only read. Raises :class:`CrossReduceError` on every rank when
-        a copy failed anywhere (the object is then off)."""
-        size = self.size
-        flat = array.reshape(-1)
-        count = flat.size
-        bounds = [k * count // size for k in range(size + 1)]
-        table = _np.empty((size, 2), dtype=_np.int64)
-        row = _np.array([flat.ctypes.data, flat.nbytes], dtype=_np.int64)
-        yield [comm.Iallgather(row, table)], False
-        if not (table[:, 1] == flat.nbytes).all():  # the same table on every rank
+        """The collective steps that reduce ``arrays`` (an array, or a list of them; C-contiguous,
+        this rank's, one dtype, the same sizes on every rank) with ``combine`` over ``comm``'s
+        ranks, in place, as if they lay end to end; the second step's ``last`` is ``last``. With
+        ``out`` (one array only; this rank's share's size and dtype, possibly that share of the
+        array): a reduce-scatter, this rank's share of the result written into ``out``, the
+        peers' arrays only read. Raises :class:`CrossReduceError` on every rank when the sizes
+        differ (nothing copied) or a copy failed anywhere (the object is then off)."""
+        flats = [a.reshape(-1) for a in (arrays if isinstance(arrays, list) else [arrays])]
+        k, size = len(flats), self.size
+        mine = _np.array([f.ctypes.data for f in flats] + [f.nbytes for f in flats], _np.int64)
+        table = _np.empty((size, 2 * k), dtype=_np.int64)
+        yield [comm.Iallgather(mine, table)], False
+        if not (table[:, k:] == mine[k:]).all():  # the same table on every rank
             raise CrossReduceError(
-                f"ranks passed arrays of {sorted(set(table[:, 1].tolist()))} bytes to one "
-                "all-reduce; nothing was copied"
+                "ranks passed arrays of different sizes to one all-reduce; nothing was copied"
             )
-        target = flat[bounds[self.rank] : bounds[self.rank + 1]] if out is None else out
-        done = self._reduce_share(
-            flat, target.reshape(-1), table[:, 0], bounds, combine, out is None
-        )
-        ok = _np.array([done], _np.int64)
+        layout = _Layout(flats, table[:, :k], size, self.rank)
+        target = None if out is None else out.reshape(-1)
+        ok = _np.array([self._reduce_share(layout, combine, target)], _np.int64)
         everyone = _np.zeros(1, dtype=_np.int64)
         yield [comm.Iallreduce(ok, everyone, MPI.MIN)], last
         if not everyone[0]:
@@ -149,34 +153,85 @@ class CrossReduce:
                 "(MPISYNC_CROSS_MEMORY=0 keeps MPI from the start)"
             )
 
-    def _reduce_share(
-        self, flat: _np.ndarray, target: _np.ndarray, addresses, bounds: list, combine, push: bool
-    ) -> bool:
-        """Combine this rank's share of its own ``flat`` and of every peer's array into ``target``,
-        a chunk at a time; with ``push``, write each combined chunk into every peer's array while
-        it is in cache. False when a copy failed."""
-        rank, itemsize = self.rank, flat.itemsize
-        lo, hi = bounds[rank], bounds[rank + 1]
-        step = _CHUNK // itemsize
-        hot = self._hot[: step * itemsize].view(flat.dtype)
-        peers = [(self.pids[k], int(addresses[k])) for k in range(self.size) if k != rank]
-        if not peers:  # one rank: its share is the result
-            target[...] = flat[lo:hi]
-            return True
+    def _reduce_share(self, layout: _Layout, combine, out) -> bool:
+        """Combine this rank's share of its own arrays and of every peer's into its arrays (or
+        ``out``), a chunk at a time; without ``out``, write each combined chunk into every peer's
+        arrays while it is in cache. False when a copy failed."""
+        rank, itemsize = self.rank, layout.itemsize
+        hot = self._hot[: _CHUNK // itemsize * itemsize].view(layout.dtype)
+        peers = [k for k in range(self.size) if k != rank]
         with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
-            for start in range(lo, hi, step):
-                n = min(step, hi - start)
-                nbytes, offset = n * itemsize, start * itemsize
-                mine, result = flat[start : start + n], target[start - lo : start - lo + n]
-                for pid, base in peers:
-                    if _read(pid, hot.ctypes.data, base + offset, nbytes) != nbytes:
+            for start, pieces in layout.chunks(_CHUNK // itemsize):
+                n = sum(length for _, _, length in pieces)
+                mine = [layout.flats[i][o : o + length] for i, o, length in pieces]
+                results = mine if out is None else [out[start : start + n]]
+                if not peers:  # one rank: its share is the result
+                    if out is not None:
+                        results[0][...] = _np.concatenate(mine)
+                    continue
+                for peer in peers:
+                    if (
+                        _transfer(
+                            0, self.pids[peer], _iovecs([hot[:n]]), layout.remote(peer, pieces)
+                        )
+                        != n * itemsize
+                    ):
                         return False
-                    combine(mine, hot[:n], out=result)
-                    mine = result
-                for pid, base in peers if push else ():
-                    if _write(pid, result.ctypes.data, base + offset, nbytes) != nbytes:
+                    sources = mine if peer == peers[0] else results
+                    if len(results) == 1:
+                        combine(
+                            _np.concatenate(sources) if len(sources) > 1 else sources[0],
+                            hot[:n],
+                            out=results[0],
+                        )
+                    else:
+                        h = 0
+                        for source, result in zip(sources, results):
+                            combine(source, hot[h : h + result.size], out=result)
+                            h += result.size
+                for peer in peers if out is None else ():
+                    if (
+                        _transfer(1, self.pids[peer], _iovecs(results), layout.remote(peer, pieces))
+                        != n * itemsize
+                    ):
                         return False
         return True
+
+
+class _Layout:
+    """Arrays of one dtype laid end to end, shared out by rank: where each rank's share lies in
+    each rank's arrays."""
+
+    def __init__(self, flats: list, addresses, size: int, rank: int):
+        self.flats, self.addresses = flats, addresses
+        self.dtype, self.itemsize = flats[0].dtype, flats[0].itemsize
+        counts = _np.array([f.size for f in flats], dtype=_np.int64)
+        self.ends = _np.cumsum(counts)
+        total = int(self.ends[-1])
+        self.lo, self.hi = rank * total // size, (rank + 1) * total // size
+
+    def chunks(self, step: int):
+        """``(start, pieces)`` per chunk of this rank's share: ``start`` counted from the share's
+        first value, ``pieces`` ``(array, offset, length)`` (values), at most ``step`` values and
+        ``_BATCH`` pieces a chunk."""
+        ends, position = self.ends, self.lo
+        while position < self.hi:
+            pieces: list = []
+            stop = min(self.hi, position + step)
+            while position < stop and len(pieces) < _BATCH:
+                i = int(_np.searchsorted(ends, position, side="right"))
+                first = int(ends[i - 1]) if i else 0
+                length = min(stop, int(ends[i])) - position
+                pieces.append((i, position - first, length))
+                position += length
+            yield position - self.lo - sum(length for _, _, length in pieces), pieces
+
+    def remote(self, peer: int, pieces: list):
+        """The iovecs of ``pieces`` in ``peer``'s arrays."""
+        row, itemsize = self.addresses[peer], self.itemsize
+        return _iovecs_at(
+            [(int(row[i]) + o * itemsize, length * itemsize) for i, o, length in pieces]
+        )
 
 
 _keyval: int | None = None
@@ -195,24 +250,34 @@ def _held(comm) -> list:
     return held
 
 
-def reduce_steps(
-    comm, array: _np.ndarray, combine, last: bool = True, out=None
-) -> _typing.Generator[Step, None, bool]:
-    """The steps reducing ``array`` over ``comm`` by cross-memory (:meth:`CrossReduce.steps`;
-    ``out``: a reduce-scatter into it), after the probe of ``comm``'s pairs on its first call;
-    returns False, having posted at most the probe, where the path is not open (the same answer
-    on every rank). Every rank calls it for the same arrays in the same order."""
+def opened(comm) -> _typing.Generator[Step, None, CrossReduce | None]:
+    """The steps that probe ``comm``'s pairs on the first call for ``comm``; returns the path
+    (:class:`CrossReduce`), or None where it is not open (the same answer on every rank)."""
     held = _held(comm)
     if not held:
         yield from CrossReduce.open_steps(comm, held)
     cross = held[0]
-    if cross is None or not cross.on:
+    return cross if cross is not None and cross.on else None
+
+
+def reduce_steps(
+    comm, arrays, combine, last: bool = True, out=None
+) -> _typing.Generator[Step, None, bool]:
+    """The steps reducing ``arrays`` over ``comm`` by cross-memory (:meth:`CrossReduce.steps`;
+    ``out``: a reduce-scatter into it), after the probe of ``comm``'s pairs on its first call;
+    returns False, having posted at most the probe, where the path is not open (the same answer
+    on every rank). Every rank calls it for the same arrays in the same order."""
+    cross = yield from opened(comm)
+    if cross is None:
         return False
-    yield from cross.steps(comm, array, combine, last, out)
+    yield from cross.steps(comm, arrays, combine, last, out)
     return True
 
 
-def drive(steps: _typing.Generator[Step, None, bool], call) -> tuple[bool, int]:
+_T = _typing.TypeVar("_T")
+
+
+def drive(steps: _typing.Generator[Step, None, _T], call) -> tuple[_T, int]:
     """Run ``steps`` to the end, each request waited with ``call``: ``(what it returned, the
     collectives it posted)``."""
     posted = 0
@@ -226,15 +291,24 @@ def drive(steps: _typing.Generator[Step, None, bool], call) -> tuple[bool, int]:
             call(request)
 
 
-def _write(pid: int, here: int, there: int, nbytes: int) -> int:
-    """``process_vm_writev`` of one range: the bytes written, or -1."""
-    local, remote = _Iovec(here, nbytes), _Iovec(there, nbytes)
+def _iovecs(arrays: list):
+    """The iovecs of ``arrays`` (contiguous)."""
+    return _iovecs_at([(a.ctypes.data, a.nbytes) for a in arrays])
+
+
+def _iovecs_at(ranges: list):
+    return (_Iovec * len(ranges))(*ranges)
+
+
+def _transfer(direction: int, pid: int, local, remote) -> int:
+    """``process_vm_readv`` (``direction`` 0) or ``process_vm_writev`` (1) between ``local`` and
+    ``remote`` iovecs: the bytes moved, or -1."""
     assert _CALLS is not None  # enabled() was true on every rank
-    return _CALLS[1](pid, _ctypes.addressof(local), 1, _ctypes.addressof(remote), 1, 0)
+    return _CALLS[direction](
+        pid, _ctypes.addressof(local), len(local), _ctypes.addressof(remote), len(remote), 0
+    )
 
 
 def _read(pid: int, here: int, there: int, nbytes: int) -> int:
     """``process_vm_readv`` of one range: the bytes read, or -1."""
-    local, remote = _Iovec(here, nbytes), _Iovec(there, nbytes)
-    assert _CALLS is not None  # enabled() was true on every rank
-    return _CALLS[0](pid, _ctypes.addressof(local), 1, _ctypes.addressof(remote), 1, 0)
+    return _transfer(0, pid, _iovecs_at([(here, nbytes)]), _iovecs_at([(there, nbytes)]))

@@ -161,3 +161,39 @@ def test_a_reduce_scatter_into_a_separate_output_or_in_place(dup, dtype):
     drive(cross.steps(dup, x, np.add, out=x[block]), _wait)
     assert x[block].tobytes() == out.tobytes()
     assert np.delete(x, np.s_[block]).tobytes() == np.delete(mine, np.s_[block]).tobytes()
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "avg"])
+def test_gradsync_reduces_many_large_tensors_together(comm, op):
+    """Tensors each under ``MIN_BYTES`` that hold more together, with small ones (fused) and
+    other dtypes beside them: every array's bytes those of MPI's all-reduce of it (two ranks;
+    exact integers beyond), on the first call and a repeated one."""
+    exact = comm.size > 2  # small integers, as floats for avg: any order sums them alike
+    dtype = np.int64 if exact and op != "avg" else np.float32
+    n = MIN_BYTES // 4 // 12 + 1  # 12 of them (plus an odd value each) pass the threshold
+    names = [f"w{i:02d}" for i in range(14)]
+
+    def grads(seed: int) -> dict:
+        kind = np.int64 if exact else dtype
+        out = {
+            name: _data(comm.rank + seed + i, n, kind).astype(dtype) for i, name in enumerate(names)
+        }
+        out["bias"] = _data(comm.rank + seed, 100, kind).astype(dtype)  # fused
+        out["steps"] = np.full(3, comm.rank + seed, np.int64)
+        return out
+
+    mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "avg": MPI.SUM}[op]
+    with GradSync(comm, op=op) as sync:
+        for seed in (0, 7):
+            mine = grads(seed)
+            expected = {k: v.copy() for k, v in mine.items()}
+            for v in expected.values():
+                comm.Allreduce(MPI.IN_PLACE, v, mpi_op)
+                if op == "avg":
+                    if v.dtype.kind == "f":
+                        v /= v.dtype.type(comm.size)
+                    else:
+                        v //= comm.size
+            sync.allreduce(mine)
+            for k in mine:
+                assert mine[k].tobytes() == expected[k].tobytes(), (seed, k)
