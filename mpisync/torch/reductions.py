@@ -178,9 +178,7 @@ def _into_block(rank, size, output, input, whole, red, signature, describe) -> O
                 out[...] = scratch
         elif op.everywhere and combine is not None:
             peer = 1 - rank
-            theirs = whole[peer * count : (peer + 1) * count]
-            received = comm.Irecv(scratch, peer, REDUCE_SCATTER_TAG)
-            yield [received, comm.Isend(theirs, peer, REDUCE_SCATTER_TAG)], True
+            yield from _swapped(comm, rank, whole[peer * count : (peer + 1) * count], scratch)
             with _np.errstate(all="ignore"):  # overflow to inf, as MPI's sum: no warning
                 combine(out, scratch, out=out)
         else:
@@ -199,6 +197,14 @@ def _into_block(rank, size, output, input, whole, red, signature, describe) -> O
     return op
 
 
+def _swapped(comm, rank: int, theirs, into):
+    """The step of a two-rank reduce-scatter's exchange: ``theirs`` (the peer's block of this
+    rank's input) sent to the peer, the peer's block for this rank received into ``into``."""
+    peer = 1 - rank
+    received = comm.Irecv(into, peer, REDUCE_SCATTER_TAG)
+    yield [received, comm.Isend(theirs, peer, REDUCE_SCATTER_TAG)], True
+
+
 def _exchanged(rank, output, whole, out, red, signature, describe) -> Op:
     """The plain form at 2 ranks, by the in-place form's exchange (:func:`_into_block`): the
     peer's block of the input sent, this rank's received into the output and combined with its
@@ -213,9 +219,7 @@ def _exchanged(rank, output, whole, out, red, signature, describe) -> Op:
         if (yield from _crossed(comm, 2, whole, out, red)):
             return
         if op.everywhere:
-            peer = 1 - rank
-            received = comm.Irecv(out, peer, REDUCE_SCATTER_TAG)
-            yield [received, comm.Isend(theirs, peer, REDUCE_SCATTER_TAG)], True
+            yield from _swapped(comm, rank, theirs, out)
             with _np.errstate(all="ignore"):  # overflow to inf, as MPI's sum: no warning
                 combine(out, mine, out=out)
         else:

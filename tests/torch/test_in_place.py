@@ -10,6 +10,8 @@ pytestmark = pytest.mark.mpi
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from torchutil import rank_values, tensor_bytes  # noqa: E402
+
 import mpisync.torch  # noqa: E402  (registers the backend)
 
 # elements per rank's block: one, odd, and over MPI's eager limit
@@ -24,21 +26,6 @@ def groups():
     mpisync.torch.init_process_group(backend="cpu:mpisync,cuda:gloo", timeout=120)
     yield dist.group.WORLD, dist.new_group(backend="gloo")
     dist.destroy_process_group()
-
-
-def _data(rank: int, n: int, dtype, exact: bool) -> torch.Tensor:
-    """``n`` values of ``dtype`` for ``rank``: random, or small integers (``exact``: any order of
-    summing them gives the same bytes, as between gloo and MPI at more than two ranks)."""
-    rng = np.random.default_rng(1000 + rank)
-    if exact or not dtype.is_floating_point:
-        values = rng.integers(-3 if dtype.is_signed else 0, 4, n)
-    else:
-        values = rng.standard_normal(n) * 1e3
-    return torch.from_numpy(values).to(dtype)
-
-
-def _bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def _reduce_scatter_pair(group, size, rank, data, op) -> tuple:
@@ -59,11 +46,13 @@ def test_in_place_reduce_scatter_tensor_has_the_plain_forms_bytes(comm, dtype, o
     if op == "AVG" and not dtype.is_floating_point:
         pytest.skip("torch's AVG is defined for floating point tensors")
     for count in _COUNTS:
-        data = _data(rank, count * size, dtype, exact=op == "PRODUCT")
+        data = rank_values(rank, count * size, dtype, exact=op == "PRODUCT")
         plain, mine, whole = _reduce_scatter_pair(None, size, rank, data, reduce_op)
-        assert _bytes(mine) == _bytes(plain), (count, dtype, op)
+        assert tensor_bytes(mine) == tensor_bytes(plain), (count, dtype, op)
         others = [b for r, b in enumerate(whole.chunk(size)) if r != rank]
-        assert all(_bytes(b) == _bytes(d) for b, d in zip(others, _others(data, size, rank)))
+        assert all(
+            tensor_bytes(b) == tensor_bytes(d) for b, d in zip(others, _others(data, size, rank))
+        )
 
 
 def _others(data: torch.Tensor, size: int, rank: int) -> list:
@@ -76,11 +65,11 @@ def test_in_place_reduce_scatter_tensor_has_glooss_bytes(comm, groups, dtype):
     gloo = groups[1]
     for count in _COUNTS:
         # random floats where two ranks add (one order), small integers beyond
-        data = _data(rank, count * size, dtype, exact=size > 2)
+        data = rank_values(rank, count * size, dtype, exact=size > 2)
         ours = _reduce_scatter_pair(None, size, rank, data, dist.ReduceOp.SUM)
         theirs = _reduce_scatter_pair(gloo, size, rank, data, dist.ReduceOp.SUM)
-        assert [_bytes(t) for t in ours[:2]] == [_bytes(t) for t in theirs[:2]], count
-        expected = sum(_data(r, count * size, dtype, size > 2) for r in range(size))
+        assert [tensor_bytes(t) for t in ours[:2]] == [tensor_bytes(t) for t in theirs[:2]], count
+        expected = sum(rank_values(r, count * size, dtype, size > 2) for r in range(size))
         if size <= 2 or not dtype.is_floating_point:
             assert torch.equal(ours[1], expected.chunk(size)[rank].to(dtype))
 
@@ -100,12 +89,12 @@ def test_in_place_reduce_scatter_tensor_into_another_ranks_block(comm):
     """An output that is a block of the input, but not this rank's: the plain form's result,
     the input's other blocks as they were."""
     size, rank = comm.size, comm.rank
-    data = _data(rank, 5 * size, torch.float64, exact=True)
+    data = rank_values(rank, 5 * size, torch.float64, exact=True)
     whole = data.clone()
     other = (rank + 1) % size
     out = whole.chunk(size)[other]
     dist.reduce_scatter_tensor(out, whole)
-    expected = sum(_data(r, 5 * size, torch.float64, True) for r in range(size))
+    expected = sum(rank_values(r, 5 * size, torch.float64, True) for r in range(size))
     assert torch.equal(out, expected.chunk(size)[rank])
     for r in range(size):
         if r != other:
@@ -125,17 +114,17 @@ def _all_to_all_pair(group, data: torch.Tensor, splits=None) -> tuple:
 def test_all_to_all_single_with_one_tensor_has_the_plain_forms_and_gloos_bytes(comm, groups, dtype):
     size, rank = comm.size, comm.rank
     for count in _COUNTS:
-        data = _data(rank, count * size, torch.float64, exact=False)
+        data = rank_values(rank, count * size, torch.float64, exact=False)
         data = (data > 0) if dtype == torch.bool else data.to(dtype)
         data = data.reshape(size, count) if count > 1 else data
         plain, one = _all_to_all_pair(None, data)
-        assert _bytes(one) == _bytes(plain), (count, dtype)
-        every = [_data(r, count * size, torch.float64, False) for r in range(size)]
+        assert tensor_bytes(one) == tensor_bytes(plain), (count, dtype)
+        every = [rank_values(r, count * size, torch.float64, False) for r in range(size)]
         every = [(e > 0) if dtype == torch.bool else e.to(dtype) for e in every]
         expected = torch.cat([e.chunk(size)[rank] for e in every])
-        assert _bytes(one) == _bytes(expected), (count, dtype)
+        assert tensor_bytes(one) == tensor_bytes(expected), (count, dtype)
         if dtype != torch.bool:  # gloo's own one-tensor form reads what it already wrote
-            assert _bytes(_all_to_all_pair(groups[1], data)[0]) == _bytes(plain)
+            assert tensor_bytes(_all_to_all_pair(groups[1], data)[0]) == tensor_bytes(plain)
 
 
 def test_all_to_all_single_with_one_tensor_and_split_sizes(comm, groups):
@@ -144,10 +133,10 @@ def test_all_to_all_single_with_one_tensor_and_split_sizes(comm, groups):
     size, rank = comm.size, comm.rank
     splits = [rank + peer + 1 for peer in range(size)]
     rows = sum(splits)
-    data = _data(rank, rows * 3, torch.float32, exact=False).reshape(rows, 3)
+    data = rank_values(rank, rows * 3, torch.float32, exact=False).reshape(rows, 3)
     plain, one = _all_to_all_pair(None, data, splits)
     theirs = _all_to_all_pair(groups[1], data, splits)[0]
-    assert _bytes(one) == _bytes(plain) == _bytes(theirs)
+    assert tensor_bytes(one) == tensor_bytes(plain) == tensor_bytes(theirs)
 
 
 def test_in_place_forms_on_some_ranks_only_at_large_sizes(comm):
@@ -155,25 +144,26 @@ def test_in_place_forms_on_some_ranks_only_at_large_sizes(comm):
     point-to-point messages meet another's collective)."""
     size, rank = comm.size, comm.rank
     count = 65537
-    data = _data(rank, count * size, torch.float32, exact=True)
+    data = rank_values(rank, count * size, torch.float32, exact=True)
     whole = data.clone()
     out = whole.chunk(size)[rank] if rank == 0 else torch.empty(count)
     dist.reduce_scatter_tensor(out, whole)
-    expected = sum(_data(r, count * size, torch.float32, True) for r in range(size))
+    expected = sum(rank_values(r, count * size, torch.float32, True) for r in range(size))
     assert torch.equal(out, expected.chunk(size)[rank])
     one = data.clone()
     out = one if rank == 0 else torch.empty_like(one)
     dist.all_to_all_single(out, one)
-    every = [_data(r, count * size, torch.float32, True) for r in range(size)]
+    every = [rank_values(r, count * size, torch.float32, True) for r in range(size)]
     assert torch.equal(out, torch.cat([e.chunk(size)[rank] for e in every]))
 
 
 def test_many_in_place_operations_in_flight(comm):
     """Asynchronous in-place forms issued back to back complete in order with their bytes."""
     size, rank = comm.size, comm.rank
-    tensors = [_data(rank, 9 * size, torch.float64, exact=True) + i for i in range(6)]
+    tensors = [rank_values(rank, 9 * size, torch.float64, exact=True) + i for i in range(6)]
     expected = [
-        sum(_data(r, 9 * size, torch.float64, True) + i for r in range(size)) for i in range(6)
+        sum(rank_values(r, 9 * size, torch.float64, True) + i for r in range(size))
+        for i in range(6)
     ]
     works, blocks = [], []
     for i, t in enumerate(tensors):
@@ -186,7 +176,7 @@ def test_many_in_place_operations_in_flight(comm):
         w.wait()
     for i, t in enumerate(tensors):
         if i % 2:
-            every = [_data(r, 9 * size, torch.float64, True) + i for r in range(size)]
+            every = [rank_values(r, 9 * size, torch.float64, True) + i for r in range(size)]
             assert torch.equal(t, torch.cat([e.chunk(size)[rank] for e in every]))
         else:
             assert torch.equal(t.chunk(size)[rank], expected[i].chunk(size)[rank])

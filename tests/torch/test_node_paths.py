@@ -11,6 +11,8 @@ pytestmark = pytest.mark.mpi
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from torchutil import rank_values, tensor_bytes  # noqa: E402
+
 import mpisync.torch  # noqa: E402  (registers the backend)
 from mpisync.transports.crossreduce import MIN_BYTES  # noqa: E402
 
@@ -25,25 +27,12 @@ def groups():
     dist.destroy_process_group()
 
 
-def _data(rank: int, n: int, dtype, exact: bool = False) -> torch.Tensor:
-    rng = np.random.default_rng(500 + rank)
-    if exact or not dtype.is_floating_point:
-        values = rng.integers(-3 if dtype.is_signed else 0, 4, n)
-    else:
-        values = rng.standard_normal(n) * 1e3
-    return torch.from_numpy(values).to(dtype)
-
-
-def _bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
-
-
 @pytest.mark.parametrize("op", ["SUM", "MAX", "MIN", "AVG"])
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce"])
 def test_a_large_all_reduce_has_gloos_bytes(comm, groups, op, kind):
     size, rank = comm.size, comm.rank
     n = MIN_BYTES // 4 + 5  # float32: just over the cross-memory threshold
-    data = _data(rank, n, torch.float32, exact=size > 2)
+    data = rank_values(rank, n, torch.float32, exact=size > 2)
     results = []
     for group in groups:
         t = data.clone()
@@ -53,7 +42,7 @@ def test_a_large_all_reduce_has_gloos_bytes(comm, groups, op, kind):
             dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
         results.append(t)
     if kind == "all_reduce" or rank == 0:
-        assert _bytes(results[0]) == _bytes(results[1])
+        assert tensor_bytes(results[0]) == tensor_bytes(results[1])
     everyone = np.empty((size, n * 4), np.uint8)
     comm.Allgather(results[0].view(torch.uint8).numpy(), everyone)
     assert (everyone == everyone[0]).all()
@@ -66,24 +55,24 @@ def test_a_large_all_reduce_has_gloos_bytes(comm, groups, op, kind):
 @pytest.mark.parametrize("count", [1, 7, 65537])
 def test_the_plain_reduce_scatter_tensor_has_mpis_bytes(comm, dtype, op, count):
     size, rank = comm.size, comm.rank
-    data = _data(rank, count * size, dtype, exact=op == "PRODUCT")
+    data = rank_values(rank, count * size, dtype, exact=op == "PRODUCT")
     out = torch.empty(count, dtype=dtype)
     dist.reduce_scatter_tensor(out, data.clone(), op=getattr(dist.ReduceOp, op))
     expected = np.empty(count, dtype=out.numpy().dtype)
     comm.Reduce_scatter_block(data.numpy(), expected, _MPI_OPS[op])
     if size <= 2 or not dtype.is_floating_point:
-        assert _bytes(out) == expected.tobytes(), (count, dtype, op)
+        assert tensor_bytes(out) == expected.tobytes(), (count, dtype, op)
 
 
 def test_the_plain_reduce_scatter_tensor_has_gloos_bytes(comm, groups):
     size, rank = comm.size, comm.rank
-    data = _data(rank, 65537 * size, torch.float32, exact=size > 2)
+    data = rank_values(rank, 65537 * size, torch.float32, exact=size > 2)
     outs = []
     for group in groups:
         out = torch.empty(65537)
         dist.reduce_scatter_tensor(out, data.clone(), group=group)
         outs.append(out)
-    assert _bytes(outs[0]) == _bytes(outs[1])
+    assert tensor_bytes(outs[0]) == tensor_bytes(outs[1])
 
 
 def test_the_plain_form_beside_the_in_place_form_and_a_staged_dtype(comm):
@@ -91,11 +80,11 @@ def test_the_plain_form_beside_the_in_place_form_and_a_staged_dtype(comm):
     rank's bytes are the sums, the input's other blocks untouched where in place."""
     size, rank = comm.size, comm.rank
     count = 1000
-    data = _data(rank, count * size, torch.float64, exact=True)
+    data = rank_values(rank, count * size, torch.float64, exact=True)
     whole = data.clone()
     out = whole.chunk(size)[rank] if rank == 0 else torch.empty(count, dtype=torch.float64)
     dist.reduce_scatter_tensor(out, whole)
-    expected = sum(_data(r, count * size, torch.float64, True) for r in range(size))
+    expected = sum(rank_values(r, count * size, torch.float64, True) for r in range(size))
     assert torch.equal(out, expected.chunk(size)[rank])
     assert all(
         torch.equal(whole.chunk(size)[r], data.chunk(size)[r]) for r in range(size) if r != rank
@@ -110,7 +99,7 @@ def test_a_large_all_reduce_lets_nan_win(comm, op):
     """As torch's ``maximum``/``minimum`` (gloo's keeps a number there)."""
     size, rank = comm.size, comm.rank
     n = MIN_BYTES // 4 + 5
-    every = [_data(r, n, torch.float32) for r in range(size)]
+    every = [rank_values(r, n, torch.float32) for r in range(size)]
     for r, d in enumerate(every):
         d[r::7] = float("nan")
     t = every[rank].clone()
@@ -131,7 +120,7 @@ def test_a_large_reduce_scatter_tensor_has_mpis_bytes(comm, form, op):
     the input's other blocks untouched where the output lies in it."""
     size, rank = comm.size, comm.rank
     count = MIN_BYTES // 4 // size + 3
-    data = _data(rank, count * size, torch.float32, exact=size > 2)
+    data = rank_values(rank, count * size, torch.float32, exact=size > 2)
     whole = data.clone()
     in_place = form in ("own block", "another rank's block") or (form == "mixed" and rank == 0)
     block = rank if form != "another rank's block" else (rank + 1) % size
@@ -139,7 +128,7 @@ def test_a_large_reduce_scatter_tensor_has_mpis_bytes(comm, form, op):
     dist.reduce_scatter_tensor(out, whole, op=getattr(dist.ReduceOp, op))
     expected = np.empty(count, np.float32)
     comm.Reduce_scatter_block(data.numpy(), expected, _MPI_OPS[op])
-    assert _bytes(out) == expected.tobytes()
+    assert tensor_bytes(out) == expected.tobytes()
     for r in range(size):
         if not in_place or r != block:
             assert torch.equal(whole.chunk(size)[r], data.chunk(size)[r]), r
