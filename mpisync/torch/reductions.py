@@ -83,7 +83,7 @@ def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", root=None) ->
             arrays = [b.start() for b in buffers]
         done = False
         if combine is not None and arrays[0].nbytes >= MIN_BYTES:
-            done = yield from reduce_steps(comm, arrays[0], combine)
+            done = yield from reduce_steps(comm, arrays[0], combine, root=root)
         if not done:
             yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
         for b in buffers:
@@ -95,10 +95,12 @@ def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", root=None) ->
 @refusing("reduce")
 def reduce(rank: int, size: int, tensors, opts) -> Op:
     """``tensors`` reduced over the ranks into ``opts.rootRank``'s. The other ranks' tensors hold
-    the result too: torch leaves them unspecified (gloo leaves partial sums there), and an
-    in-place all-reduce costs what the all-reduce does, where the others' results into scratch
-    buffers cost 1.4-3x (a copy, and new pages on every call) and MPICH's Ireduce of large
-    messages several times that (docs/allreduce.md, the backend's bench rows)."""
+    the result too (torch leaves them unspecified; gloo leaves partial sums there): an in-place
+    all-reduce costs what the all-reduce does, where the others' results into scratch buffers
+    cost 1.4-3x (a copy, and new pages on every call) and MPICH's Ireduce of large messages
+    several times that (docs/allreduce.md, the backend's bench rows). A large tensor on one node
+    goes by cross-memory, to the root alone: the others' tensors then hold the result in their
+    own share of it only."""
     # all_reduce itself, not its guard: this one's already looked at the tensors
     return all_reduce.__wrapped__(size, tensors, opts, "reduce", root=opts.rootRank)
 

@@ -9,7 +9,9 @@ so no array is handed back while a peer still reads or writes it. Between the tw
 rank touches only its own share of its own array and its share of its peers' arrays: no two ranks
 touch the same bytes. No MPI data movement and no temporary buffer as large as the message: each
 byte crosses between processes once each way (figures: docs/allreduce.md, "Large tensors by
-cross-memory reads").
+cross-memory reads"). A reduce to one rank writes the combined chunks into that rank alone, and
+gives it the larger share, since it writes nothing to its peers; the other ranks' arrays then
+hold the result in their own share only.
 
 A share is combined by one rank, its own values first and then its peers' in rank order, so every
 rank ends with the same bytes; with two ranks they are MPI's too (two operands give the same
@@ -122,15 +124,17 @@ class CrossReduce:
         out.append(CrossReduce(table[:, 0].tolist(), rank) if everyone[0] else None)
 
     def steps(
-        self, comm, arrays, combine, last: bool = True, out=None
+        self, comm, arrays, combine, last: bool = True, out=None, root: int | None = None
     ) -> _typing.Generator[Step, None, None]:
         """The collective steps that reduce ``arrays`` (an array, or a list of them; C-contiguous,
         this rank's, one dtype, the same sizes on every rank) with ``combine`` over ``comm``'s
         ranks, in place, as if they lay end to end; the second step's ``last`` is ``last``. With
         ``out`` (one array only; this rank's share's size and dtype, possibly that share of the
         array): a reduce-scatter, this rank's share of the result written into ``out``, the
-        peers' arrays only read. Raises :class:`CrossReduceError` on every rank when the sizes
-        differ (nothing copied) or a copy failed anywhere (the object is then off)."""
+        peers' arrays only read. With ``root`` (and no ``out``): a reduce, the result in
+        ``root``'s arrays (the others' hold it in their own share only). Raises
+        :class:`CrossReduceError` on every rank when the sizes differ (nothing copied) or a copy
+        failed anywhere (the object is then off)."""
         flats = [a.reshape(-1) for a in (arrays if isinstance(arrays, list) else [arrays])]
         k, size = len(flats), self.size
         mine = _np.array([f.ctypes.data for f in flats] + [f.nbytes for f in flats], _np.int64)
@@ -140,9 +144,9 @@ class CrossReduce:
             raise CrossReduceError(
                 "ranks passed arrays of different sizes to one all-reduce; nothing was copied"
             )
-        layout = _Layout(flats, table[:, :k], size, self.rank)
+        layout = _Layout(flats, table[:, :k], _weights(size, root), self.rank)
         target = None if out is None else out.reshape(-1)
-        ok = _np.array([self._reduce_share(layout, combine, target)], _np.int64)
+        ok = _np.array([self._reduce_share(layout, combine, target, root)], _np.int64)
         everyone = _np.zeros(1, dtype=_np.int64)
         yield [comm.Iallreduce(ok, everyone, MPI.MIN)], last
         if not everyone[0]:
@@ -153,7 +157,7 @@ class CrossReduce:
                 "(MPISYNC_CROSS_MEMORY=0 keeps MPI from the start)"
             )
 
-    def _reduce_share(self, layout: _Layout, combine, out) -> bool:
+    def _reduce_share(self, layout: _Layout, combine, out, root: int | None) -> bool:
         """Combine this rank's share of its own arrays and of every peer's into its arrays (or
         ``out``), a chunk at a time; without ``out``, write each combined chunk into every peer's
         arrays while it is in cache. False when a copy failed."""
@@ -189,7 +193,7 @@ class CrossReduce:
                         for source, result in zip(sources, results):
                             combine(source, hot[h : h + result.size], out=result)
                             h += result.size
-                for peer in peers if out is None else ():
+                for peer in _pushed_to(peers, out, root):
                     if (
                         _transfer(1, self.pids[peer], _iovecs(results), layout.remote(peer, pieces))
                         != n * itemsize
@@ -198,17 +202,38 @@ class CrossReduce:
         return True
 
 
+def _weights(size: int, root: int | None) -> list:
+    """Each rank's part of the shares: equal for an all-reduce; for a reduce to ``root``, whose
+    combined chunks go nowhere, ``2 size - 1`` for ``root`` and ``2 size - 2`` for the others,
+    which also write theirs into ``root`` (a value read, combined or written costs alike: every
+    rank then moves as many)."""
+    if root is None or size == 1:
+        return [1] * size
+    return [2 * size - 1 if r == root else 2 * size - 2 for r in range(size)]
+
+
+def _pushed_to(peers: list, out, root: int | None) -> list:
+    """The peers a combined chunk is written into: every peer for an all-reduce, ``root`` alone
+    for a reduce (none on ``root``), none for a reduce-scatter (``out``)."""
+    if out is not None:
+        return []
+    if root is None:
+        return peers
+    return [root] if root in peers else []
+
+
 class _Layout:
     """Arrays of one dtype laid end to end, shared out by rank: where each rank's share lies in
     each rank's arrays."""
 
-    def __init__(self, flats: list, addresses, size: int, rank: int):
+    def __init__(self, flats: list, addresses, weights: list, rank: int):
         self.flats, self.addresses = flats, addresses
         self.dtype, self.itemsize = flats[0].dtype, flats[0].itemsize
         counts = _np.array([f.size for f in flats], dtype=_np.int64)
         self.ends = _np.cumsum(counts)
-        total = int(self.ends[-1])
-        self.lo, self.hi = rank * total // size, (rank + 1) * total // size
+        total, whole = int(self.ends[-1]), sum(weights)
+        before = sum(weights[:rank])
+        self.lo, self.hi = before * total // whole, (before + weights[rank]) * total // whole
 
     def chunks(self, step: int):
         """``(start, pieces)`` per chunk of this rank's share: ``start`` counted from the share's
@@ -261,16 +286,17 @@ def opened(comm) -> _typing.Generator[Step, None, CrossReduce | None]:
 
 
 def reduce_steps(
-    comm, arrays, combine, last: bool = True, out=None
+    comm, arrays, combine, last: bool = True, out=None, root: int | None = None
 ) -> _typing.Generator[Step, None, bool]:
     """The steps reducing ``arrays`` over ``comm`` by cross-memory (:meth:`CrossReduce.steps`;
-    ``out``: a reduce-scatter into it), after the probe of ``comm``'s pairs on its first call;
-    returns False, having posted at most the probe, where the path is not open (the same answer
-    on every rank). Every rank calls it for the same arrays in the same order."""
+    ``out``: a reduce-scatter into it; ``root``: a reduce to that rank), after the probe of
+    ``comm``'s pairs on its first call; returns False, having posted at most the probe, where the
+    path is not open (the same answer on every rank). Every rank calls it for the same arrays in
+    the same order."""
     cross = yield from opened(comm)
     if cross is None:
         return False
-    yield from cross.steps(comm, arrays, combine, last, out)
+    yield from cross.steps(comm, arrays, combine, last, out, root)
     return True
 
 

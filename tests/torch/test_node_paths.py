@@ -28,24 +28,28 @@ def groups():
 
 
 @pytest.mark.parametrize("op", ["SUM", "MAX", "MIN", "AVG"])
-@pytest.mark.parametrize("kind", ["all_reduce", "reduce"])
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce to 0", "reduce to the last rank"])
 def test_a_large_all_reduce_has_gloos_bytes(comm, groups, op, kind):
+    """Every rank's all_reduce, and the root's reduce, hold gloo's bytes (the other ranks of a
+    reduce hold values torch leaves unspecified)."""
     size, rank = comm.size, comm.rank
     n = MIN_BYTES // 4 + 5  # float32: just over the cross-memory threshold
     data = rank_values(rank, n, torch.float32, exact=size > 2)
+    dst = 0 if kind == "reduce to 0" else size - 1
     results = []
     for group in groups:
         t = data.clone()
-        if kind == "reduce":
-            dist.reduce(t, dst=0, op=getattr(dist.ReduceOp, op), group=group)
-        else:
+        if kind == "all_reduce":
             dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
+        else:
+            dist.reduce(t, dst=dst, op=getattr(dist.ReduceOp, op), group=group)
         results.append(t)
-    if kind == "all_reduce" or rank == 0:
+    if kind == "all_reduce" or rank == dst:
         assert tensor_bytes(results[0]) == tensor_bytes(results[1])
-    everyone = np.empty((size, n * 4), np.uint8)
-    comm.Allgather(results[0].view(torch.uint8).numpy(), everyone)
-    assert (everyone == everyone[0]).all()
+    if kind == "all_reduce":
+        everyone = np.empty((size, n * 4), np.uint8)
+        comm.Allgather(results[0].view(torch.uint8).numpy(), everyone)
+        assert (everyone == everyone[0]).all()
 
 
 @pytest.mark.parametrize(
