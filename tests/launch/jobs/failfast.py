@@ -13,7 +13,9 @@ tests/launch/test_failfast.py).
   it, then end too: no error.
 
 Every rank that gets past its collective prints ``rank R finished``; a rank whose collective
-raises (``MPISYNC_TIMEOUT_ABORT=0``) prints ``rank R raised NAME after S s: message``.
+raises (``MPISYNC_TIMEOUT_ABORT=0``) prints ``rank R raised NAME after S s: message``. The
+failing rank prints ``rank R fails at T`` (``time.time()``) just before it fails, so that the
+test times the job's end from the failure, not from its start (imports, ``MPI_Init``).
 """
 
 import os
@@ -33,6 +35,10 @@ start = time.monotonic()
 params = {"w": np.full(1 << 16, float(comm.rank), dtype=np.float32)}
 
 
+def _fails() -> None:
+    print(f"rank {comm.rank} fails at {time.time():.3f}", flush=True)
+
+
 def _collective(call) -> None:
     try:
         call()
@@ -48,6 +54,7 @@ def _collective(call) -> None:
 if kind == "raise":
     if failing:
         time.sleep(0.5)  # the others are in their sync by now
+        _fails()
         raise ValueError(f"a bug on rank {comm.rank} only")
     _collective(lambda: mpisync.sync_params(params, comm))
 elif kind == "ddp-shape":
@@ -58,6 +65,8 @@ elif kind == "ddp-shape":
 
     mpisync.torch.init_process_group()
     model = torch.nn.Linear(4, 3 if failing else 2)
+    if failing:
+        _fails()
     _collective(lambda: torch.nn.parallel.DistributedDataParallel(model))
 elif kind in ("exit", "exit-torch", "exit-gradsync"):
     if kind == "exit-torch":
@@ -69,6 +78,7 @@ elif kind in ("exit", "exit-torch", "exit-gradsync"):
         mpisync.torch.init_process_group()
     if failing:
         print(f"rank {comm.rank} leaves early", flush=True)
+        _fails()
         sys.exit(0)
     if kind == "exit":
         _collective(lambda: mpisync.sync_params(params, comm))
@@ -80,6 +90,7 @@ elif kind == "exit-unrelated":
     others = comm.Split(0 if not failing else MPI.UNDEFINED, comm.rank)
     if failing:
         print(f"rank {comm.rank} leaves early", flush=True)
+        _fails()
         sys.exit(0)
     time.sleep(1.0)  # the last rank's note has arrived
     _collective(lambda: mpisync.sync_params(params, others))
