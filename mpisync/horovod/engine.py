@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json as _json
 import threading as _threading
-import time as _time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,16 +43,22 @@ class Op:
     (``descs``: every rank's description, ``None`` where a rank has joined) and returns the
     result."""
 
-    __slots__ = ("name", "desc", "run", "result", "error", "done")
+    __slots__ = ("name", "desc", "run", "result", "error", "finished")
 
     def __init__(self, name: str, desc: dict, run: Callable[..., Any]):
         self.name, self.desc, self.run = name, desc, run
         self.result: Any = None
         self.error: Exception | None = None
-        self.done = False
+        self.finished = _threading.Event()
+
+    @property
+    def done(self) -> bool:
+        """Whether the operation has finished (its result or error is set)."""
+        return self.finished.is_set()
 
     def finish(self, result: Any = None, error: Exception | None = None) -> None:
-        self.result, self.error, self.done = result, error, True
+        self.result, self.error = result, error
+        self.finished.set()
 
 
 def _shown(desc: dict | None) -> str:
@@ -140,7 +145,7 @@ class Engine:
                 if entry is not None:
                     self.rounds.wait(entry)
                 else:  # being finished by the round that ran it, on the driver's thread
-                    _time.sleep(0.001)
+                    op.finished.wait(0.001)  # back at once when it is
                 self._failed_round()
         finally:
             with self._lock:
