@@ -72,7 +72,7 @@ def _rows(comm, mib: float, rounds: int, off_group) -> list:
     order = list(runs.items())
     for round_ in range(rounds):
         # each round in another order, the same on every rank: a row is not always the one
-        # after the same other row (at 1 MiB the row after MPI_Allreduce's ran 15-25% slower)
+        # after the same other row (at 1 MiB the row after MPI_Allreduce's ran 5-29% slower)
         _random.Random(round_).shuffle(order)
         for name, (target, call) in order:
             if target is not None:
