@@ -52,3 +52,8 @@ def raises_everywhere(comm, exc_type, fn, *must_contain):
 def last_rank(comm) -> int:
     """The highest rank: a receiver whenever root is 0 and size > 1."""
     return comm.size - 1
+
+
+def wait(request) -> None:
+    """Wait for one MPI request (the call ``mpisync.transports.crossreduce.drive`` takes)."""
+    request.Wait()

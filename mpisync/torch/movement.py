@@ -10,6 +10,8 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
+from ..transports.crossgather import gather_steps
+from ..transports.crossreduce import MIN_BYTES
 from .buffers import SCRATCH
 from .op import Op, dtype_code, flat_bytes, fold, host_bytes, joined, overlapping, shape_text
 from .refusals import refusing
@@ -135,14 +137,42 @@ def all_gather(size: int, output_lists, inputs) -> Op:
         flat_bytes(d) if d is not None else _np.empty(s.nbytes * size, _np.uint8)
         for d, s in zip(direct, sends)
     ]
+    # One large input on a group of one node: by cross-memory (the decision depends only on what
+    # the argument check compares, so it is the same on every rank).
+    crossing = len(inputs) == 1 and size > 1 and sends[0].nbytes * size >= MIN_BYTES
 
     def body(comm):
+        if crossing and (yield from _gathered_across(comm, inputs[0], sends[0], output_lists[0])):
+            return
         yield [comm.Iallgather(s, r) for s, r in zip(sends, recvs)], True
         for recv, outputs, d in zip(recvs, output_lists, direct):
             if d is None:
                 _copy_out(recv, outputs)
 
     return Op("all_gather", _signature(inputs), describe, body, output_lists)
+
+
+def _gathered_across(comm, input: torch.Tensor, send: _np.ndarray, outputs: list):
+    """The all-gather of ``send`` (``input``'s bytes) into ``outputs`` by cross-memory
+    (:mod:`mpisync.transports.crossgather`); returns whether it ran (the same on every rank). Each
+    peer's bytes land straight in this rank's output for it where the outputs are contiguous CPU
+    tensors that share no memory with each other or with the input (``outputs[rank]`` may be the
+    input itself); else in one buffer, sliced into the outputs afterwards, in rank order."""
+    rank, n = comm.rank, send.nbytes
+    others = [o for r, o in enumerate(outputs) if r != rank]
+    direct = (
+        all(o.is_cpu and o.is_contiguous() for o in outputs)
+        and not overlapping(outputs)
+        and not overlapping([input, *others])
+    )
+    flat = None if direct else _np.empty(n * len(outputs), _np.uint8)
+    blocks = [
+        flat_bytes(o) if flat is None else flat[r * n : (r + 1) * n] for r, o in enumerate(outputs)
+    ]
+    done = yield from gather_steps(comm, send, blocks)
+    if done and flat is not None:
+        _copy_out(flat, outputs)
+    return done
 
 
 @refusing("all_gather_into_tensor")

@@ -147,12 +147,14 @@ def reduce_scatter_tensor(
 
 
 def _crossed(comm, size: int, whole, out, red):
-    """The reduce-scatter of ``whole`` into ``out`` by cross-memory where the input is large and
-    the group one node (:mod:`mpisync.transports.crossreduce`); returns whether it ran. The size
-    and the reduction are what the argument check compares, so every rank decides alike,
-    whichever form of the call each passed."""
+    """The reduce-scatter of ``whole`` (an array, or equal pieces laid end to end) into ``out`` by
+    cross-memory where the input is large and the group one node
+    (:mod:`mpisync.transports.crossreduce`); returns whether it ran. The size and the reduction
+    are what the argument check compares, so every rank decides alike, whichever form of the
+    call each passed."""
     combine = combine_of(red.mpi_op)
-    if size == 1 or combine is None or whole.nbytes < MIN_BYTES:
+    nbytes = sum(a.nbytes for a in whole) if isinstance(whole, list) else whole.nbytes
+    if size == 1 or combine is None or nbytes < MIN_BYTES:
         return False
     return (yield from reduce_steps(comm, whole, combine, out=out))
 
@@ -270,19 +272,24 @@ def reduce_scatter(rank: int, size: int, output: torch.Tensor, pieces, opts) -> 
         return Op("reduce_scatter", signature, describe, None, output, problem)
     counts = [p.numel() for p in pieces]
     flat = joined(pieces)  # the chunks of one tensor: no copy
-    if flat is None:
-        flat = torch.cat([p.detach().reshape(-1).to("cpu") for p in pieces])
-    send = ReduceBuffer(flat, red, stage=overlapping([flat, output]))
+    shared = overlapping([*pieces, output])  # then the pieces are read from copies
+    buffers = [ReduceBuffer(t, red, stage=shared) for t in ([flat] if flat is not None else pieces)]
     result = ReduceBuffer(output, red, size)
     equal = len(set(counts)) == 1
+    # Equal pieces, large, on a group of one node: by cross-memory, read where they lie.
+    large = equal and sum(p.numel() * p.element_size() for p in pieces) >= MIN_BYTES
 
     def body(comm):
-        arrays = send.start(), result.start()
-        if equal:
-            yield [comm.Ireduce_scatter_block(*arrays, red.mpi_op)], True
-        else:
-            yield [comm.Ireduce_scatter(*arrays, counts, red.mpi_op)], True
-        send.finish(write=False)
+        arrays = [b.start() for b in buffers]
+        out = result.start()
+        if not (large and (yield from _crossed(comm, size, arrays, out, red))):
+            whole = arrays[0] if len(arrays) == 1 else _np.concatenate(arrays)
+            if equal:
+                yield [comm.Ireduce_scatter_block(whole, out, red.mpi_op)], True
+            else:
+                yield [comm.Ireduce_scatter(whole, out, counts, red.mpi_op)], True
+        for b in buffers:
+            b.finish(write=False)
         result.finish()
 
     return Op("reduce_scatter", signature, describe, body, output)

@@ -22,6 +22,8 @@ from mpiutil import everyone
         ("all-reduce", 1200, 1, [(0, 0)]),
         ("reduce-scatter", 1200, 3, [(800, 0)] * 3),
         ("all-gather", 1200, 3, [(0, 800)] * 3),
+        ("all-gather out of place", 1200, 3, [(0, 1200)] * 3),
+        ("all-gather out of place", 1200, 1, [(0, 1200)]),
         ("reduce", 1200, 3, [(800, 800), (800, 0), (800, 0)]),
         ("reduce", 1200, 4, [(900, 900), (900, 0), (900, 0), (900, 0)]),
     ],

@@ -1,4 +1,5 @@
-"""The backend's paths of its own on one node: ``all_reduce`` and ``reduce`` of a large tensor by
+"""The backend's paths of its own on one node: ``all_reduce``, ``reduce``, and the list forms of
+``all_gather`` and ``reduce_scatter``, of large tensors by
 cross-memory, and the plain ``reduce_scatter_tensor`` of two ranks by one exchange. Their bytes
 are gloo's and MPI's (two ranks: two operands combine alike in either order), every rank's the
 same at more ranks, for every reduction and the dtypes that take these paths."""
@@ -136,3 +137,60 @@ def test_a_large_reduce_scatter_tensor_has_mpis_bytes(comm, form, op):
     for r in range(size):
         if not in_place or r != block:
             assert torch.equal(whole.chunk(size)[r], data.chunk(size)[r]), r
+
+
+@pytest.mark.parametrize(
+    "outputs", ["separate", "the input among them", "one tensor's chunks", "one twice", "strided"]
+)
+def test_a_large_all_gather_has_every_ranks_bytes(comm, outputs):
+    """The list form, its outputs as users pass them: each rank's input in its output, in rank
+    order (``one twice``: the last rank's, as gloo's copies in order leave it); the input
+    untouched."""
+    size, rank = comm.size, comm.rank
+    n = MIN_BYTES // 4 // size + 3  # float32: the outputs hold just over the threshold
+    every = [rank_values(r, n, torch.float32) for r in range(size)]
+    data = every[rank].clone()
+    if outputs == "one tensor's chunks":
+        outs = list(torch.empty(n * size).chunk(size))
+    elif outputs == "one twice":
+        shared = torch.empty(n)
+        outs = [shared] * size
+    elif outputs == "strided":
+        outs = [torch.empty(2 * n)[::2] for _ in range(size)]
+    else:
+        outs = [torch.full((n,), -1.0) for _ in range(size)]
+    if outputs == "the input among them":
+        outs[rank] = data
+    dist.all_gather(outs, data)
+    expected = [every[-1]] * size if outputs == "one twice" else every
+    for r in range(size):
+        assert tensor_bytes(outs[r]) == tensor_bytes(expected[r]), r
+    assert tensor_bytes(data) == tensor_bytes(every[rank])
+
+
+@pytest.mark.parametrize(
+    "pieces", ["separate", "one tensor's chunks", "one twice", "the output among them"]
+)
+@pytest.mark.parametrize("op", ["SUM", "MAX", "AVG"])
+def test_a_large_reduce_scatter_has_mpis_bytes(comm, groups, pieces, op):
+    """The list form with pieces of at least the cross-memory threshold in all: gloo's bytes
+    (the exact result at more than two ranks), the pieces untouched where the output is not
+    among them."""
+    size, rank = comm.size, comm.rank
+    n = MIN_BYTES // 4 // size + 3
+    data = rank_values(rank, n * size, torch.float32, exact=size > 2)
+    results = []
+    for group in groups:
+        if pieces == "one tensor's chunks":
+            inputs = list(data.clone().chunk(size))
+        elif pieces == "one twice":
+            inputs = [data[:n].clone()] * size
+        else:
+            inputs = [c.clone() for c in data.chunk(size)]
+        before = [tensor_bytes(p) for p in inputs]
+        out = inputs[rank] if pieces == "the output among them" else torch.empty(n)
+        dist.reduce_scatter(out, inputs, op=getattr(dist.ReduceOp, op), group=group)
+        results.append(tensor_bytes(out))
+        if pieces != "the output among them":
+            assert [tensor_bytes(p) for p in inputs] == before
+    assert results[0] == results[1]

@@ -18,24 +18,14 @@ from mpisync.transports.crossreduce import (
     reduce_steps,
 )
 
+from mpiutil import wait
+
 pytestmark = pytest.mark.mpi
-
-
-def _wait(request):
-    request.Wait()
-
-
-@pytest.fixture
-def dup(comm):
-    """A fresh duplicate of the world (the probe's result is kept per communicator)."""
-    c = comm.Dup()
-    yield c
-    c.Free()
 
 
 def _opened(dup) -> CrossReduce | None:
     held: list = []
-    drive(CrossReduce.open_steps(dup, held), _wait)
+    drive(CrossReduce.open_steps(dup, held), wait)
     return held[0]
 
 
@@ -66,7 +56,7 @@ def test_the_bytes_of_mpis_all_reduce(dup, dtype, op, n):
     mpi_op = getattr(MPI, op)
     mine = _data(dup.rank, n, dtype)
     ours, theirs = mine.copy(), mine.copy()
-    drive(cross.steps(dup, ours, combine_of(mpi_op)), _wait)
+    drive(cross.steps(dup, ours, combine_of(mpi_op)), wait)
     dup.Allreduce(MPI.IN_PLACE, theirs, mpi_op)
     everyone = np.empty((dup.size, ours.nbytes), np.uint8)
     dup.Allgather(ours.view(np.uint8), everyone)
@@ -94,7 +84,7 @@ def test_a_reduce_has_mpis_bytes_on_its_root(dup, dtype, op, n, root):
     mpi_op = getattr(MPI, op)
     mine = _data(dup.rank, n, dtype)
     ours, theirs = mine.copy(), np.empty_like(mine)
-    drive(cross.steps(dup, ours, combine_of(mpi_op), root=dst), _wait)
+    drive(cross.steps(dup, ours, combine_of(mpi_op), root=dst), wait)
     dup.Reduce(mine, theirs, mpi_op, root=dst)
     if dup.rank == dst:
         if dup.size <= 2:
@@ -112,7 +102,7 @@ def test_a_share_of_no_values(dup):
     if cross is None:
         pytest.skip("cross-memory is not open between these ranks")
     x = np.array([dup.rank + 1.0])
-    drive(cross.steps(dup, x, np.add), _wait)
+    drive(cross.steps(dup, x, np.add), wait)
     assert x.tolist() == [dup.size * (dup.size + 1) / 2]
 
 
@@ -122,7 +112,7 @@ def test_sizes_that_differ_raise_on_every_rank_and_copy_nothing(dup):
         pytest.skip("needs cross-memory between two ranks or more")
     x = np.full(5 + dup.rank, float(dup.rank))
     with pytest.raises(CrossReduceError, match="arrays of"):
-        drive(cross.steps(dup, x, np.add), _wait)
+        drive(cross.steps(dup, x, np.add), wait)
     assert (x == dup.rank).all()
     assert cross.on
 
@@ -130,7 +120,7 @@ def test_sizes_that_differ_raise_on_every_rank_and_copy_nothing(dup):
 def test_a_failed_copy_raises_on_every_rank_and_turns_the_path_off(dup):
     """A peer that cannot be read (here: rank 0 is given a pid nobody has) fails the call on
     every rank, and ``reduce_steps`` leaves later calls to MPI."""
-    drive(reduce_steps(dup, np.ones(4), np.add), _wait)  # opens the path kept on ``dup``
+    drive(reduce_steps(dup, np.ones(4), np.add), wait)  # opens the path kept on ``dup``
     cross = _held(dup)[0]
     if cross is None or dup.size == 1:
         pytest.skip("needs cross-memory between two ranks or more")
@@ -138,9 +128,9 @@ def test_a_failed_copy_raises_on_every_rank_and_turns_the_path_off(dup):
         cross.pids[1] = 2**22 + 7  # above Linux's pid_max: no such process
     x = np.ones(64)
     with pytest.raises(CrossReduceError, match="partial values"):
-        drive(cross.steps(dup, x, np.add), _wait)
+        drive(cross.steps(dup, x, np.add), wait)
     assert not cross.on
-    done, posted = drive(reduce_steps(dup, x, np.add), _wait)
+    done, posted = drive(reduce_steps(dup, x, np.add), wait)
     assert (done, posted) == (False, 0)
 
 
@@ -182,12 +172,12 @@ def test_a_reduce_scatter_into_a_separate_output_or_in_place(dup, dtype):
     expected = np.empty(count, dtype)
     dup.Reduce_scatter_block(mine, expected, MPI.SUM)
     x, out = mine.copy(), np.empty(count, dtype)
-    drive(cross.steps(dup, x, np.add, out=out), _wait)
+    drive(cross.steps(dup, x, np.add, out=out), wait)
     assert x.tobytes() == mine.tobytes()
     if size <= 2 or np.dtype(dtype).kind == "i":
         assert out.tobytes() == expected.tobytes()
     block = slice(rank * count, (rank + 1) * count)
-    drive(cross.steps(dup, x, np.add, out=x[block]), _wait)
+    drive(cross.steps(dup, x, np.add, out=x[block]), wait)
     assert x[block].tobytes() == out.tobytes()
     assert np.delete(x, np.s_[block]).tobytes() == np.delete(mine, np.s_[block]).tobytes()
 

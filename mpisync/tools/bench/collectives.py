@@ -173,8 +173,8 @@ LIMITS: dict[str, tuple[str, _typing.Callable[[int, int], int]]] = {
     "broadcast_coalesced": ("broadcast", lambda b, n: b),
     "all_reduce": ("all-reduce", lambda b, n: b),
     "reduce": ("reduce", lambda b, n: b),
-    "all_gather": ("all-gather", lambda b, n: b * n),
-    "all_gather_into_tensor": ("all-gather", lambda b, n: b * n),
+    "all_gather": ("all-gather out of place", lambda b, n: b * n),
+    "all_gather_into_tensor": ("all-gather out of place", lambda b, n: b * n),
     "reduce_scatter": ("reduce-scatter", lambda b, n: b * n),
     "reduce_scatter_tensor": ("reduce-scatter", lambda b, n: b // 4 // n * n * 4),
 }

@@ -20,6 +20,9 @@ Per rank, for an operation on ``B`` bytes at ``n`` ranks (:func:`work`):
   ``(n - 1) / n * B`` added;
 - all-gather (``B``: the gathered output): each rank copies the ``n - 1``
   slices it lacks: ``(n - 1) / n * B`` copied;
+- all-gather out of place (``B``: the gathered output; each rank's input is
+  not its slice of the output): each rank also copies its own input into
+  its slice: ``B`` copied;
 - all-reduce (``B``: each rank's buffer): a reduce-scatter, then an
   all-gather of the reduced slices;
 - reduce (``B``: each rank's buffer, to ``root``): a reduce-scatter, then
@@ -40,7 +43,14 @@ from .timing import Timing, measure
 
 __all__ = ["OPERATIONS", "Work", "LimitRun", "work", "limit_run", "measure_limit"]
 
-OPERATIONS = ("broadcast", "all-reduce", "reduce", "reduce-scatter", "all-gather")
+OPERATIONS = (
+    "broadcast",
+    "all-reduce",
+    "reduce",
+    "reduce-scatter",
+    "all-gather",
+    "all-gather out of place",
+)
 _FLOAT = _np.dtype(_np.float32)
 
 
@@ -57,7 +67,7 @@ def work(operation: str, nbytes: int, ranks: int, rank: int = 0, root: int = 0) 
     """``rank``'s share of the least work of ``operation`` on ``nbytes`` at ``ranks`` ranks.
 
     ``nbytes``: the message of a broadcast, each rank's buffer of an all-reduce or reduce, each
-    rank's input of a reduce-scatter, the gathered output of an all-gather."""
+    rank's input of a reduce-scatter, the gathered output of an all-gather (either form)."""
     if operation not in OPERATIONS:
         raise ValueError(f"unknown operation {operation!r}; choose from {', '.join(OPERATIONS)}")
     if ranks < 1 or nbytes < 0 or not 0 <= rank < ranks:
@@ -67,6 +77,8 @@ def work(operation: str, nbytes: int, ranks: int, rank: int = 0, root: int = 0) 
         return Work(0, share)
     if operation == "all-gather":
         return Work(0, share)
+    if operation == "all-gather out of place":
+        return Work(0, nbytes)
     if operation == "reduce-scatter":
         return Work(share, 0)
     if operation == "all-reduce":

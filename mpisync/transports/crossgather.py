@@ -1,0 +1,69 @@
+"""All-gathers of large host arrays between the ranks of one node, by cross-memory attach.
+
+The first collective publishes every rank's input (its address and size); each rank then reads
+every peer's input straight into its own output (``process_vm_readv``), peer ``rank + 1`` first so
+that the ranks read from different peers at once, and copies its own input into its own block
+unless it is already there. The second collective says every rank is done reading, so no input
+is handed back while a peer still reads it. A rank writes only its own output and reads only its
+peers' inputs, which nobody writes during the call; each byte crosses between processes once, with
+no MPI data movement (MPICH's shared-memory all-gather copies it twice, through its cells).
+
+The probe and the switch are :mod:`.crossreduce`'s (one per communicator, for both): sizes that
+differ raise :class:`~.crossreduce.CrossReduceError` on every rank before any byte is copied; a
+copy that fails raises it on every rank at the second collective (the outputs hold partial
+blocks), and turns the path off for the communicator.
+"""
+
+from __future__ import annotations
+
+import typing as _typing
+
+import numpy as _np
+from mpi4py import MPI
+
+from .crossreduce import CrossReduceError, Step, _iovecs, _iovecs_at, _transfer, opened
+
+__all__ = ["gather_steps"]
+
+
+def gather_steps(
+    comm, send, blocks: list, last: bool = True
+) -> _typing.Generator[Step, None, bool]:
+    """The steps gathering every rank's ``send`` (a C-contiguous array, as many bytes on every
+    rank) into this rank's ``blocks`` (one C-contiguous array per rank, of ``send``'s bytes;
+    ``blocks[comm.rank]`` may be ``send`` itself) by cross-memory, after the probe of ``comm``'s
+    pairs on its first call; the second step's ``last`` is ``last``. Returns False, having posted
+    at most the probe, where the path is not open (the same answer on every rank). Raises
+    :class:`~.crossreduce.CrossReduceError` on every rank when the sizes differ (nothing copied)
+    or a copy failed anywhere (the path is then off)."""
+    cross = yield from opened(comm)
+    if cross is None:
+        return False
+    rank, size, nbytes = comm.rank, comm.size, send.nbytes
+    table = _np.empty((size, 2), dtype=_np.int64)
+    yield [comm.Iallgather(_np.array([send.ctypes.data, nbytes], _np.int64), table)], False
+    if not (table[:, 1] == nbytes).all():  # the same table on every rank
+        raise CrossReduceError(
+            "ranks passed inputs of different sizes to one all-gather; nothing was copied"
+        )
+    ok = True
+    for step in range(1, size):
+        peer = (rank + step) % size
+        remote = _iovecs_at([(int(table[peer, 0]), nbytes)])
+        if nbytes and _transfer(0, cross.pids[peer], _iovecs([blocks[peer]]), remote) != nbytes:
+            ok = False
+            break
+    own = blocks[rank]
+    if ok and own.ctypes.data != send.ctypes.data:
+        own.reshape(-1).view(_np.uint8)[...] = send.reshape(-1).view(_np.uint8)
+    everyone = _np.zeros(1, dtype=_np.int64)
+    # Every rank's input stays untouched until here: nobody leaves while a peer still reads it.
+    yield [comm.Iallreduce(_np.array([int(ok)], _np.int64), everyone, MPI.MIN)], last
+    if not everyone[0]:
+        cross.on = False
+        raise CrossReduceError(
+            "a cross-memory copy failed on some rank during an all-gather: the outputs hold "
+            "partial blocks on every rank; later calls go through MPI "
+            "(MPISYNC_CROSS_MEMORY=0 keeps MPI from the start)"
+        )
+    return True
