@@ -24,6 +24,7 @@ from .communicators import GroupTimeoutError, duplicates, members_communicator
 from .errors import ArgumentError
 from .mixed import other_backends
 from .process_group import ProcessGroupMPISync
+from .store import LocalStore
 from .work import seconds
 
 __all__ = ["BACKEND_NAME", "init_process_group"]
@@ -135,8 +136,10 @@ def init_process_group(comm: MPI.Intracomm | None = None, **kwargs: Any) -> None
 
     Collective over ``comm``. Rank and size come from MPI; the store is an
     in-process one (nothing else rendezvouses), so no ``MASTER_ADDR``, ``RANK``
-    or ``WORLD_SIZE`` is needed. ``torch.distributed.init_process_group("mpisync")``
-    with torch's own rendezvous works too.
+    or ``WORLD_SIZE`` is needed; a gloo or NCCL group made on it later raises
+    ``InvalidParamError`` on every rank (start with a mixed string for those).
+    ``torch.distributed.init_process_group("mpisync")`` with torch's own
+    rendezvous works too.
 
     Args:
         comm: The intracommunicator whose ranks form the group (default ``MPI.COMM_WORLD``);
@@ -186,7 +189,7 @@ def init_process_group(comm: MPI.Intracomm | None = None, **kwargs: Any) -> None
     if "store" not in kwargs and "init_method" not in kwargs:
         alone = backend.lower() == BACKEND_NAME
         waited = kwargs.get("timeout", _default_pg_timeout)
-        kwargs["store"] = dist.HashStore() if alone else _mpi_rendezvous(waited, comm)[0]
+        kwargs["store"] = LocalStore() if alone else _mpi_rendezvous(waited, comm)[0]
     try:
         dist.init_process_group(backend, rank=comm.rank, world_size=comm.size, **kwargs)
     finally:

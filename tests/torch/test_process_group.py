@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpiutil import everyone
+from mpisync.errors import InvalidParamError
+
+from mpiutil import everyone, raises_everywhere
 
 pytestmark = pytest.mark.mpi
 torch = pytest.importorskip("torch")
@@ -168,6 +170,27 @@ def test_new_group_of_the_first_ranks(comm):
         tensor = torch.ones(3)
         dist.all_reduce(tensor, group=group)
         assert torch.all(tensor == len(members))
+
+
+def test_a_gloo_group_on_the_plain_start_raises_on_every_rank(comm):
+    """The plain start's store is in-process: another backend's group cannot rendezvous on it.
+    At one rank it needs no peer and works; at more every rank raises at once (it waited with
+    no error before), and the default group goes on working."""
+    if comm.size == 1:
+        group = dist.new_group(backend="gloo")
+    else:
+        raises_everywhere(
+            comm,
+            InvalidParamError,
+            lambda: dist.new_group(backend="gloo"),
+            "only another process could set",
+            "backend='cpu:mpisync,cuda:gloo'",
+        )
+        group = dist.new_group(backend="mpisync")
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor, group=group)
+    dist.all_reduce(tensor)
+    assert tensor.tolist() == [comm.size**2] * 2
 
 
 def test_cuda_tensors_are_staged(comm):
