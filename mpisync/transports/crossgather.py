@@ -6,7 +6,8 @@ that the ranks read from different peers at once, and copies its own input into 
 unless it is already there. The second collective says every rank is done reading, so no input
 is handed back while a peer still reads it. A rank writes only its own output and reads only its
 peers' inputs, which nobody writes during the call; each byte crosses between processes once, with
-no MPI data movement (MPICH's shared-memory all-gather copies it twice, through its cells).
+no MPI data movement, straight into outputs that need not lie in one buffer (the backend's list
+form; MPI's all-gather writes one buffer, which the outputs were then copied from).
 
 The probe and the switch are :mod:`.crossreduce`'s (one per communicator, for both): sizes that
 differ raise :class:`~.crossreduce.CrossReduceError` on every rank before any byte is copied; a
