@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random as _random
 
 import numpy as np
 import torch
@@ -34,6 +33,7 @@ from mpi4py import MPI
 import mpisync
 import mpisync.torch
 from mpisync.tools.bench.limits import limit_run
+from mpisync.tools.bench.timing import measure_interleaved
 
 
 def _off(make):
@@ -56,36 +56,34 @@ def _rows(comm, mib: float, rounds: int, off_group) -> list:
     _off(lambda: off.allreduce(grads))
     _off(lambda: dist.all_reduce(tensor, group=off_group))
     limit = limit_run(comm, "all-reduce", n * 4, 0)
-    runs = {
-        "MPI_Allreduce, numpy": (array, lambda: comm.Allreduce(MPI.IN_PLACE, array)),
-        "GradSync, numpy": (array, lambda: on.allreduce(grads)),
-        "GradSync cross-memory off, numpy": (array, lambda: off.allreduce(grads)),
-        "MPI_Allreduce, torch": (tensor.numpy(), lambda: comm.Allreduce(MPI.IN_PLACE, tensor)),
-        "torch all_reduce": (tensor.numpy(), lambda: dist.all_reduce(tensor)),
-        "torch all_reduce cross-memory off": (
-            tensor.numpy(),
-            lambda: dist.all_reduce(tensor, group=off_group),
-        ),
-        "limit": (None, limit),
+    targets = {
+        "MPI_Allreduce, numpy": array,
+        "GradSync, numpy": array,
+        "GradSync cross-memory off, numpy": array,
+        "MPI_Allreduce, torch": tensor.numpy(),
+        "torch all_reduce": tensor.numpy(),
+        "torch all_reduce cross-memory off": tensor.numpy(),
     }
-    times: dict = {name: [] for name in runs}
-    order = list(runs.items())
-    for round_ in range(rounds):
-        # each round in another order, the same on every rank: a row is not always the one
-        # after the same other row (at 1 MiB the row after MPI_Allreduce's ran 5-29% slower)
-        _random.Random(round_).shuffle(order)
-        for name, (target, call) in order:
-            if target is not None:
-                target[...] = base
-            comm.Barrier()
-            start = MPI.Wtime()
-            call()
-            elapsed = np.array([MPI.Wtime() - start])
-            comm.Allreduce(MPI.IN_PLACE, elapsed, MPI.MAX)
-            times[name].append(elapsed[0] * 1e3)
+    runs = {
+        "MPI_Allreduce, numpy": lambda: comm.Allreduce(MPI.IN_PLACE, array),
+        "GradSync, numpy": lambda: on.allreduce(grads),
+        "GradSync cross-memory off, numpy": lambda: off.allreduce(grads),
+        "MPI_Allreduce, torch": lambda: comm.Allreduce(MPI.IN_PLACE, tensor),
+        "torch all_reduce": lambda: dist.all_reduce(tensor),
+        "torch all_reduce cross-memory off": lambda: dist.all_reduce(tensor, group=off_group),
+        "limit": limit,
+    }
+
+    def rewrite(name: str) -> None:
+        if name in targets:
+            targets[name][...] = base
+
+    # Shuffled each round, the same on every rank: a row is not always the one after the same
+    # other row (at 1 MiB the row after MPI_Allreduce's ran 5-29% slower).
+    timings = measure_interleaved(comm, runs, iterations=rounds, warmup=0, before=rewrite)
     on.close()
     off.close()
-    medians = {name: float(np.median(t)) for name, t in times.items()}
+    medians = {name: t.median * 1e3 for name, t in timings.items()}
     return [(mib, name, ms, medians["limit"] / ms) for name, ms in medians.items()]
 
 

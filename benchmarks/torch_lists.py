@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import random as _random
-import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 import mpisync.torch
 from mpisync.tools.bench.limits import limit_run
+from mpisync.tools.bench.timing import measure_interleaved
 
 
 def _off_group():
@@ -53,10 +51,10 @@ def _rows(comm, mib: float, rounds: int, off) -> dict:
     pieces = [torch.empty(n) for _ in range(size)]
     out = torch.empty(n)
 
-    def refill(i: int) -> None:
-        data.fill_(1.0 + i)
+    def refill(name: str) -> None:
+        data.fill_(1.0)
         for p in pieces:
-            p.fill_(2.0 + i)
+            p.fill_(2.0)
 
     runs = {
         "all_gather": lambda: dist.all_gather(outputs, data),
@@ -66,23 +64,8 @@ def _rows(comm, mib: float, rounds: int, off) -> dict:
         "reduce_scatter, cross-memory off": lambda: dist.reduce_scatter(out, pieces, group=off),
         "limit, reduce-scatter": limit_run(comm, "reduce-scatter", n * 4 * size),
     }
-    for call in runs.values():
-        call()
-    times: dict = {name: [] for name in runs}
-    order = list(runs)
-    shuffle = _random.Random(7)
-    for i in range(rounds):
-        shuffle.shuffle(order)  # the same seed on every rank: the same order
-        for name in order:
-            refill(i)
-            comm.Barrier()
-            start = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - start)
-    mine = np.array([times[name] for name in runs])
-    slowest = np.empty_like(mine)
-    comm.Allreduce(mine, slowest, MPI.MAX)
-    return {name: float(np.median(row)) * 1e3 for name, row in zip(runs, slowest)}
+    timings = measure_interleaved(comm, runs, iterations=rounds, warmup=1, before=refill)
+    return {name: t.median * 1e3 for name, t in timings.items()}
 
 
 def main() -> None:

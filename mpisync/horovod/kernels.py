@@ -9,6 +9,8 @@ scaling follows Horovod: integers in float64, halves in float32, truncated back.
 
 from __future__ import annotations
 
+import math
+
 import numpy as _np
 from mpi4py import MPI
 
@@ -59,13 +61,39 @@ def _row_bytes(tensor) -> int:
     return tensor.element_size() * (tensor[0].numel() if tensor.dim() else 1)
 
 
+def _reducible(tensor, prescale: float, writable: bool):
+    """``tensor`` scaled by ``prescale`` as a flat numpy array of the dtype the reduction runs in
+    (halves in float32): a new array where ``writable`` (the reduction runs in it), else
+    possibly the tensor's own bytes (only read: a 25 MiB copy costs more than the reduce-scatter
+    that reads it)."""
+    import torch
+
+    work = _host(tensor)
+    if prescale != 1.0:
+        work = scaled(work, prescale)
+    wide = work.to(torch.float32) if work.dtype in (torch.float16, torch.bfloat16) else work
+    if writable and wide.data_ptr() == tensor.data_ptr():  # still the caller's memory
+        wide = wide.clone()
+    return wide.reshape(-1).numpy()
+
+
+def _postscaled(result, factor: float):
+    """``result`` (a tensor this call made) times ``factor`` as :func:`scaled` computes it, in
+    place where that gives the same values (float32, float64, complex): no new tensor."""
+    import torch
+
+    if factor == 1.0:
+        return result
+    if result.dtype in (torch.float32, torch.float64) or result.dtype.is_complex:
+        return result.mul_(factor)
+    return scaled(result, factor)
+
+
 def allreduce(comm, call, tensor, op: str, prescale: float, postscale: float):
     """The reduction of ``tensor`` over ``comm`` (``op``: sum, min, max, prod)."""
     import torch
 
-    work = scaled(_host(tensor), prescale)
-    wide = work.to(torch.float32) if work.dtype in (torch.float16, torch.bfloat16) else work
-    array = wide.numpy() if wide.dim() else wide.reshape(1).numpy()
+    array = _reducible(tensor, prescale, writable=True)
     done = False
     if array.nbytes >= MIN_BYTES and comm.size > 1:
         # the shape and dtype were negotiated: every rank takes this branch together
@@ -73,7 +101,7 @@ def allreduce(comm, call, tensor, op: str, prescale: float, postscale: float):
     if array.size and not done:
         call(comm.Iallreduce(MPI.IN_PLACE, array, op=_MPI_OPS[op]))
     result = torch.from_numpy(array).reshape(tensor.shape).to(tensor.dtype)
-    return scaled(result, postscale).to(tensor.device)
+    return _postscaled(result, postscale).to(tensor.device)
 
 
 def allgather(comm, call, tensor, rows: list):
@@ -117,8 +145,24 @@ def scatter_rows(first: int, size: int) -> list:
 
 
 def reducescatter(comm, call, tensor, op: str, prescale: float, postscale: float):
-    """This rank's block of rows of the reduction of ``tensor``."""
-    reduced = allreduce(comm, call, tensor, op, prescale, postscale)
+    """This rank's block of rows of the reduction of ``tensor`` (rows split as
+    :func:`scatter_rows`). On one node, from :data:`MIN_BYTES` with as many rows for every rank,
+    each rank reads its block of its peers' tensors by cross-memory and reduces it
+    (:func:`~mpisync.transports.crossreduce.reduce_steps`); else, or where that path is not
+    open, ``MPI_Ireduce_scatter``."""
+    import torch
+
+    array = _reducible(tensor, prescale, writable=False)
     rows = scatter_rows(tensor.shape[0], comm.size)
-    start = sum(rows[: comm.rank])
-    return reduced.narrow(0, start, rows[comm.rank]).clone()
+    per_row = math.prod(tensor.shape[1:])
+    counts = [r * per_row for r in rows]
+    out = _np.empty(counts[comm.rank], dtype=array.dtype)
+    done = False
+    if array.nbytes >= MIN_BYTES and comm.size > 1 and len(set(rows)) == 1:
+        # Shape and dtype were agreed, so every rank takes this branch together; with equal
+        # rows, the path's equal shares are the blocks of rows.
+        done, _ = drive(reduce_steps(comm, array, combine_of(_MPI_OPS[op]), out=out), call)
+    if array.size and not done:
+        call(comm.Ireduce_scatter(array, out, counts, op=_MPI_OPS[op]))
+    block = torch.from_numpy(out).reshape(rows[comm.rank], *tensor.shape[1:]).to(tensor.dtype)
+    return _postscaled(block, postscale).to(tensor.device)

@@ -155,3 +155,81 @@ def test_a_large_allreduce_has_mpis_bytes(started):
     assert hvd.allreduce(x, op=hvd.Sum).numpy().tobytes() == expected.tobytes()
     largest = np.maximum.reduce([_values(r, n, exact) for r in range(comm.size)])
     assert hvd.allreduce(x, op=hvd.Max).numpy().tobytes() == largest.tobytes()
+
+
+def _spied(monkeypatch, name: str) -> list:
+    """Wrap ``kernels.<name>`` (a cross-memory step generator) to record whether each call ran
+    its path (the real function still does the work)."""
+    from mpisync.horovod import kernels
+
+    real, ran = getattr(kernels, name), []
+
+    def recording(*args, **kwargs):
+        done = yield from real(*args, **kwargs)
+        ran.append(done)
+        return done
+
+    monkeypatch.setattr(kernels, name, recording)
+    return ran
+
+
+@pytest.mark.parametrize("rows", ["equal", "uneven"])
+def test_a_large_reducescatter_has_the_blocks_of_mpis_allreduce(started, monkeypatch, rows):
+    """From ``MIN_BYTES`` with equal rows each rank reduces its block from its peers' memory on
+    one node; uneven rows go through ``MPI_Ireduce_scatter``. Either way each rank holds its
+    block of MPI's all-reduce: the same bytes at two ranks, the same exact integers at more."""
+    from mpi4py import MPI
+
+    from mpisync.horovod.kernels import scatter_rows
+    from mpisync.transports.crossreduce import MIN_BYTES
+
+    comm = started
+    width = 1000
+    first = -(-MIN_BYTES // (4 * width * comm.size)) * comm.size + (rows == "uneven")
+    ran = _spied(monkeypatch, "reduce_steps")
+    x = torch.from_numpy(_values(comm.rank, first * width, comm.size > 2)).reshape(first, width)
+    whole = x.numpy().copy()
+    comm.Allreduce(MPI.IN_PLACE, whole)
+    counts = scatter_rows(first, comm.size)
+    start = sum(counts[: comm.rank])
+    got = hvd.reducescatter(x, op=hvd.Sum)
+    assert got.shape == (counts[comm.rank], width)
+    assert got.numpy().tobytes() == whole[start : start + counts[comm.rank]].tobytes()
+    assert torch.equal(
+        x, torch.from_numpy(_values(comm.rank, first * width, comm.size > 2)).reshape(first, width)
+    )
+    assert len(ran) == (comm.size > 1 and rows == "equal")
+    assert ran == [_cross_open(comm)] * len(ran)
+
+
+def _cross_open(comm) -> bool:
+    """Whether the cross-memory path is open between ``comm``'s ranks (the same on every rank):
+    :func:`hvd.init` duplicates ``comm``; the probe's answer is a fact of the node, not of the
+    communicator."""
+    from mpisync.transports.crossreduce import drive, opened
+
+    dup = comm.Dup()
+    try:
+        cross, _ = drive(opened(dup), lambda request: request.Wait())
+        return cross is not None
+    finally:
+        dup.Free()
+
+
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32], ids=str)
+@pytest.mark.parametrize("kind", ["allreduce", "reducescatter"])
+def test_the_results_are_new_tensors_and_the_inputs_unchanged(started, kind, dtype, op):
+    """No kernel writes into the caller's tensor or hands it back, whichever factor it scales
+    by (an average's postscale is applied in place, to the kernel's own result)."""
+    comm = started
+    x = (torch.arange(4 * comm.size) % 7).to(dtype).reshape(2 * comm.size, 2)
+    before = x.clone()
+    got = getattr(hvd, kind)(x, op=getattr(hvd, op))
+    assert torch.equal(x, before)
+    assert got.data_ptr() != x.data_ptr()
+    factor = 1 if op == "Sum" else 1 / comm.size
+    whole = (before.double() * comm.size * factor).to(dtype)
+    rows = 2 if kind == "reducescatter" else 2 * comm.size
+    start = 2 * comm.rank if kind == "reducescatter" else 0
+    assert torch.equal(got, whole[start : start + rows])

@@ -31,7 +31,8 @@ def failing_scaled(monkeypatch, comm, failing_call: int) -> None:
     monkeypatch.setattr(kernels, "scaled", scaled)
 
 
-# scalings per tensor of an allreduce: 1 before its collective, 2 after it
+# An allreduce of integers with both factors scales each tensor twice: before its collective
+# (call 1 of the first tensor) and after it (call 2); call 3 comes between the two tensors'.
 @pytest.mark.parametrize(
     "failing_call, tensors", [(1, 1), (2, 1), (3, 2)], ids=["before", "after", "between"]
 )
@@ -40,7 +41,13 @@ def test_a_run_failing_on_one_rank_raises_the_same_error_everywhere(
 ):
     comm = started
     failing_scaled(monkeypatch, comm, failing_call)
-    handle = hvd.grouped_allreduce_async([torch.ones(3)] * tensors, name="bad", op=hvd.Sum)
+    handle = hvd.grouped_allreduce_async(
+        [torch.ones(3, dtype=torch.int32)] * tensors,
+        name="bad",
+        op=hvd.Sum,
+        prescale_factor=2.0,
+        postscale_factor=0.5,
+    )
     start = time.monotonic()
     message = raises_everywhere(
         comm,
@@ -61,5 +68,5 @@ def test_a_failing_run_raises_a_runtime_error_and_a_sync_error(started, monkeypa
     comm = started
     failing_scaled(monkeypatch, comm, 1)
     with pytest.raises(RuntimeError) as info:
-        hvd.allreduce(torch.ones(2), name="typed", op=hvd.Sum)
+        hvd.allreduce(torch.ones(2), name="typed", op=hvd.Sum, prescale_factor=2.0)
     assert isinstance(info.value, mpisync.SyncError)

@@ -167,6 +167,29 @@ def test_the_limit_row_runs_and_times_the_slowest_rank(comm, operation):
     assert comm.allgather(timing.samples) == [timing.samples] * comm.size
 
 
+@pytest.mark.mpi
+def test_interleaved_runs_rewrite_their_inputs_untimed_in_one_order_on_every_rank(comm):
+    """``before(name)`` precedes each run of ``name`` (warm-up too) and is not in its time; the
+    shuffled order is the same on every rank."""
+    import time
+
+    from mpisync.tools.bench.timing import measure_interleaved
+
+    events: list = []
+    runs = {name: (lambda name=name: events.append(("run", name))) for name in "abc"}
+
+    def before(name):
+        events.append(("before", name))
+        time.sleep(0.2 if name == "b" else 0)
+
+    timings = measure_interleaved(comm, runs, iterations=4, warmup=1, before=before)
+    assert events[0::2] == [("before", name) for _, name in events[1::2]]
+    ran = [name for _, name in events[1::2]]
+    assert sorted(ran) == sorted("abc" * 5) and ran[:3] == list("abc")
+    assert comm.allgather(ran) == [ran] * comm.size
+    assert max(timings["b"].samples) < 0.2
+
+
 def _check_rows(comm, rows, sizes):
     assert [r["bytes"] for r in rows] == sizes
     for r in rows:

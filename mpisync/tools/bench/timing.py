@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses as _dc
 import random as _random
 import statistics as _statistics
+import typing as _typing
 
 import numpy as _np
 from mpi4py import MPI
@@ -48,7 +49,15 @@ def measure(comm, fn, *, iterations: int, warmup: int) -> Timing:
     return measure_interleaved(comm, {"fn": fn}, iterations=iterations, warmup=warmup)["fn"]
 
 
-def measure_interleaved(comm, runs: dict, *, iterations: int, warmup: int, progress=None) -> dict:
+def measure_interleaved(
+    comm,
+    runs: dict,
+    *,
+    iterations: int,
+    warmup: int,
+    progress=None,
+    before: _typing.Callable[[_typing.Any], object] | None = None,
+) -> dict:
     """Time every ``runs[name]()`` side by side: each iteration runs each once, in a shuffled order.
 
     Load that comes and goes then lands on every strategy alike, not on one
@@ -56,16 +65,23 @@ def measure_interleaved(comm, runs: dict, *, iterations: int, warmup: int, progr
     shuffled (the same on every rank: seeded by the iteration) rather than
     rotated: rotated, each run always followed the same neighbour, so what
     that neighbour left in the caches favoured or hurt it in every iteration.
+    ``before(name)``, untimed, runs before each run of ``runs[name]`` (warm-up
+    included): a training step's rewrite of that run's inputs, so no run finds
+    its bytes in cache from the run before it.
     """
     names = list(runs)
     for _ in range(warmup):
         for name in names:
+            if before is not None:
+                before(name)
             _time_once(comm, runs[name])
     samples: dict[object, list[float]] = {name: [] for name in names}
     for i in range(iterations):
         order = list(names)
         _random.Random(i).shuffle(order)
         for name in order:
+            if before is not None:
+                before(name)
             samples[name].append(_time_once(comm, runs[name]))
         if progress is not None:
             progress()
