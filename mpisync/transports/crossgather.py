@@ -20,9 +20,8 @@ from __future__ import annotations
 import typing as _typing
 
 import numpy as _np
-from mpi4py import MPI
 
-from .crossreduce import CrossReduceError, Step, _iovecs, _iovecs_at, _transfer, opened
+from .crossreduce import Step, _iovecs, _iovecs_at, _transfer, opened, published
 
 __all__ = ["gather_steps"]
 
@@ -41,30 +40,16 @@ def gather_steps(
     if cross is None:
         return False
     rank, size, nbytes = comm.rank, comm.size, send.nbytes
-    table = _np.empty((size, 2), dtype=_np.int64)
-    yield [comm.Iallgather(_np.array([send.ctypes.data, nbytes], _np.int64), table)], False
-    if not (table[:, 1] == nbytes).all():  # the same table on every rank
-        raise CrossReduceError(
-            "ranks passed inputs of different sizes to one all-gather; nothing was copied"
-        )
+    addresses = yield from published(comm, [send], "inputs", "all-gather")
     ok = True
     for step in range(1, size):
         peer = (rank + step) % size
-        remote = _iovecs_at([(int(table[peer, 0]), nbytes)])
+        remote = _iovecs_at([(int(addresses[peer, 0]), nbytes)])
         if nbytes and _transfer(0, cross.pids[peer], _iovecs([blocks[peer]]), remote) != nbytes:
             ok = False
             break
     own = blocks[rank]
     if ok and own.ctypes.data != send.ctypes.data:
         own.reshape(-1).view(_np.uint8)[...] = send.reshape(-1).view(_np.uint8)
-    everyone = _np.zeros(1, dtype=_np.int64)
-    # Every rank's input stays untouched until here: nobody leaves while a peer still reads it.
-    yield [comm.Iallreduce(_np.array([int(ok)], _np.int64), everyone, MPI.MIN)], last
-    if not everyone[0]:
-        cross.on = False
-        raise CrossReduceError(
-            "a cross-memory copy failed on some rank during an all-gather: the outputs hold "
-            "partial blocks on every rank; later calls go through MPI "
-            "(MPISYNC_CROSS_MEMORY=0 keeps MPI from the start)"
-        )
+    yield from cross.settled(comm, ok, last, "all-gather", "the outputs hold partial blocks")
     return True

@@ -45,6 +45,7 @@ __all__ = [
     "combine_of",
     "drive",
     "opened",
+    "published",
     "reduce_steps",
 ]
 
@@ -136,25 +137,28 @@ class CrossReduce:
         :class:`CrossReduceError` on every rank when the sizes differ (nothing copied) or a copy
         failed anywhere (the object is then off)."""
         flats = [a.reshape(-1) for a in (arrays if isinstance(arrays, list) else [arrays])]
-        k, size = len(flats), self.size
-        mine = _np.array([f.ctypes.data for f in flats] + [f.nbytes for f in flats], _np.int64)
-        table = _np.empty((size, 2 * k), dtype=_np.int64)
-        yield [comm.Iallgather(mine, table)], False
-        if not (table[:, k:] == mine[k:]).all():  # the same table on every rank
-            raise CrossReduceError(
-                "ranks passed arrays of different sizes to one all-reduce; nothing was copied"
-            )
-        layout = _Layout(flats, table[:, :k], _weights(size, root), self.rank)
+        addresses = yield from published(comm, flats, "arrays", "all-reduce")
+        layout = _Layout(flats, addresses, _weights(self.size, root), self.rank)
         target = None if out is None else out.reshape(-1)
-        ok = _np.array([self._reduce_share(layout, combine, target, root)], _np.int64)
+        ok = self._reduce_share(layout, combine, target, root)
+        yield from self.settled(comm, ok, last, "all-reduce", "the arrays hold partial values")
+
+    def settled(
+        self, comm, ok: bool, last: bool, operation: str, left: str
+    ) -> _typing.Generator[Step, None, None]:
+        """The closing step of an ``operation``: every rank learns whether every copy went
+        through (``ok``: this rank's); if one failed anywhere, the object turns off and every
+        rank raises :class:`CrossReduceError` saying what was ``left``. Until this step every
+        rank's arrays stay untouched by their owner: nobody leaves while a peer still reads or
+        writes them."""
         everyone = _np.zeros(1, dtype=_np.int64)
-        yield [comm.Iallreduce(ok, everyone, MPI.MIN)], last
+        yield [comm.Iallreduce(_np.array([int(ok)], _np.int64), everyone, MPI.MIN)], last
         if not everyone[0]:
             self.on = False
             raise CrossReduceError(
-                "a cross-memory copy failed on some rank during an all-reduce: the arrays hold "
-                "partial values on every rank; later calls reduce through MPI "
-                "(MPISYNC_CROSS_MEMORY=0 keeps MPI from the start)"
+                f"a cross-memory copy failed on some rank during an {operation}: {left} on "
+                "every rank; later calls go through MPI (MPISYNC_CROSS_MEMORY=0 keeps MPI from "
+                "the start)"
             )
 
     def _reduce_share(self, layout: _Layout, combine, out, root: int | None) -> bool:
@@ -200,6 +204,25 @@ class CrossReduce:
                     ):
                         return False
         return True
+
+
+def published(
+    comm, flats: list, what: str, operation: str
+) -> _typing.Generator[Step, None, _typing.Any]:
+    """The opening step of an ``operation``: every rank publishes the address and size of each
+    of its ``flats`` (its arrays, once every one is ready to be read); returns every rank's
+    addresses (a row per rank). Sizes that differ from this rank's anywhere raise
+    :class:`CrossReduceError` on every rank (each holds the same table: true on every rank or on
+    none), nothing copied."""
+    k = len(flats)
+    mine = _np.array([f.ctypes.data for f in flats] + [f.nbytes for f in flats], _np.int64)
+    table = _np.empty((comm.size, 2 * k), dtype=_np.int64)
+    yield [comm.Iallgather(mine, table)], False
+    if not (table[:, k:] == mine[k:]).all():
+        raise CrossReduceError(
+            f"ranks passed {what} of different sizes to one {operation}; nothing was copied"
+        )
+    return table[:, :k]
 
 
 def _weights(size: int, root: int | None) -> list:
