@@ -12,6 +12,9 @@ interleaved in an order shuffled each iteration,
   by cross-memory; ``MPI_Reduce_scatter_block`` of a numpy array of the same bytes;
 - ``hvd.allreduce`` (``op=Sum``, a new tensor) and ``MPI_Allreduce`` in place on a numpy array
   of the same bytes;
+- ``hvd.grouped_allreduce`` (``op=Sum``) of the same bytes as 100 tensors, and
+  ``mpisync.GradSync.allreduce`` of those tensors (in place, fused: the form
+  ``DistributedOptimizer`` uses);
 - ``limit``: each operation's least work as local copies and adds on every rank at once
   (``mpisync.tools.bench.limits``).
 
@@ -28,6 +31,7 @@ def _rows(comm, hvd, mib: float, iterations: int) -> dict:
     import torch
     from mpi4py import MPI
 
+    import mpisync
     from mpisync.tools.bench.limits import limit_run
     from mpisync.tools.bench.timing import measure_interleaved
 
@@ -35,20 +39,28 @@ def _rows(comm, hvd, mib: float, iterations: int) -> dict:
     n = int(mib * (1 << 20)) // 4 // (1000 * size) * (1000 * size)
     tensor, array = torch.ones(n // 1000, 1000), np.ones(n, np.float32)
     block = np.empty(n // size, np.float32)
+    pieces = [torch.ones(n // 100) for _ in range(100)]
+    grads = {f"g{i:03d}": p.numpy() for i, p in enumerate(pieces)}
+    reducer = mpisync.GradSync(comm)
     runs = {
         "hvd.reducescatter": lambda: hvd.reducescatter(tensor, op=hvd.Sum),
         "MPI_Reduce_scatter_block": lambda: comm.Reduce_scatter_block(array, block),
         "limit, reduce-scatter": limit_run(comm, "reduce-scatter", 4 * n),
         "hvd.allreduce": lambda: hvd.allreduce(tensor, op=hvd.Sum),
         "MPI_Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, array),
+        "hvd.grouped_allreduce, 100": lambda: hvd.grouped_allreduce(pieces, op=hvd.Sum),
+        "GradSync, the same 100": lambda: reducer.allreduce(grads),
         "limit, all-reduce": limit_run(comm, "all-reduce", 4 * n),
     }
 
     def rewrite(name: str) -> None:
         tensor.fill_(1.0)
         array.fill(1.0)
+        for piece in pieces:
+            piece.fill_(1.0)
 
     timings = measure_interleaved(comm, runs, iterations=iterations, warmup=2, before=rewrite)
+    reducer.close()
     return {name: t.median * 1e3 for name, t in timings.items()}
 
 

@@ -262,6 +262,10 @@ def _zero_allreduce(comm, call, desc: dict) -> None:
     from . import kernels
 
     op, prescale, postscale = desc["x"]
-    for dtype, shape in zip(desc["m"][-2], desc["s"]):  # the match ends with dtypes, shapes
-        zeros = torch.zeros(shape, dtype=getattr(torch, dtype))
-        kernels.allreduce(comm, call, zeros, op, prescale, postscale)
+    # the match ends with dtypes, shapes; the same group as the other ranks': the same buffers
+    # and collectives
+    zeros = [
+        torch.zeros(shape, dtype=getattr(torch, dtype))
+        for dtype, shape in zip(desc["m"][-2], desc["s"])
+    ]
+    kernels.allreduce(comm, call, zeros, op, prescale, postscale)

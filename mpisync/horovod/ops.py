@@ -198,9 +198,10 @@ def grouped_allreduce_async(
     """Start the reduction of each tensor of ``tensors`` over the ranks of ``process_set``.
 
     The group is one operation under one name: every rank passes as many tensors, with the
-    same dtypes and shapes, in the same order. Each is reduced through a nonblocking MPI
-    all-reduce of a CPU copy (a CUDA tensor comes back on its device); float16 and bfloat16
-    are reduced in float32. The inputs are not modified.
+    same dtypes and shapes, in the same order. The group is fused, as Horovod fuses tensors:
+    the tensors reduced in one dtype are copied end to end into one CPU buffer and reduced by
+    one collective (a CUDA tensor comes back on its device); float16 and bfloat16 are reduced
+    in float32. The inputs are not modified.
 
     Args:
         tensors: The tensors to reduce (any dtype torch and MPI share, any device).
@@ -241,7 +242,7 @@ def grouped_allreduce_async(
     )
 
     def run(comm, call, descs):
-        return [kernels.allreduce(comm, call, t, mpi_op, pre, post) for t in tensors]
+        return kernels.allreduce(comm, call, tensors, mpi_op, pre, post)
 
     return Handle(*_submit(process_set, "allreduce", name, desc, run))
 

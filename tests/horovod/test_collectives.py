@@ -233,3 +233,47 @@ def test_the_results_are_new_tensors_and_the_inputs_unchanged(started, kind, dty
     rows = 2 if kind == "reducescatter" else 2 * comm.size
     start = 2 * comm.rank if kind == "reducescatter" else 0
     assert torch.equal(got, whole[start : start + rows])
+
+
+def _group_of(r: int) -> list:
+    """Rank ``r``'s tensors of several dtypes (its values depend on ``r``)."""
+    return [
+        torch.arange(5, dtype=torch.float32) + r,
+        torch.arange(4, dtype=torch.int32).reshape(2, 2) * (r + 1),
+        torch.tensor(2.5 + r, dtype=torch.float64),  # 0-d
+        torch.full((3,), 0.5 * (r + 1), dtype=torch.float16),
+        torch.ones(2, 3) * r,
+        torch.full((2,), 1.5, dtype=torch.bfloat16),
+    ]
+
+
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+def test_a_group_is_reduced_in_one_buffer_per_dtype(started, monkeypatch, op):
+    """A grouped allreduce of several dtypes posts one reduction per dtype it is reduced in
+    (halves with float32), and each result holds its own tensor's reduction, scaled as Horovod
+    scales it, in its own dtype and shape, with the inputs unchanged."""
+    from mpisync.horovod import kernels
+
+    comm = started
+    reduced: list = []
+    real = kernels._reduce_in_place
+
+    def recording(comm, call, array, mpi_op):
+        reduced.append(str(array.dtype))
+        real(comm, call, array, mpi_op)
+
+    monkeypatch.setattr(kernels, "_reduce_in_place", recording)
+    group = _group_of(comm.rank)
+    got = hvd.grouped_allreduce(group, op=getattr(hvd, op), prescale_factor=2.0)
+    assert reduced == ["float32", "int32", "float64"]
+    everyone = [_group_of(r) for r in range(comm.size)]
+    for i, (result, tensor) in enumerate(zip(got, group)):
+        assert torch.equal(tensor, everyone[comm.rank][i])
+        assert result.dtype == tensor.dtype and result.shape == tensor.shape
+        assert result.data_ptr() != tensor.data_ptr()
+        wide = kernels._wide(tensor.dtype)
+        total = sum(kernels.scaled(mine[i], 2.0).to(wide) for mine in everyone)
+        expected = total.to(tensor.dtype)
+        if op == "Average":
+            expected = kernels.scaled(expected, 1.0 / comm.size)
+        assert torch.equal(result, expected), (i, result, expected)

@@ -129,6 +129,30 @@ def test_join_feeds_zeros_to_the_others_allreduces_and_returns_the_last(started)
     assert hvd.allgather_object(last) == [last] * comm.size
 
 
+def test_join_feeds_zeros_to_a_fused_group_of_several_dtypes(started):
+    """A joined rank posts the same fused buffers as the ranks that reduce the group: one per
+    dtype, one of them from ``MIN_BYTES`` (cross-memory on one node)."""
+    from mpisync.transports.crossreduce import MIN_BYTES
+
+    comm = started
+    if comm.rank == 0:
+        last = hvd.join()
+    else:
+        group = [
+            torch.full((3,), comm.rank, dtype=torch.int32),
+            torch.full((MIN_BYTES // 4 + 1,), float(comm.rank)),
+            torch.full((2,), float(comm.rank), dtype=torch.float64),
+        ]
+        got = hvd.grouped_allreduce(group, name="jg", op=hvd.Sum)
+        total = sum(range(comm.size))
+        for result, tensor in zip(got, group):
+            assert result.dtype == tensor.dtype and torch.equal(
+                result, torch.full_like(tensor, total)
+            )
+        last = hvd.join()
+    assert last == (comm.size - 1 if comm.size > 1 else 0)
+
+
 def test_a_tensor_that_cannot_travel_on_one_rank_raises_on_every_rank(started):
     comm = started
     dense = torch.eye(3)

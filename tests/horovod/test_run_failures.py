@@ -31,10 +31,13 @@ def failing_scaled(monkeypatch, comm, failing_call: int) -> None:
     monkeypatch.setattr(kernels, "scaled", scaled)
 
 
-# An allreduce of integers with both factors scales each tensor twice: before its collective
-# (call 1 of the first tensor) and after it (call 2); call 3 comes between the two tensors'.
+# An allreduce of integers with both factors scales each tensor twice: every tensor of the group
+# before the group's collective (call 1 of one tensor, calls 1-2 of two), every one after it
+# (call 2 of one tensor; call 3 of two: the first tensor's, the second's still to come).
 @pytest.mark.parametrize(
-    "failing_call, tensors", [(1, 1), (2, 1), (3, 2)], ids=["before", "after", "between"]
+    "failing_call, tensors",
+    [(1, 1), (2, 1), (3, 2)],
+    ids=["before", "after", "after, one of two"],
 )
 def test_a_run_failing_on_one_rank_raises_the_same_error_everywhere(
     started, monkeypatch, failing_call, tensors
