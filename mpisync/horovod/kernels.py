@@ -49,11 +49,16 @@ def _raw(tensor):
 
 
 def _from_raw(raw, dtype, shape, device):
+    """A tensor of ``dtype`` and ``shape`` on ``device`` holding ``raw``'s bytes (a uint8 array
+    this call made): on the CPU, over ``raw``'s memory, yet not a torch view of another tensor,
+    since autograd refuses in-place ops on views that a custom Function returns."""
     import torch
 
     if raw.size == 0:
         return torch.empty(shape, dtype=dtype, device=device)
-    out = torch.from_numpy(raw).view(dtype).reshape(shape)
+    strides = [math.prod(shape[k + 1 :]) for k in range(len(shape))]  # C order
+    storage = torch.from_numpy(raw).untyped_storage()
+    out = torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides)
     return out.to(device) if str(device) != "cpu" else out
 
 
@@ -106,7 +111,7 @@ def allreduce(comm, call, tensors: list, op: str, prescale: float, postscale: fl
     as Horovod fuses a group: the tensors reduced in one dtype are copied end to end into one
     new buffer, reduced by one collective (:func:`_reduce_in_place`), one buffer per dtype in the
     order the dtypes first appear (the same on every rank: dtypes and shapes were agreed).
-    Returns a new tensor per input (views of the buffers where dtype and device allow)."""
+    Returns a new tensor per input (over its part of a buffer where dtype and device allow)."""
     import torch
 
     groups: dict = {}
@@ -115,18 +120,21 @@ def allreduce(comm, call, tensors: list, op: str, prescale: float, postscale: fl
     results: list = [None] * len(tensors)
     for wide, members in groups.items():
         # Torch calls cost microseconds each, a hundred tensors' worth a millisecond: one copy
-        # (cat) and one split for the group, and per tensor only the calls it needs.
+        # (cat) for the group, and per tensor only the calls it needs.
         flats = []
         for i in members:
             flat = tensors[i].detach().reshape(-1)
             if prescale != 1.0:
                 flat = scaled(flat, prescale)
             flats.append(flat if flat.dtype == wide and flat.is_cpu else flat.to("cpu", wide))
-        buffer = torch.cat(flats)
-        _reduce_in_place(comm, call, buffer.numpy(), op)
-        for i, part in zip(members, buffer.split([tensors[i].numel() for i in members])):
+        buffer = torch.cat(flats).numpy()
+        _reduce_in_place(comm, call, buffer, op)
+        start = 0
+        for i in members:
             tensor = tensors[i]
-            result = part if tensor.dim() == 1 else part.view(tensor.shape)
+            # a tensor of its own over its part, not a torch view of the buffer (see _from_raw)
+            result = torch.from_numpy(buffer[start : start + tensor.numel()].reshape(tensor.shape))
+            start += tensor.numel()
             if result.dtype != tensor.dtype:
                 result = result.to(tensor.dtype)
             result = _postscaled(result, postscale)
@@ -194,5 +202,6 @@ def reducescatter(comm, call, tensor, op: str, prescale: float, postscale: float
         done, _ = drive(reduce_steps(comm, array, combine_of(_MPI_OPS[op]), out=out), call)
     if array.size and not done:
         call(comm.Ireduce_scatter(array, out, counts, op=_MPI_OPS[op]))
-    block = torch.from_numpy(out).reshape(rows[comm.rank], *tensor.shape[1:]).to(tensor.dtype)
+    # numpy's reshape, not torch's: the result is not a torch view (see _from_raw)
+    block = torch.from_numpy(out.reshape(rows[comm.rank], *tensor.shape[1:])).to(tensor.dtype)
     return _postscaled(block, postscale).to(tensor.device)

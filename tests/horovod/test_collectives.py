@@ -277,3 +277,43 @@ def test_a_group_is_reduced_in_one_buffer_per_dtype(started, monkeypatch, op):
         if op == "Average":
             expected = kernels.scaled(expected, 1.0 / comm.size)
         assert torch.equal(result, expected), (i, result, expected)
+
+
+def test_a_groups_results_take_in_place_ops_and_carry_gradients(started):
+    """The results of a fused group share one buffer but are no views of it: autograd allows
+    in-place ops on them, and the gradient flows back as Horovod's (the sum's: every rank's)."""
+    comm = started
+    x = torch.ones(3, requires_grad=True)
+    a, b = hvd.grouped_allreduce([x, x * 2], op=hvd.Sum)
+    a.add_(1)
+    single = hvd.allreduce(x, op=hvd.Sum)
+    single.mul_(2)
+    (a * b).sum().backward()
+    n = comm.size
+    # through a: the sum over ranks of b (2n on each); through b = allreduce(2x): twice the sum
+    # over ranks of a (n + 1 on each): 2n^2 + 2n(n + 1)
+    assert torch.equal(x.grad, torch.full((3,), float(4 * n * n + 2 * n)))
+    assert torch.equal(single, torch.full((3,), 2.0 * n))
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter"],
+)
+def test_results_take_in_place_ops_under_autograd(started, kind):
+    """As Horovod's, each collective's result is a tensor of its own: an in-place op on it is
+    allowed even when its input requires a gradient (autograd refuses that on a view)."""
+    comm = started
+    x = torch.ones(2 * comm.size, 3, requires_grad=True)
+    calls = {
+        "allreduce": lambda: hvd.allreduce(x, op=hvd.Sum),
+        "grouped_allreduce": lambda: hvd.grouped_allreduce([x, x], op=hvd.Sum)[1],
+        "allgather": lambda: hvd.allgather(x),
+        "broadcast": lambda: hvd.broadcast(x, root_rank=0),
+        "alltoall": lambda: hvd.alltoall(x),
+        "reducescatter": lambda: hvd.reducescatter(x, op=hvd.Sum),
+    }
+    result = calls[kind]()
+    expected = result.detach().clone() + 1
+    result.add_(1)
+    assert torch.equal(result.detach(), expected)
