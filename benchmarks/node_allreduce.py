@@ -1,4 +1,4 @@
-"""The all-reduce of one large array on one node, by cross-memory and through MPI, in one run.
+"""The all-reduce of one array on one node, by the node's paths and through MPI, in one run.
 
     mpiexec -n 2 python benchmarks/node_allreduce.py [--rounds 30] [--sizes 8 25 64]
 
@@ -9,10 +9,11 @@ so a change in the machine's state, and what ran just before, touch them alike; 
 
 - ``MPI_Allreduce``: mpi4py's in-place all-reduce of the same array, no mpisync code;
 - ``GradSync``: ``mpisync.GradSync.allreduce`` of ``{"grad": array}``, its default path
-  (cross-memory from ``mpisync.transports.crossreduce.MIN_BYTES`` on one node), and the same with
-  cross-memory off (``MPISYNC_CROSS_MEMORY=0`` when it probes): through MPI;
-- ``torch all_reduce``: the backend's ``all_reduce`` of a tensor, default and with cross-memory
-  off (a second group probed with it off);
+  (cross-memory from ``mpisync.transports.crossreduce.MIN_BYTES`` on one node, the node's segment
+  from ``mpisync.transports.sharedreduce.MIN_BYTES`` to its ``MAX_BYTES``), and the same with both
+  off (``MPISYNC_CROSS_MEMORY=0`` and ``MPISYNC_SHARED_MEMORY=0`` while they open): through MPI;
+- ``torch all_reduce``: the backend's ``all_reduce`` of a tensor, default and with both paths
+  off (a second group that opened them with them off);
 - ``limit``: the all-reduce's least work as local adds and copies on every rank at once
   (``mpisync.tools.bench.limits``).
 
@@ -35,14 +36,18 @@ import mpisync.torch
 from mpisync.tools.bench.limits import limit_run
 from mpisync.tools.bench.timing import measure_interleaved
 
+_SWITCHES = ("MPISYNC_CROSS_MEMORY", "MPISYNC_SHARED_MEMORY")
+
 
 def _off(make):
-    """``make()`` with cross-memory off while it probes (its first large call)."""
-    os.environ["MPISYNC_CROSS_MEMORY"] = "0"
+    """``make()`` with the node's paths off while they open (cross-memory at its first large
+    call, the segment at its second or third mid-size call)."""
+    os.environ.update(dict.fromkeys(_SWITCHES, "0"))
     try:
         return make()
     finally:
-        del os.environ["MPISYNC_CROSS_MEMORY"]
+        for name in _SWITCHES:
+            del os.environ[name]
 
 
 def _rows(comm, mib: float, rounds: int, off_group) -> list:
@@ -52,25 +57,27 @@ def _rows(comm, mib: float, rounds: int, off_group) -> list:
     base = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
     on, off = mpisync.GradSync(comm), mpisync.GradSync(comm)
     grads = {"grad": array}
-    on.allreduce(grads)
-    _off(lambda: off.allreduce(grads))
-    _off(lambda: dist.all_reduce(tensor, group=off_group))
+    for _ in range(3):  # every path opened (the segment at the third call)
+        on.allreduce(grads)
+        _off(lambda: off.allreduce(grads))
+        dist.all_reduce(tensor)
+        _off(lambda: dist.all_reduce(tensor, group=off_group))
     limit = limit_run(comm, "all-reduce", n * 4, 0)
     targets = {
         "MPI_Allreduce, numpy": array,
         "GradSync, numpy": array,
-        "GradSync cross-memory off, numpy": array,
+        "GradSync, node paths off, numpy": array,
         "MPI_Allreduce, torch": tensor.numpy(),
         "torch all_reduce": tensor.numpy(),
-        "torch all_reduce cross-memory off": tensor.numpy(),
+        "torch all_reduce, node paths off": tensor.numpy(),
     }
     runs = {
         "MPI_Allreduce, numpy": lambda: comm.Allreduce(MPI.IN_PLACE, array),
         "GradSync, numpy": lambda: on.allreduce(grads),
-        "GradSync cross-memory off, numpy": lambda: off.allreduce(grads),
+        "GradSync, node paths off, numpy": lambda: off.allreduce(grads),
         "MPI_Allreduce, torch": lambda: comm.Allreduce(MPI.IN_PLACE, tensor),
         "torch all_reduce": lambda: dist.all_reduce(tensor),
-        "torch all_reduce cross-memory off": lambda: dist.all_reduce(tensor, group=off_group),
+        "torch all_reduce, node paths off": lambda: dist.all_reduce(tensor, group=off_group),
         "limit": limit,
     }
 

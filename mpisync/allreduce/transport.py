@@ -20,6 +20,7 @@ from ..transports.base import Context, Transport
 from ..transports.crossreduce import MIN_BYTES, drive, opened
 from ..transports.selection import CROSS, SHARED
 from ..transports.selection import MPI as MPI_NAME
+from ..transports.sharedreduce import opened as shared_opened
 from . import ops as _ops
 from .plan import ReducePlan, fused_arena
 from .reduceset import ReduceSet
@@ -120,8 +121,9 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         op = _ops.mpi_op(self.op)
         fused = [step for step in steps if step.fused] if spans is not None else ()
         crossed = self._reduce_large(steps, ctx) if several else set()
+        mid = self._reduce_mid(steps, crossed, ctx) if several and self.agreed > 1 else set()
         for step in steps:
-            if (fused and step.fused) or id(step) in crossed:
+            if (fused and step.fused) or id(step) in crossed or id(step) in mid:
                 continue  # through the segment, below, or done
             ring.make_room()
             if step.load is not None:
@@ -137,11 +139,12 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         self._ring, ctx.pending = None, None
         report = ctx.report
         if several:
-            report.collectives += len(steps) - len(fused) - len(crossed) + (2 if fused else 0)
+            done = len(fused) + len(crossed) + len(mid)
+            report.collectives += len(steps) - done + (2 if fused else 0)
             report.collectives += self._cross_collectives
         report.fused_buckets = sum(1 for s in steps if s.fused)
         report.transfers = len(steps)
-        report.channel = SHARED if fused else CROSS if crossed else MPI_NAME
+        report.channel = SHARED if fused or mid else CROSS if crossed else MPI_NAME
 
     def _reduce_large(self, steps: list, ctx: Context) -> set:
         """Reduce by cross-memory, one dtype at a time, the direct steps (tensors reduced in their
@@ -172,6 +175,33 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
                 if step.store is not None:
                     step.store()
         return {id(step) for group in large for step in group}
+
+    def _reduce_mid(self, steps: list, crossed: set, ctx: Context) -> set:
+        """Reduce through the node's segment (:mod:`mpisync.transports.sharedreduce`), one dtype
+        at a time, the direct steps of each dtype left to MPI that hold a mid size together, on
+        a call after the first agreed one (a one-shot ``allreduce`` never opens the segment);
+        the ids of the steps done. The plan is agreed, so every rank groups the same steps."""
+        groups: dict = {}
+        for step in steps:
+            if not step.fused and id(step) not in crossed:
+                groups.setdefault(step.buffer.dtype, []).append(step)
+        combine = _ops.local_op(self.op)
+        done: set = set()
+        for group in groups.values():
+            buffers = [s.buffer for s in group]
+            path, posted = drive(shared_opened(self.comm, sum(b.nbytes for b in buffers)), ctx.call)
+            self._cross_collectives += posted
+            if path is None:
+                continue
+            for step in group:
+                if step.load is not None:
+                    step.load()
+            self._cross_collectives += drive(path.steps(self.comm, buffers, combine), ctx.call)[1]
+            for step in group:
+                if step.store is not None:
+                    step.store()
+            done.update(id(step) for step in group)
+        return done
 
     def _reduce_on_segment(self, fused: list, spans: list, ring: TrackedRing, ctx: Context) -> None:
         # The large tensors' all-reduces stay in flight meanwhile; the barriers come after them on

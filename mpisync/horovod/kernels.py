@@ -15,6 +15,7 @@ import numpy as _np
 from mpi4py import MPI
 
 from ..transports.crossreduce import MIN_BYTES, combine_of, drive, reduce_steps
+from ..transports.sharedreduce import shared_steps
 
 __all__ = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "scaled"]
 
@@ -67,13 +68,15 @@ def _row_bytes(tensor) -> int:
 
 
 def _reducible(tensor, prescale: float):
-    """``tensor`` scaled by ``prescale`` as a flat numpy array of the dtype the reduction runs in
-    (halves in float32), possibly the tensor's own bytes: only to be read (a 25 MiB copy costs
-    more than the reduce-scatter that reads it)."""
-    work = _host(tensor)
+    """``tensor`` scaled by ``prescale``, flat, on the CPU, in the dtype the reduction runs in
+    (halves in float32): possibly the tensor's own memory, only to be read (a 25 MiB copy costs
+    more than the reduce-scatter that reads it). Each torch call only where it is needed: a
+    hundred tensors' worth of them cost a millisecond."""
+    flat = tensor.detach().reshape(-1)
     if prescale != 1.0:
-        work = scaled(work, prescale)
-    return work.to(_wide(work.dtype)).reshape(-1).numpy()
+        flat = scaled(flat, prescale)
+    wide = _wide(flat.dtype)
+    return flat if flat.dtype == wide and flat.is_cpu else flat.to("cpu", wide)
 
 
 def _wide(dtype):
@@ -97,11 +100,14 @@ def _postscaled(result, factor: float):
 
 def _reduce_in_place(comm, call, array, op: str) -> None:
     """Reduce ``array`` over ``comm`` in place: by cross-memory on one node from
-    :data:`MIN_BYTES`, else (or where that path is not open) ``MPI_Iallreduce``. Its size and
-    dtype were agreed: every rank takes the same branch."""
+    :data:`MIN_BYTES`, through the node's segment from its second mid-size call
+    (:mod:`mpisync.transports.sharedreduce`), else (or where those paths are not open)
+    ``MPI_Iallreduce``. Its size and dtype were agreed: every rank takes the same branch."""
     done = False
     if array.nbytes >= MIN_BYTES and comm.size > 1:
         done, _ = drive(reduce_steps(comm, array, combine_of(_MPI_OPS[op])), call)
+    elif comm.size > 1:
+        done, _ = drive(shared_steps(comm, array, combine_of(_MPI_OPS[op])), call)
     if array.size and not done:
         call(comm.Iallreduce(MPI.IN_PLACE, array, op=_MPI_OPS[op]))
 
@@ -118,16 +124,9 @@ def allreduce(comm, call, tensors: list, op: str, prescale: float, postscale: fl
     for i, tensor in enumerate(tensors):
         groups.setdefault(_wide(tensor.dtype), []).append(i)
     results: list = [None] * len(tensors)
-    for wide, members in groups.items():
-        # Torch calls cost microseconds each, a hundred tensors' worth a millisecond: one copy
-        # (cat) for the group, and per tensor only the calls it needs.
-        flats = []
-        for i in members:
-            flat = tensors[i].detach().reshape(-1)
-            if prescale != 1.0:
-                flat = scaled(flat, prescale)
-            flats.append(flat if flat.dtype == wide and flat.is_cpu else flat.to("cpu", wide))
-        buffer = torch.cat(flats).numpy()
+    for members in groups.values():
+        # one copy (cat) for the group: the result is a new tensor, the inputs are only read
+        buffer = torch.cat([_reducible(tensors[i], prescale) for i in members]).numpy()
         _reduce_in_place(comm, call, buffer, op)
         start = 0
         for i in members:
@@ -190,7 +189,7 @@ def reducescatter(comm, call, tensor, op: str, prescale: float, postscale: float
     open, ``MPI_Ireduce_scatter``."""
     import torch
 
-    array = _reducible(tensor, prescale)
+    array = _reducible(tensor, prescale).numpy()
     rows = scatter_rows(tensor.shape[0], comm.size)
     per_row = math.prod(tensor.shape[1:])
     counts = [r * per_row for r in rows]

@@ -8,6 +8,7 @@ import torch
 from mpi4py import MPI
 
 from ..transports.crossreduce import MIN_BYTES, combine_of, reduce_steps
+from ..transports.sharedreduce import shared_steps
 from .buffers import SCRATCH, ReduceBuffer, in_place_array, reduce_problem, reduction
 from .movement import REDUCE_SCATTER_TAG
 from .op import Once, Op, dtype_code, fold, joined, overlapping, shape_text
@@ -73,8 +74,9 @@ def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", root=None) ->
 
     ready = Once(prepare)  # on the caller while the argument check is in flight
 
-    # One large tensor, on a group of one node: cross-memory (the decision depends only on what
-    # the argument check compares, so it is the same on every rank).
+    # One large tensor, on a group of one node: cross-memory; a mid-size one: the node's segment
+    # (the decision depends only on what the argument check compares, so it is the same on every
+    # rank).
     combine = combine_of(mpi_op) if size > 1 and len(tensors) == 1 else None
 
     def body(comm):
@@ -84,6 +86,8 @@ def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", root=None) ->
         done = False
         if combine is not None and arrays[0].nbytes >= MIN_BYTES:
             done = yield from reduce_steps(comm, arrays[0], combine, root=root)
+        elif combine is not None:
+            done = yield from shared_steps(comm, arrays[0], combine)
         if not done:
             yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
         for b in buffers:

@@ -30,6 +30,7 @@ import os as _os
 import platform as _platform
 import secrets as _secrets
 import time as _time
+import typing as _typing
 
 import numpy as _np
 from mpi4py import MPI
@@ -191,11 +192,27 @@ class NodeSegment:
     ) -> NodeSegment | None:
         """Set the segment up on every rank of ``comm``, or return None on every rank.
 
-        Collective (two nonblocking collectives, waited with ``call``). Root
-        creates and maps the file and sends its name, geometry and a random
-        token; the others map it and check the token; the file is unlinked
-        once all have. Root's ``slots`` and ``slot_bytes`` are the ones used.
-        """
+        Collective (:meth:`open_steps`, each request waited with ``call``)."""
+        steps = cls.open_steps(comm, root, slots, slot_bytes, requested)
+        try:
+            while True:
+                requests, _ = next(steps)
+                for request in requests:
+                    call(request)
+        except StopIteration as stop:
+            return stop.value
+        finally:  # a wait that raised: the file is unlinked now, not when the generator is freed
+            steps.close()
+
+    @classmethod
+    def open_steps(
+        cls, comm, root: int, slots: int, slot_bytes: int, requested: bool | None = None
+    ) -> _typing.Generator[tuple[list, bool], None, NodeSegment | None]:
+        """The collective steps (two nonblocking collectives, each yielded as ``([request],
+        False)``) that set the segment up on every rank of ``comm``; returns it, or None on
+        every rank. Root creates and maps the file and sends its name, geometry and a random
+        token; the others map it and check the token; the file is unlinked once all have.
+        Root's ``slots`` and ``slot_bytes`` are the ones used."""
         size, rank = comm.size, comm.rank
         fd, mapping, path = None, None, None
         geometry = _np.zeros(3, dtype=_np.int64)  # name length, slots, slot bytes
@@ -216,7 +233,7 @@ class NodeSegment:
         packed = _np.concatenate([geometry.view(_np.uint8), message])
         everyone = _np.zeros(1, dtype=_np.int64)
         try:
-            call(comm.Ibcast(packed, root))
+            yield [comm.Ibcast(packed, root)], False
             length, slots, slot_bytes = (int(x) for x in packed[:24].view(_np.int64))
             if rank != root and length and enabled(requested):
                 try:
@@ -232,7 +249,7 @@ class NodeSegment:
                 except Exception:  # noqa: BLE001 - any local failure: every rank learns it below
                     fd, mapping = _close(fd, mapping)
             ok = _np.array([1 if mapping is not None else 0], dtype=_np.int64)
-            call(comm.Iallreduce(ok, everyone, op=MPI.MIN))
+            yield [comm.Iallreduce(ok, everyone, op=MPI.MIN)], False
         finally:  # also when a wait times out: the mappings keep the file, /dev/shm keeps nothing
             if path is not None:
                 try:

@@ -201,16 +201,19 @@ def test_gradsync_reuses_its_plan_and_sees_new_values(comm):
     params = {f"w{i:03d}": np.zeros(50 + i, np.float32) for i in range(40)}
     params["big"] = np.zeros(100000, np.float64)
     with mpisync.GradSync(comm, op="avg", fusion_bytes=2048) as syncer:
-        for step in range(3):
+        for step in range(4):
             for array in params.values():
                 array[...] = comm.rank + step
             report = syncer.allreduce(params)
             mean = sum(r + step for r in range(comm.size)) / comm.size
             assert all(np.allclose(a, mean) for a in params.values()), step
         assert report.fused_buckets >= 2 and report.transfers == report.fused_buckets + 1
-        # One agreement, then one all-reduce per transfer, or the large one and the segment's two
-        # barriers.
-        per_call = 1 + (report.transfers if report.channel == "mpi" else 1 + 2)
+        # One agreement, then one all-reduce per bucket (their 11 kB stay under the buckets'
+        # segment's floor), and for the large array (800 kB) one more, or on one node from the
+        # third call two through the node's segment for mid sizes (opened at the third).
+        segment = _one_node_segment(comm)
+        assert report.channel == ("shared memory" if segment else "mpi")
+        per_call = 1 + report.fused_buckets + (2 if segment else 1)
         assert report.collectives == (per_call if comm.size > 1 else 0)
     with pytest.raises(mpisync.SyncError, match="closed"):
         syncer.allreduce(params)
@@ -525,6 +528,39 @@ def test_nan_wins_min_and_max_with_the_same_bytes_on_every_rank_and_channel(comm
     assert len(set(seen)) == 1  # every call and channel gave the same bytes
     assert len(set(comm.allgather(seen[0]))) == 1  # and so did every rank
     assert not np.signbit(got[np.isnan(got)]).any()  # NaN results are positive NaNs
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_mid_size_arrays_go_through_the_nodes_segment_from_the_third_call(
+    comm, op, dtype, replicas
+):
+    """The arrays reduced in their own memory, of one dtype, 256 KiB to 2 MiB together (float16
+    in float32 staging), go through the node's segment from the third call (the first two through
+    MPI: one-shot calls never open it), laid end to end in one reduction; every call exact."""
+    from mpisync.transports.sharedreduce import MAX_BYTES as SHARED_MAX
+
+    n = SHARED_MAX // 16 + 3  # int64: half the segment's largest, with b.mid two thirds of it
+    shapes = {"a.mid": n, "b.mid": n // 3, "c.small": 5}
+    segment = _one_node_segment(comm)
+    channels = []
+    # a.mid and b.mid reduced in their own memory; c.small's bucket under the buckets' segment's
+    # floor (MPI)
+    with mpisync.GradSync(comm, op=op, fusion_bytes=32 << 10) as syncer:
+        for call in range(4):
+            params = {}
+            for name, count in shapes.items():
+                arrays = [_values(name, comm.rank, call + k, count, dtype) for k in range(replicas)]
+                params[name] = arrays[0] if replicas == 1 else arrays
+            report = syncer.allreduce(params)
+            channels.append(report.channel)
+            for name, count in shapes.items():
+                want = _expected(op, name, comm.size, replicas, count, dtype, salt=call)
+                got = params[name]
+                for array in got if replicas > 1 else [got]:
+                    assert array.tobytes() == want.tobytes(), (call, name)
+    assert channels == ["mpi", "mpi"] + ["shared memory" if segment else "mpi"] * 2
 
 
 @pytest.mark.parametrize("replicas", [1, 2])

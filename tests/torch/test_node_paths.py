@@ -15,7 +15,10 @@ dist = pytest.importorskip("torch.distributed")
 from torchutil import rank_values, tensor_bytes  # noqa: E402
 
 import mpisync.torch  # noqa: E402  (registers the backend)
+from mpisync.torch import reductions  # noqa: E402
 from mpisync.transports.crossreduce import MIN_BYTES  # noqa: E402
+from mpisync.transports.nodesegment import setting  # noqa: E402
+from mpisync.transports.sharedreduce import MAX_BYTES as SHARED_MAX  # noqa: E402
 
 _MPI_OPS = {"SUM": MPI.SUM, "PRODUCT": MPI.PROD, "MIN": MPI.MIN, "MAX": MPI.MAX}
 
@@ -97,6 +100,64 @@ def test_the_plain_form_beside_the_in_place_form_and_a_staged_dtype(comm):
     half = torch.empty(count, dtype=torch.float16)
     dist.reduce_scatter_tensor(half, data.to(torch.float16))
     assert torch.equal(half, expected.chunk(size)[rank].to(torch.float16))
+
+
+@pytest.mark.parametrize("op", ["SUM", "MAX", "MIN", "AVG", "PRODUCT"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64], ids=str)
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce to the last rank"])
+def test_a_mid_size_all_reduce_goes_through_the_nodes_segment_with_gloos_bytes(
+    comm, groups, monkeypatch, op, dtype, kind
+):
+    """From its second call on a group, a tensor of 256 KiB to 2 MiB (as reduced: float16 in
+    float32) goes through the node's segment: every call holds gloo's bytes (small integers at
+    more than two ranks, where gloo sums in another order), every rank the same."""
+    if dtype == torch.int64 and op == "AVG":
+        pytest.skip("gloo has no AVG of integers")
+    taken = []
+    original = reductions.shared_steps
+
+    def counted(*args, **kwargs):
+        done = yield from original(*args, **kwargs)
+        taken.append(done)
+        return done
+
+    monkeypatch.setattr(reductions, "shared_steps", counted)
+    size, rank = comm.size, comm.rank
+    n = SHARED_MAX // 16 + 3
+    sub = dist.new_group(backend="mpisync")  # a new group: its first call goes through MPI
+    for round_ in range(3):
+        data = rank_values(rank + 10 * round_, n, dtype, exact=size > 2 or op == "PRODUCT")
+        results = []
+        for group in (sub, groups[1]):
+            t = data.clone()
+            if kind == "all_reduce":
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
+            else:
+                dist.reduce(t, dst=size - 1, op=getattr(dist.ReduceOp, op), group=group)
+            results.append(t)
+        if kind == "all_reduce" or rank == size - 1:
+            assert tensor_bytes(results[0]) == tensor_bytes(results[1]), round_
+    dist.destroy_process_group(sub)
+    assert taken == ([False, True, True] if size > 1 and setting() is not False else [])
+
+
+def test_mid_size_all_reduces_in_flight_together_keep_their_own_bytes(comm, groups):
+    """Operations issued one after another without waiting share the group's segment: each
+    copies into it only once the one before has copied its result out (a copy too early would
+    mix two operations' values)."""
+    rank = comm.rank
+    n = SHARED_MAX // 16 + 3
+    sub = dist.new_group(backend="mpisync")
+    inputs = [rank_values(rank + 100 * k, n, torch.float32, exact=True) for k in range(12)]
+    tensors = [t.clone() for t in inputs]
+    works = [dist.all_reduce(t, group=sub, async_op=True) for t in tensors]
+    for work in works:
+        work.wait()
+    for k, (t, data) in enumerate(zip(tensors, inputs)):
+        expected = data.clone()
+        dist.all_reduce(expected, group=groups[1])
+        assert tensor_bytes(t) == tensor_bytes(expected), k
+    dist.destroy_process_group(sub)
 
 
 @pytest.mark.parametrize("op", ["MAX", "MIN"])

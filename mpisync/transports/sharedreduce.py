@@ -1,0 +1,164 @@
+"""All-reduces of mid-size host arrays between the ranks of one node, through a file every rank
+maps.
+
+Below :data:`mpisync.transports.crossreduce.MIN_BYTES`, pinning a peer's pages on every call
+costs more than cross-memory saves, and MPI's all-reduce pays its own hand-offs. Here each rank
+copies its array into its own region of a segment every rank maps
+(:class:`~mpisync.transports.nodesegment.NodeSegment`, opened once per communicator). After the
+first collective (which also checks that every rank passed as many bytes), rank ``r`` combines
+share ``r`` of every region, its own values first and then its peers' in rank order, and writes
+the result into share ``r`` of every region; after the second, each rank copies its own region
+back into its array, before the step that ends the operation (no request) is yielded, so before
+a later call's copy into the region: the backend's progress engine posts the next operation's
+first step only once this one's last is posted. Between two collectives every byte of the
+segment is written by one rank at most and read only where nobody writes it, and a rank's region
+is written by its peers only between the collectives of one call. Every rank ends
+with the same bytes; with two ranks they are MPI's too (two operands combine alike in either
+order). Figures: docs/allreduce.md, "Mid-size tensors through the node's segment".
+"""
+
+from __future__ import annotations
+
+import typing as _typing
+
+import numpy as _np
+from mpi4py import MPI
+
+from .nodesegment import NodeSegment, setting
+
+__all__ = ["MAX_BYTES", "MIN_BYTES", "SharedReduce", "SharedReduceError", "opened", "shared_steps"]
+
+#: The smallest array it takes: below, one MPI all-reduce costs less than two small collectives
+#: and two copies (docs/allreduce.md).
+MIN_BYTES = 256 << 10
+#: The largest: each rank's region holds it, and from a few MiB MPI's all-reduce (then
+#: cross-memory, from :data:`~mpisync.transports.crossreduce.MIN_BYTES`) moves fewer bytes.
+MAX_BYTES = 2 << 20
+
+# ``(requests, last)``: what a step posts, and whether it is the operation's last collective.
+Step = tuple[list, bool]
+
+
+class SharedReduceError(RuntimeError):
+    """Raised on every rank: the ranks' arrays differ in size (nothing written into them)."""
+
+
+class SharedReduce:
+    """One region of :data:`MAX_BYTES` per rank in a segment every rank of a communicator maps;
+    :meth:`steps` reduces one array."""
+
+    def __init__(self, segment: NodeSegment, rank: int, size: int):
+        self.segment, self.rank, self.size = segment, rank, size
+        self._bytes = _np.frombuffer(segment.arena.view, _np.uint8)
+        self._region = segment.slot_bytes
+
+    def steps(
+        self, comm, arrays, combine, last: bool = True
+    ) -> _typing.Generator[Step, None, None]:
+        """The collective steps that reduce ``arrays`` (an array, or a list of them; C-contiguous,
+        this rank's, one dtype, at most :data:`MAX_BYTES` together, as many bytes on every rank)
+        with ``combine`` over ``comm``'s ranks, in place, as if they lay end to end; the closing
+        step (no request) is yielded with ``last``. Raises :class:`SharedReduceError` on every
+        rank, the arrays untouched, when their sizes differ."""
+        flats = [a.reshape(-1) for a in (arrays if isinstance(arrays, list) else [arrays])]
+        dtype, rank, size = flats[0].dtype, self.rank, self.size
+        nbytes, region = sum(f.nbytes for f in flats), self._region
+        regions = [self._bytes[k * region : k * region + nbytes].view(dtype) for k in range(size)]
+        _laid(flats, regions[rank], into=True)
+        # The largest size and the negated smallest: equal sizes everywhere when they agree.
+        sizes = _np.array([nbytes, -nbytes], dtype=_np.int64)
+        yield [comm.Iallreduce(MPI.IN_PLACE, sizes, MPI.MAX)], False
+        if sizes[0] != -sizes[1]:
+            raise SharedReduceError(
+                f"ranks passed arrays of {-int(sizes[1])} to {int(sizes[0])} bytes to one "
+                "all-reduce through the node's segment; nothing was written"
+            )
+        count = regions[rank].size
+        lo, hi = rank * count // size, (rank + 1) * count // size
+        parts = [r[lo:hi] for r in regions]
+        share = parts[rank]
+        with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
+            for k in range(size):
+                if k != rank:
+                    combine(share, parts[k], out=share)
+        for k in range(size):
+            if k != rank:
+                parts[k][...] = share
+        yield [comm.Ibarrier()], False  # every region holds the result
+        _laid(flats, regions[rank], into=False)
+        # No request: the copy above is done before the step that ends the operation is posted,
+        # so before the next operation's copy into the region (the progress engine starts posting
+        # the next one only then).
+        yield [], last
+
+
+def _laid(flats: list, region, into: bool) -> None:
+    """Copy ``flats`` end to end into ``region`` (``into``), or back out of it."""
+    start = 0
+    for flat in flats:
+        part = region[start : start + flat.size]
+        if into:
+            part[...] = flat
+        else:
+            flat[...] = part
+        start += flat.size
+
+
+class _Held:
+    """What this module keeps on a communicator: the calls in range so far and the path."""
+
+    __slots__ = ("calls", "path", "tried")
+
+    def __init__(self):
+        self.calls = 0
+        self.tried = False
+        self.path: SharedReduce | None = None
+
+
+_keyval: int | None = None
+
+
+def _held(comm) -> _Held:
+    """This module's state on ``comm`` (an MPI attribute, dropped with it)."""
+    global _keyval
+    if _keyval is None:
+        _keyval = MPI.Comm.Create_keyval()
+    held = comm.Get_attr(_keyval)
+    if held is None:
+        held = _Held()
+        comm.Set_attr(_keyval, held)
+    return held
+
+
+def opened(comm, nbytes: int) -> _typing.Generator[Step, None, SharedReduce | None]:
+    """The path for a reduction of ``nbytes`` on ``comm`` (opening the segment, collectively, on
+    the first call that needs it), or None where it does not take them (the same answer on every
+    rank). It takes :data:`MIN_BYTES` to :data:`MAX_BYTES` from the second such call on ``comm``
+    (the first goes through MPI: opening the segment costs more than one all-reduce, so a
+    one-shot call never opens it), on ranks of one node unless ``MPISYNC_SHARED_MEMORY=0`` on
+    any rank. Every rank calls it for as many bytes in the same order, so every rank decides
+    alike."""
+    if comm.size == 1 or not MIN_BYTES <= nbytes <= MAX_BYTES:
+        return None
+    held = _held(comm)
+    held.calls += 1
+    if held.calls < 2:
+        return None
+    if not held.tried:
+        held.tried = True
+        requested = setting() is not False
+        segment = yield from NodeSegment.open_steps(comm, 0, comm.size, MAX_BYTES, requested)
+        held.path = SharedReduce(segment, comm.rank, comm.size) if segment is not None else None
+    return held.path
+
+
+def shared_steps(comm, arrays, combine, last: bool = True) -> _typing.Generator[Step, None, bool]:
+    """The steps reducing ``arrays`` (an array, or a list of arrays of one dtype laid end to end)
+    over ``comm`` through the node's segment (:meth:`SharedReduce.steps`) where :func:`opened`
+    gives the path; returns False, having posted at most the segment's opening, where not."""
+    nbytes = sum(a.nbytes for a in arrays) if isinstance(arrays, list) else arrays.nbytes
+    path = yield from opened(comm, nbytes)
+    if path is None:
+        return False
+    yield from path.steps(comm, arrays, combine, last)
+    return True
