@@ -12,13 +12,16 @@ so a change in the machine's state, and what ran just before, touch them alike; 
   (cross-memory from ``mpisync.transports.crossreduce.MIN_BYTES`` on one node, the node's segment
   from ``mpisync.transports.sharedreduce.MIN_BYTES`` to its ``MAX_BYTES``), and the same with both
   off (``MPISYNC_CROSS_MEMORY=0`` and ``MPISYNC_SHARED_MEMORY=0`` while they open): through MPI;
-- ``torch all_reduce``: the backend's ``all_reduce`` of a tensor, default and with both paths
-  off (a second group that opened them with them off);
+- ``torch all_reduce``: the backend's ``all_reduce`` of a tensor, default (from 16 MiB its
+  pages collapsed into huge pages at the second call: ``mpisync.transports.hugepages``), with
+  that advice off (``MPISYNC_HUGE_PAGES=0``, on a second tensor that keeps torch's 4 KiB
+  pages), and with both paths off (a second group that opened them with them off);
+- ``MPI_Allreduce, torch``: of the tensor on 4 KiB pages, and of the advised one;
 - ``limit``: the all-reduce's least work as local adds and copies on every rank at once
   (``mpisync.tools.bench.limits``).
 
 numpy arrays of this size are on transparent huge pages (numpy advises them); torch's allocator
-leaves 4 KiB pages, which cross-memory pins one by one: the two memories give other figures.
+leaves 4 KiB pages, which cross-memory pins one by one, unless mpisync's advice collapsed them.
 """
 
 from __future__ import annotations
@@ -50,10 +53,19 @@ def _off(make):
             del os.environ[name]
 
 
+def _unadvised(run) -> None:
+    """``run()`` with the huge-page advice off (the tensor stays on the pages it has)."""
+    os.environ["MPISYNC_HUGE_PAGES"] = "0"
+    try:
+        run()
+    finally:
+        del os.environ["MPISYNC_HUGE_PAGES"]
+
+
 def _rows(comm, mib: float, rounds: int, off_group) -> list:
     n = int(mib * (1 << 20)) // 4
     array = np.empty(n, np.float32)
-    tensor = torch.empty(n)
+    tensor, kept = torch.empty(n), torch.empty(n)  # kept: never given to the huge-page advice
     base = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
     on, off = mpisync.GradSync(comm), mpisync.GradSync(comm)
     grads = {"grad": array}
@@ -61,23 +73,27 @@ def _rows(comm, mib: float, rounds: int, off_group) -> list:
         on.allreduce(grads)
         _off(lambda: off.allreduce(grads))
         dist.all_reduce(tensor)
-        _off(lambda: dist.all_reduce(tensor, group=off_group))
+        _off(lambda: dist.all_reduce(kept, group=off_group))
     limit = limit_run(comm, "all-reduce", n * 4, 0)
     targets = {
         "MPI_Allreduce, numpy": array,
         "GradSync, numpy": array,
         "GradSync, node paths off, numpy": array,
-        "MPI_Allreduce, torch": tensor.numpy(),
+        "MPI_Allreduce, torch": kept.numpy(),
+        "MPI_Allreduce, torch, advised": tensor.numpy(),
         "torch all_reduce": tensor.numpy(),
-        "torch all_reduce, node paths off": tensor.numpy(),
+        "torch all_reduce, huge pages off": kept.numpy(),
+        "torch all_reduce, node paths off": kept.numpy(),
     }
     runs = {
         "MPI_Allreduce, numpy": lambda: comm.Allreduce(MPI.IN_PLACE, array),
         "GradSync, numpy": lambda: on.allreduce(grads),
         "GradSync, node paths off, numpy": lambda: off.allreduce(grads),
-        "MPI_Allreduce, torch": lambda: comm.Allreduce(MPI.IN_PLACE, tensor),
+        "MPI_Allreduce, torch": lambda: comm.Allreduce(MPI.IN_PLACE, kept),
+        "MPI_Allreduce, torch, advised": lambda: comm.Allreduce(MPI.IN_PLACE, tensor),
         "torch all_reduce": lambda: dist.all_reduce(tensor),
-        "torch all_reduce, node paths off": lambda: dist.all_reduce(tensor, group=off_group),
+        "torch all_reduce, huge pages off": lambda: _unadvised(lambda: dist.all_reduce(kept)),
+        "torch all_reduce, node paths off": lambda: dist.all_reduce(kept, group=off_group),
         "limit": limit,
     }
 
@@ -112,7 +128,7 @@ def main() -> None:
             kind: ms
             for _, name, ms, _ in rows
             for kind in ("numpy", "torch")
-            if name == f"MPI_Allreduce, {kind}"
+            if name == f"MPI_Allreduce, {kind}"  # the 4 KiB-page tensor's, for torch
         }
         for _, name, ms, of_limit in rows:
             kind = "torch" if "torch" in name else "numpy"

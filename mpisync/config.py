@@ -62,6 +62,7 @@ ENV_NAMES = {
 SWITCHES: dict[str, bool | None] = {
     "MPISYNC_SHARED_MEMORY": None,
     "MPISYNC_CROSS_MEMORY": True,
+    "MPISYNC_HUGE_PAGES": True,
     "MPISYNC_SPEEDUPS": True,
     "MPISYNC_TIMEOUT_ABORT": True,
     "MPISYNC_ALLOW_SINGLETON": False,

@@ -59,7 +59,7 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         # Calls whose agreement passed: the same count on every rank, whatever fails after.
         self.agreed = 0
         self._ring: TrackedRing | None = None  # the ring of the run in progress
-        self._cross_collectives = 0  # posted by the last run's cross-memory reductions
+        self._node_collectives = 0  # posted by the last run's reductions on the node's paths
 
     @property
     def nbytes(self) -> int:
@@ -120,6 +120,7 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         ctx.pending = ring.pending_labels
         op = _ops.mpi_op(self.op)
         fused = [step for step in steps if step.fused] if spans is not None else ()
+        self._node_collectives = 0
         crossed = self._reduce_large(steps, ctx) if several else set()
         mid = self._reduce_mid(steps, crossed, ctx) if several and self.agreed > 1 else set()
         for step in steps:
@@ -141,7 +142,7 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         if several:
             done = len(fused) + len(crossed) + len(mid)
             report.collectives += len(steps) - done + (2 if fused else 0)
-            report.collectives += self._cross_collectives
+            report.collectives += self._node_collectives
         report.fused_buckets = sum(1 for s in steps if s.fused)
         report.transfers = len(steps)
         report.channel = SHARED if fused or mid else CROSS if crossed else MPI_NAME
@@ -151,29 +152,15 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         own memory) of each dtype that hold at least ``MIN_BYTES`` together, where the node's
         path is open; the ids of the steps done. The plan is agreed, so every rank groups the
         same steps and posts the same collectives, before any of the ring's."""
-        self._cross_collectives = 0
-        groups: dict = {}
-        for step in steps:
-            if not step.fused:
-                groups.setdefault(step.buffer.dtype, []).append(step)
-        large = [g for g in groups.values() if sum(s.buffer.nbytes for s in g) >= MIN_BYTES]
+        large = [g for g in _direct_groups(steps) if _nbytes(g) >= MIN_BYTES]
         if not large:
             return set()
         cross, posted = drive(opened(self.comm), ctx.call)
-        self._cross_collectives += posted
+        self._node_collectives += posted
         if cross is None:
             return set()
-        combine = _ops.local_op(self.op)
         for group in large:
-            for step in group:
-                if step.load is not None:
-                    step.load()
-            self._cross_collectives += drive(
-                cross.steps(self.comm, [s.buffer for s in group], combine), ctx.call
-            )[1]
-            for step in group:
-                if step.store is not None:
-                    step.store()
+            self._reduce_group(cross, group, ctx)
         return {id(step) for group in large for step in group}
 
     def _reduce_mid(self, steps: list, crossed: set, ctx: Context) -> set:
@@ -181,27 +168,27 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         at a time, the direct steps of each dtype left to MPI that hold a mid size together, on
         a call after the first agreed one (a one-shot ``allreduce`` never opens the segment);
         the ids of the steps done. The plan is agreed, so every rank groups the same steps."""
-        groups: dict = {}
-        for step in steps:
-            if not step.fused and id(step) not in crossed:
-                groups.setdefault(step.buffer.dtype, []).append(step)
-        combine = _ops.local_op(self.op)
         done: set = set()
-        for group in groups.values():
-            buffers = [s.buffer for s in group]
-            path, posted = drive(shared_opened(self.comm, sum(b.nbytes for b in buffers)), ctx.call)
-            self._cross_collectives += posted
-            if path is None:
-                continue
-            for step in group:
-                if step.load is not None:
-                    step.load()
-            self._cross_collectives += drive(path.steps(self.comm, buffers, combine), ctx.call)[1]
-            for step in group:
-                if step.store is not None:
-                    step.store()
-            done.update(id(step) for step in group)
+        for group in _direct_groups(steps, crossed):
+            path, posted = drive(shared_opened(self.comm, _nbytes(group)), ctx.call)
+            self._node_collectives += posted
+            if path is not None:
+                self._reduce_group(path, group, ctx)
+                done.update(id(step) for step in group)
         return done
+
+    def _reduce_group(self, path, group: list, ctx: Context) -> None:
+        """Load ``group``'s steps, reduce their buffers laid end to end by ``path``'s collective
+        steps (cross-memory's or the node segment's), then store them."""
+        for step in group:
+            if step.load is not None:
+                step.load()
+        arrays = [step.buffer for step in group]
+        steps = path.steps(self.comm, arrays, _ops.local_op(self.op))
+        self._node_collectives += drive(steps, ctx.call)[1]
+        for step in group:
+            if step.store is not None:
+                step.store()
 
     def _reduce_on_segment(self, fused: list, spans: list, ring: TrackedRing, ctx: Context) -> None:
         # The large tensors' all-reduces stay in flight meanwhile; the barriers come after them on
@@ -225,3 +212,17 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         if broken:
             keep_alive(self._ring, self.segment)
         self.segment, self._ring = None, None
+
+
+def _direct_groups(steps: list, done=()) -> list:
+    """The direct steps (tensors reduced in their own memory) of ``steps`` not in ``done`` (ids),
+    grouped by their buffers' dtype, in the order the dtypes first appear."""
+    groups: dict = {}
+    for step in steps:
+        if not step.fused and id(step) not in done:
+            groups.setdefault(step.buffer.dtype, []).append(step)
+    return list(groups.values())
+
+
+def _nbytes(group: list) -> int:
+    return sum(step.buffer.nbytes for step in group)

@@ -22,6 +22,7 @@ import typing as _typing
 import numpy as _np
 
 from .crossreduce import Step, _iovecs, _iovecs_at, _transfer, opened, published
+from .hugepages import advise
 
 __all__ = ["gather_steps"]
 
@@ -40,6 +41,7 @@ def gather_steps(
     if cross is None:
         return False
     rank, size, nbytes = comm.rank, comm.size, send.nbytes
+    advise([send, *blocks])
     addresses = yield from published(comm, [send], "inputs", "all-gather")
     ok = True
     for step in range(1, size):

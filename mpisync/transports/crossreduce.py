@@ -37,6 +37,7 @@ import numpy as _np
 from mpi4py import MPI
 
 from .cma import _BATCH, _CALLS, _Iovec, enabled, host_word
+from .hugepages import advise
 
 __all__ = [
     "CrossReduce",
@@ -137,6 +138,7 @@ class CrossReduce:
         :class:`CrossReduceError` on every rank when the sizes differ (nothing copied) or a copy
         failed anywhere (the object is then off)."""
         flats = [a.reshape(-1) for a in (arrays if isinstance(arrays, list) else [arrays])]
+        advise(flats if out is None else [*flats, out])
         addresses = yield from published(comm, flats, "arrays", "all-reduce")
         layout = _Layout(flats, addresses, _weights(self.size, root), self.rank)
         target = None if out is None else out.reshape(-1)

@@ -19,10 +19,7 @@ from __future__ import annotations
 import os as _os
 import typing as _typing
 
-import numpy as _np
-
 from . import limits as _limits
-from .buffers import written
 from .timing import measure_interleaved
 
 __all__ = ["COLLECTIVES", "LIMITS", "SIZES", "check_cost", "collectives", "table"]
@@ -32,9 +29,11 @@ _Builder = _typing.Callable[[_typing.Any, int, int, int], _typing.Callable[[], o
 
 
 def _floats(nbytes: int):
+    """A float32 tensor of ``nbytes`` made by torch's allocator, as users' tensors are (4 KiB
+    pages where numpy would take huge pages), every page written."""
     import torch
 
-    return torch.from_numpy(written(max(1, nbytes // 4), _np.float32))
+    return torch.zeros(max(1, nbytes // 4))
 
 
 def _broadcast(group, rank, size, nbytes):
