@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as _np
 
 from ..transports.nodesegment import NodeSegment, setting
+from ..transports.sharedreduce import combine_share
 from . import ops as _ops
 from .plan import aligned
 
@@ -85,11 +86,5 @@ class ReduceSegment:
                 parts = [
                     _np.frombuffer(view, dtype, hi - lo, k * region + offset) for k in range(size)
                 ]
-                mine = parts[rank]
-                for k in range(size):
-                    if k != rank:
-                        combine(mine, parts[k], out=mine)
-                for k in range(size):
-                    if k != rank:
-                        parts[k][...] = mine
+                combine_share(parts, rank, combine)
         call(comm.Ibarrier())  # every region holds the reduced values

@@ -26,7 +26,15 @@ from mpi4py import MPI
 
 from .nodesegment import NodeSegment, setting
 
-__all__ = ["MAX_BYTES", "MIN_BYTES", "SharedReduce", "SharedReduceError", "opened", "shared_steps"]
+__all__ = [
+    "MAX_BYTES",
+    "MIN_BYTES",
+    "SharedReduce",
+    "SharedReduceError",
+    "combine_share",
+    "opened",
+    "shared_steps",
+]
 
 #: The smallest array it takes: below, one MPI all-reduce costs less than two small collectives
 #: and two copies (docs/allreduce.md).
@@ -76,20 +84,27 @@ class SharedReduce:
         count = regions[rank].size
         lo, hi = rank * count // size, (rank + 1) * count // size
         parts = [r[lo:hi] for r in regions]
-        share = parts[rank]
         with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
-            for k in range(size):
-                if k != rank:
-                    combine(share, parts[k], out=share)
-        for k in range(size):
-            if k != rank:
-                parts[k][...] = share
+            combine_share(parts, rank, combine)
         yield [comm.Ibarrier()], False  # every region holds the result
         _laid(flats, regions[rank], into=False)
         # No request: the copy above is done before the step that ends the operation is posted,
         # so before the next operation's copy into the region (the progress engine starts posting
         # the next one only then).
         yield [], last
+
+
+def combine_share(parts: list, rank: int, combine) -> None:
+    """Combine into ``parts[rank]`` every other part, in rank order, then copy the result into
+    every other part: one share of every rank's region, reduced once and written back into each
+    region (the caller sets numpy's error state)."""
+    share = parts[rank]
+    for k, part in enumerate(parts):
+        if k != rank:
+            combine(share, part, out=share)
+    for k, part in enumerate(parts):
+        if k != rank:
+            part[...] = share
 
 
 def _laid(flats: list, region, into: bool) -> None:
