@@ -2,9 +2,12 @@
 transports (:class:`mpisync.transports.base.Transport`).
 
 Every step is an ``Iallreduce`` through the request ring (at most ``capacity`` in flight), large
-tensors in place in their own memory. Once a syncer's calls repeat, the fused buckets move onto
-the node's shared regions (:class:`~mpisync.allreduce.segment.ReduceSegment`: two barriers, no
-MPI data movement), while the large tensors stay on MPI. Figures: docs/allreduce.md.
+tensors in place in their own memory. On one node the tensors reduced in their own memory take
+the node's paths, one dtype at a time: by cross-memory from 16 MiB together
+(:mod:`mpisync.transports.crossreduce`), through the node's segment from 256 KiB to 2 MiB once a
+syncer's calls repeat (:mod:`mpisync.transports.sharedreduce`); and once they repeat the fused
+buckets move onto the node's shared regions (:class:`~mpisync.allreduce.segment.ReduceSegment`:
+two barriers, no MPI data movement). Figures: docs/allreduce.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 torch's CPU allocator leaves tensors on 4 KiB pages (unless ``THP_MEM_ALLOC_ENABLE=1``), and
 ``process_vm_readv``/``writev`` pin a peer's pages one by one: a 25 MiB all-reduce by
 cross-memory ran at about half the machine's limit on them, and at 0.8 of it on huge pages
-(docs/allreduce.md, "Huge pages for reused tensors"). The second time an array's memory comes
+(docs/allreduce.md, "Huge pages"). The second time an array's memory comes
 to these paths at the same address and size (a gradient, a DDP bucket: memory a training step
 reuses), :func:`advise` asks the kernel to back the 2 MiB-aligned part of it with huge pages
 (``MADV_HUGEPAGE``) and to do so now (``MADV_COLLAPSE``, Linux 6.1 and later: a copy of those
