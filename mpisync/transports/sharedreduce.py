@@ -53,7 +53,7 @@ class SharedReduceError(RuntimeError):
 
 class SharedReduce:
     """One region of :data:`MAX_BYTES` per rank in a segment every rank of a communicator maps;
-    :meth:`steps` reduces one array."""
+    :meth:`steps` reduces an array, or arrays of one dtype laid end to end."""
 
     def __init__(self, segment: NodeSegment, rank: int, size: int):
         self.segment, self.rank, self.size = segment, rank, size

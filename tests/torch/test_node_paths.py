@@ -138,7 +138,9 @@ def test_a_mid_size_all_reduce_goes_through_the_nodes_segment_with_gloos_bytes(
         if kind == "all_reduce" or rank == size - 1:
             assert tensor_bytes(results[0]) == tensor_bytes(results[1]), round_
     dist.destroy_process_group(sub)
-    assert taken == ([False, True, True] if size > 1 and setting() is not False else [])
+    # Asked on every call of a group of several ranks; taken from the second where it opens.
+    opens = setting() is not False
+    assert taken == ([False, opens, opens] if size > 1 else [])
 
 
 def test_mid_size_all_reduces_in_flight_together_keep_their_own_bytes(comm, groups):
