@@ -21,8 +21,9 @@ import typing as _typing
 
 import numpy as _np
 
-from .crossreduce import Step, _iovecs, _iovecs_at, _transfer, opened, published
+from .crossreduce import _iovecs, _iovecs_at, _transfer, opened, published
 from .hugepages import advise
+from .kept import Step
 
 __all__ = ["gather_steps"]
 

@@ -38,6 +38,7 @@ from mpi4py import MPI
 
 from .cma import _BATCH, _CALLS, _Iovec, enabled, host_word
 from .hugepages import advise
+from .kept import Step, kept_on
 
 __all__ = [
     "CrossReduce",
@@ -57,9 +58,6 @@ MIN_BYTES = 16 << 20
 # Bytes read from a peer per call before combining them: small enough to stay in cache, large
 # enough that the system call's cost vanishes (256 KiB-4 MiB measured; 1 MiB the best).
 _CHUNK = 1 << 20
-
-# ``(requests, last)``: what a step posts, and whether it is the operation's last collective.
-Step = tuple[list, bool]
 
 _UFUNCS = (
     (MPI.SUM, _np.add),
@@ -170,6 +168,8 @@ class CrossReduce:
         rank, itemsize = self.rank, layout.itemsize
         hot = self._hot[: _CHUNK // itemsize * itemsize].view(layout.dtype)
         peers = [k for k in range(self.size) if k != rank]
+        if len(layout.flats) == 1 and peers:
+            return self._reduce_one(layout, combine, out, hot, _pushed_to(peers, out, root))
         with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
             for start, pieces in layout.chunks(_CHUNK // itemsize):
                 n = sum(length for _, _, length in pieces)
@@ -204,6 +204,39 @@ class CrossReduce:
                         _transfer(1, self.pids[peer], _iovecs(results), layout.remote(peer, pieces))
                         != n * itemsize
                     ):
+                        return False
+        return True
+
+    def _reduce_one(self, layout: _Layout, combine, out, hot, pushed: list) -> bool:
+        """:meth:`_reduce_share` of one array: its chunks by arithmetic and one reused iovec on
+        each side, without the general loop's per-chunk search and iovec building
+        (docs/allreduce.md, "One array, one loop")."""
+        flat, itemsize, lo = layout.flats[0], layout.itemsize, layout.lo
+        local, remote = _Iovec(), _Iovec()
+        here, there = _ctypes.addressof(local), _ctypes.addressof(remote)
+        assert _CALLS is not None  # enabled() was true on every rank
+        read, write = _CALLS
+        hot_base = hot.ctypes.data
+        peers = [k for k in range(self.size) if k != self.rank]
+        bases = [int(layout.addresses[k][0]) for k in range(self.size)]
+        with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
+            for start in range(lo, layout.hi, hot.size):
+                stop = min(layout.hi, start + hot.size)
+                nbytes = (stop - start) * itemsize
+                source = result = flat[start:stop]
+                if out is not None:
+                    result = out[start - lo : stop - lo]
+                local.base, local.len, remote.len = hot_base, nbytes, nbytes
+                for peer in peers:
+                    remote.base = bases[peer] + start * itemsize
+                    if read(self.pids[peer], here, 1, there, 1, 0) != nbytes:
+                        return False
+                    combine(source, hot[: stop - start], out=result)
+                    source = result
+                local.base = result.ctypes.data
+                for peer in pushed:
+                    remote.base = bases[peer] + start * itemsize
+                    if write(self.pids[peer], here, 1, there, 1, 0) != nbytes:
                         return False
         return True
 
@@ -284,20 +317,10 @@ class _Layout:
         )
 
 
-_keyval: int | None = None
-
-
 def _held(comm) -> list:
-    """What this module keeps on ``comm`` (an MPI attribute, freed with it): empty until the
-    probe ran, then ``[CrossReduce or None]``."""
-    global _keyval
-    if _keyval is None:
-        _keyval = MPI.Comm.Create_keyval()
-    held = comm.Get_attr(_keyval)
-    if held is None:
-        held = []
-        comm.Set_attr(_keyval, held)
-    return held
+    """What this module keeps on ``comm``: empty until the probe ran, then
+    ``[CrossReduce or None]``."""
+    return kept_on(comm, __name__, list)
 
 
 def opened(comm) -> _typing.Generator[Step, None, CrossReduce | None]:

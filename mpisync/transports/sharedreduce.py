@@ -24,6 +24,7 @@ import typing as _typing
 import numpy as _np
 from mpi4py import MPI
 
+from .kept import Step, kept_on
 from .nodesegment import NodeSegment, setting
 
 __all__ = [
@@ -42,9 +43,6 @@ MIN_BYTES = 256 << 10
 #: The largest: each rank's region holds it, and from a few MiB MPI's all-reduce (then
 #: cross-memory, from :data:`~mpisync.transports.crossreduce.MIN_BYTES`) moves fewer bytes.
 MAX_BYTES = 2 << 20
-
-# ``(requests, last)``: what a step posts, and whether it is the operation's last collective.
-Step = tuple[list, bool]
 
 
 class SharedReduceError(RuntimeError):
@@ -130,19 +128,9 @@ class _Held:
         self.path: SharedReduce | None = None
 
 
-_keyval: int | None = None
-
-
 def _held(comm) -> _Held:
-    """This module's state on ``comm`` (an MPI attribute, dropped with it)."""
-    global _keyval
-    if _keyval is None:
-        _keyval = MPI.Comm.Create_keyval()
-    held = comm.Get_attr(_keyval)
-    if held is None:
-        held = _Held()
-        comm.Set_attr(_keyval, held)
-    return held
+    """This module's state on ``comm``."""
+    return kept_on(comm, __name__, _Held)
 
 
 def opened(comm, nbytes: int) -> _typing.Generator[Step, None, SharedReduce | None]:
