@@ -118,14 +118,15 @@ def workload(name: str) -> dict:
 
 def make_params(shapes: dict, rank: int, library: str = "numpy") -> dict:
     """Arrays of the given shapes whose values depend on ``rank`` (so a sync visibly changes
-    them)."""
+    them); ``library="torch"``: CPU tensors from torch's allocator, as a ``state_dict``'s are
+    (4 KiB pages where numpy gives large arrays huge pages)."""
     out: dict = {}
     for i, (name, (shape, dtype)) in enumerate(shapes.items()):
         array = _np.full(shape, (rank * 1000 + i) % 251, dtype=dtype)
         if library == "torch":
             import torch
 
-            out[name] = torch.from_numpy(array)
+            out[name] = torch.from_numpy(array).clone()
         else:
             out[name] = array
     return out
