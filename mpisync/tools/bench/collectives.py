@@ -77,7 +77,9 @@ def _all_gather_into_tensor(group, rank, size, nbytes):
 
     tensor = _floats(nbytes)
     output = tensor.repeat(size)
-    return lambda: dist.all_gather_into_tensor(output, tensor, group=group)
+    # torch 2.13 names it all_gather_single (the old name warns on every call)
+    call = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    return lambda: call(output, tensor, group=group)
 
 
 def _gather(group, rank, size, nbytes):
@@ -110,7 +112,9 @@ def _reduce_scatter_tensor(group, rank, size, nbytes):
     tensor = _floats(nbytes)
     output = tensor[: max(1, tensor.numel() // size)].clone()
     tensor = tensor[: output.numel() * size].clone()
-    return lambda: dist.reduce_scatter_tensor(output, tensor, group=group)
+    # torch 2.13 names it reduce_scatter_single (the old name warns on every call)
+    call = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    return lambda: call(output, tensor, group=group)
 
 
 def _all_to_all(group, rank, size, nbytes):
