@@ -10,6 +10,8 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
+from ..transports.crossbcast import MIN_BYTES as BROADCAST_MIN_BYTES
+from ..transports.crossbcast import bcast_steps
 from ..transports.crossgather import gather_steps
 from ..transports.crossreduce import MIN_BYTES
 from .buffers import SCRATCH
@@ -95,7 +97,8 @@ def barrier() -> Op:
 
 @refusing("broadcast")
 def broadcast(size: int, tensors, opts) -> Op:
-    """``opts.rootRank``'s ``tensors`` into every rank's (one ``Ibcast`` each)."""
+    """``opts.rootRank``'s ``tensors`` into every rank's (one ``Ibcast`` each; one large tensor on
+    one node by cross-memory, :mod:`mpisync.transports.crossbcast`)."""
     tensors, root = list(tensors), opts.rootRank
 
     def describe() -> str:
@@ -105,9 +108,13 @@ def broadcast(size: int, tensors, opts) -> Op:
     if problem is not None:
         return Op("broadcast", _signature(tensors, root), describe, None, tensors, problem)
     views = [host_bytes(t) for t in tensors]
+    # One large tensor on a group of one node: by cross-memory (the decision depends only on what
+    # the argument check compares, so it is the same on every rank).
+    crossing = len(views) == 1 and size > 1 and views[0][0].nbytes >= BROADCAST_MIN_BYTES
 
     def body(comm):
-        yield [comm.Ibcast(view, root) for view, _ in views], True
+        if not (crossing and (yield from bcast_steps(comm, views[0][0], root))):
+            yield [comm.Ibcast(view, root) for view, _ in views], True
         for _, back in views:
             if back is not None:
                 back()

@@ -257,3 +257,44 @@ def test_a_large_reduce_scatter_has_mpis_bytes(comm, groups, pieces, op):
         if pieces != "the output among them":
             assert [tensor_bytes(p) for p in inputs] == before
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("form", ["contiguous", "strided", "bool"])
+def test_a_large_broadcast_has_roots_bytes_by_cross_memory(comm, monkeypatch, where, form):
+    """One tensor of at least the broadcast's threshold: root's bytes on every rank, through the
+    cross-memory broadcast where every rank shares one node (a strided tensor through its
+    contiguous copy); a small one through MPI."""
+    from mpisync.torch import movement
+    from mpisync.transports.cma import enabled
+    from mpisync.transports.crossbcast import MIN_BYTES as BROADCAST_MIN
+
+    taken = []
+    original = movement.bcast_steps
+
+    def counted(*args, **kwargs):
+        done = yield from original(*args, **kwargs)
+        taken.append(done)
+        return done
+
+    monkeypatch.setattr(movement, "bcast_steps", counted)
+    size, rank = comm.size, comm.rank
+    root = 0 if where == "first" else size - 1
+    n = BROADCAST_MIN // (1 if form == "bool" else 4) + 7  # just over the threshold
+    if form == "bool":
+        values = [rank_values(r, n, torch.float32) > 0 for r in range(size)]
+        data = values[rank].clone()
+    elif form == "strided":
+        values = [rank_values(r, n, torch.float32) for r in range(size)]
+        data = torch.empty(2 * n)[::2]
+        data.copy_(values[rank])
+    else:
+        values = [rank_values(r, n, torch.float32) for r in range(size)]
+        data = values[rank].clone()
+    dist.broadcast(data, src=root)
+    assert tensor_bytes(data) == tensor_bytes(values[root])
+    dist.broadcast(small := rank_values(rank, 5, torch.float32), src=root)  # below it: MPI
+    assert tensor_bytes(small) == tensor_bytes(rank_values(root, 5, torch.float32))
+    same_node = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
+    opened = size > 1 and same_node and bool(comm.allreduce(int(enabled()), op=MPI.MIN))
+    assert taken == ([opened] if size > 1 else [])

@@ -1,0 +1,73 @@
+"""Broadcasts of large host arrays between the ranks of one node, by cross-memory attach.
+
+The first collective publishes every rank's array (its address and size). Root then writes the
+first part of every receiver's array (``process_vm_writev``) while each receiver reads the rest
+from root's (``process_vm_readv``), so root's core and the receivers' share the copies: root's
+part is :data:`ROOT_SHARE` of an even split, as in the parameter broadcast's cross-memory copies
+(docs/performance.md). The second collective says every copy is done, so root's array is not
+handed back while a receiver still reads it, nor a receiver's while root still writes into it.
+Nobody writes root's array; root and a receiver write disjoint parts of the receiver's. Each
+byte crosses between processes once, with no MPI data movement.
+
+The probe and the switch are :mod:`.crossreduce`'s (one per communicator): sizes that differ
+raise :class:`~.crossreduce.CrossReduceError` on every rank before any byte is copied; a copy
+that fails raises it on every rank at the second collective (the receivers' arrays hold partial
+bytes), and turns the path off for the communicator.
+"""
+
+from __future__ import annotations
+
+import typing as _typing
+
+from .crossreduce import _iovecs, _iovecs_at, _transfer, opened, published
+from .hugepages import advise
+from .kept import Step
+
+__all__ = ["MIN_BYTES", "ROOT_SHARE", "bcast_steps", "root_part"]
+
+#: The smallest array the torch backend's broadcast sends this way: from 8 MiB it beat the MPI
+#: path at 2 ranks in every launch, at 4 MiB in some (docs/allreduce.md).
+MIN_BYTES = 8 << 20
+#: Root's part of the copies, as a fraction of an even split between the ranks' cores: root also
+#: posts and waits, and finished last with an even split (docs/performance.md).
+ROOT_SHARE = 0.8
+
+
+def root_part(nbytes: int, size: int) -> int:
+    """The bytes at the start of each receiver's array that root writes (the receiver reads the
+    rest), the same on every rank."""
+    return int(nbytes * ROOT_SHARE / size)
+
+
+def bcast_steps(comm, array, root: int, last: bool = True) -> _typing.Generator[Step, None, bool]:
+    """The steps copying root's ``array`` (C-contiguous, as many bytes on every rank) into every
+    rank's ``array`` by cross-memory, after the probe of ``comm``'s pairs on its first call; the
+    second step's ``last`` is ``last``. Returns False, having posted at most the probe, where the
+    path is not open (the same answer on every rank). Raises
+    :class:`~.crossreduce.CrossReduceError` on every rank when the sizes differ (nothing copied)
+    or a copy failed anywhere (the path is then off)."""
+    cross = yield from opened(comm)
+    if cross is None:
+        return False
+    rank, size, nbytes = comm.rank, comm.size, array.nbytes
+    flat = array.reshape(-1)
+    advise([flat])
+    addresses = yield from published(comm, [flat], "arrays", "broadcast")
+    split = root_part(nbytes, size)
+    whole = flat.view("u1")
+    ok = True
+    if rank == root:
+        for step in range(1, size if split else 0):
+            peer = (root + step) % size
+            there = _iovecs_at([(int(addresses[peer, 0]), split)])
+            if _transfer(1, cross.pids[peer], _iovecs([whole[:split]]), there) != split:
+                ok = False
+                break
+    elif nbytes > split:
+        rest = nbytes - split
+        there = _iovecs_at([(int(addresses[root, 0]) + split, rest)])
+        ok = _transfer(0, cross.pids[root], _iovecs([whole[split:]]), there) == rest
+    yield from cross.settled(
+        comm, ok, last, "broadcast", "the receivers' arrays hold partial bytes"
+    )
+    return True
