@@ -57,3 +57,18 @@ def last_rank(comm) -> int:
 def wait(request) -> None:
     """Wait for one MPI request (the call ``mpisync.transports.crossreduce.drive`` takes)."""
     request.Wait()
+
+
+def taken(monkeypatch, module, name: str) -> list:
+    """Wrap ``module.<name>``, a steps generator that returns whether its path ran, so that each
+    call appends that answer to the returned list (the real function still does the work)."""
+    answers: list = []
+    original = getattr(module, name)
+
+    def recording(*args, **kwargs):
+        done = yield from original(*args, **kwargs)
+        answers.append(done)
+        return done
+
+    monkeypatch.setattr(module, name, recording)
+    return answers

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import typing as _typing
 
-from .crossreduce import _iovecs, _iovecs_at, _transfer, opened, published
-from .hugepages import advise
+from .crossreduce import _iovecs, _iovecs_at, _transfer, opened_published
 from .kept import Step
 
 __all__ = ["MIN_BYTES", "ROOT_SHARE", "bcast_steps", "root_part"]
@@ -46,13 +45,12 @@ def bcast_steps(comm, array, root: int, last: bool = True) -> _typing.Generator[
     path is not open (the same answer on every rank). Raises
     :class:`~.crossreduce.CrossReduceError` on every rank when the sizes differ (nothing copied)
     or a copy failed anywhere (the path is then off)."""
-    cross = yield from opened(comm)
-    if cross is None:
-        return False
-    rank, size, nbytes = comm.rank, comm.size, array.nbytes
     flat = array.reshape(-1)
-    advise([flat])
-    addresses = yield from published(comm, [flat], "arrays", "broadcast")
+    opening = yield from opened_published(comm, [flat], "arrays", "broadcast", [flat])
+    if opening is None:
+        return False
+    cross, addresses = opening
+    rank, size, nbytes = comm.rank, comm.size, array.nbytes
     split = root_part(nbytes, size)
     whole = flat.view("u1")
     ok = True

@@ -21,8 +21,7 @@ import typing as _typing
 
 import numpy as _np
 
-from .crossreduce import _iovecs, _iovecs_at, _transfer, opened, published
-from .hugepages import advise
+from .crossreduce import _iovecs, _iovecs_at, _transfer, opened_published
 from .kept import Step
 
 __all__ = ["gather_steps"]
@@ -38,12 +37,11 @@ def gather_steps(
     at most the probe, where the path is not open (the same answer on every rank). Raises
     :class:`~.crossreduce.CrossReduceError` on every rank when the sizes differ (nothing copied)
     or a copy failed anywhere (the path is then off)."""
-    cross = yield from opened(comm)
-    if cross is None:
+    opening = yield from opened_published(comm, [send], "inputs", "all-gather", [send, *blocks])
+    if opening is None:
         return False
+    cross, addresses = opening
     rank, size, nbytes = comm.rank, comm.size, send.nbytes
-    advise([send, *blocks])
-    addresses = yield from published(comm, [send], "inputs", "all-gather")
     ok = True
     for step in range(1, size):
         peer = (rank + step) % size

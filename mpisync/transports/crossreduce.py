@@ -47,6 +47,7 @@ __all__ = [
     "combine_of",
     "drive",
     "opened",
+    "opened_published",
     "published",
     "reduce_steps",
 ]
@@ -331,6 +332,21 @@ def opened(comm) -> _typing.Generator[Step, None, CrossReduce | None]:
         yield from CrossReduce.open_steps(comm, held)
     cross = held[0]
     return cross if cross is not None and cross.on else None
+
+
+def opened_published(
+    comm, flats: list, what: str, operation: str, advised: list
+) -> _typing.Generator[Step, None, tuple | None]:
+    """The opening steps of a copy between the ranks' arrays: the probe on ``comm``'s first call
+    (:func:`opened`), then the huge-page advice of ``advised`` and the publication of ``flats``
+    (:func:`published`); returns ``(the path, every rank's addresses)``, or None, having posted
+    at most the probe, where the path is not open (the same answer on every rank)."""
+    cross = yield from opened(comm)
+    if cross is None:
+        return None
+    advise(advised)
+    addresses = yield from published(comm, flats, what, operation)
+    return cross, addresses
 
 
 def reduce_steps(

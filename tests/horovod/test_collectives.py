@@ -6,6 +6,8 @@ import pytest
 hvd = pytest.importorskip("mpisync.horovod")
 torch = pytest.importorskip("torch")
 
+from mpiutil import taken  # noqa: E402
+
 pytestmark = pytest.mark.mpi
 
 
@@ -185,19 +187,10 @@ def test_a_mid_size_allreduce_goes_through_the_nodes_segment_with_mpis_bytes(sta
 
 
 def _spied(monkeypatch, name: str) -> list:
-    """Wrap ``kernels.<name>`` (a cross-memory step generator) to record whether each call ran
-    its path (the real function still does the work)."""
+    """Whether each call of ``kernels.<name>`` (a node path's step generator) ran its path."""
     from mpisync.horovod import kernels
 
-    real, ran = getattr(kernels, name), []
-
-    def recording(*args, **kwargs):
-        done = yield from real(*args, **kwargs)
-        ran.append(done)
-        return done
-
-    monkeypatch.setattr(kernels, name, recording)
-    return ran
+    return taken(monkeypatch, kernels, name)
 
 
 @pytest.mark.parametrize("rows", ["equal", "uneven"])

@@ -20,6 +20,8 @@ from mpisync.transports.crossreduce import MIN_BYTES  # noqa: E402
 from mpisync.transports.nodesegment import setting  # noqa: E402
 from mpisync.transports.sharedreduce import MAX_BYTES as SHARED_MAX  # noqa: E402
 
+from mpiutil import taken  # noqa: E402
+
 _MPI_OPS = {"SUM": MPI.SUM, "PRODUCT": MPI.PROD, "MIN": MPI.MIN, "MAX": MPI.MAX}
 
 
@@ -113,15 +115,7 @@ def test_a_mid_size_all_reduce_goes_through_the_nodes_segment_with_gloos_bytes(
     more than two ranks, where gloo sums in another order), every rank the same."""
     if dtype == torch.int64 and op == "AVG":
         pytest.skip("gloo has no AVG of integers")
-    taken = []
-    original = reductions.shared_steps
-
-    def counted(*args, **kwargs):
-        done = yield from original(*args, **kwargs)
-        taken.append(done)
-        return done
-
-    monkeypatch.setattr(reductions, "shared_steps", counted)
+    ran = taken(monkeypatch, reductions, "shared_steps")
     size, rank = comm.size, comm.rank
     n = SHARED_MAX // 16 + 3
     sub = dist.new_group(backend="mpisync")  # a new group: its first call goes through MPI
@@ -140,7 +134,7 @@ def test_a_mid_size_all_reduce_goes_through_the_nodes_segment_with_gloos_bytes(
     dist.destroy_process_group(sub)
     # Asked on every call of a group of several ranks; taken from the second where it opens.
     opens = setting() is not False
-    assert taken == ([False, opens, opens] if size > 1 else [])
+    assert ran == ([False, opens, opens] if size > 1 else [])
 
 
 def test_mid_size_all_reduces_in_flight_together_keep_their_own_bytes(comm, groups):
@@ -269,15 +263,7 @@ def test_a_large_broadcast_has_roots_bytes_by_cross_memory(comm, monkeypatch, wh
     from mpisync.transports.cma import enabled
     from mpisync.transports.crossbcast import MIN_BYTES as BROADCAST_MIN
 
-    taken = []
-    original = movement.bcast_steps
-
-    def counted(*args, **kwargs):
-        done = yield from original(*args, **kwargs)
-        taken.append(done)
-        return done
-
-    monkeypatch.setattr(movement, "bcast_steps", counted)
+    ran = taken(monkeypatch, movement, "bcast_steps")
     size, rank = comm.size, comm.rank
     root = 0 if where == "first" else size - 1
     n = BROADCAST_MIN // (1 if form == "bool" else 4) + 7  # just over the threshold
@@ -297,4 +283,4 @@ def test_a_large_broadcast_has_roots_bytes_by_cross_memory(comm, monkeypatch, wh
     assert tensor_bytes(small) == tensor_bytes(rank_values(root, 5, torch.float32))
     same_node = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
     opened = size > 1 and same_node and bool(comm.allreduce(int(enabled()), op=MPI.MIN))
-    assert taken == ([opened] if size > 1 else [])
+    assert ran == ([opened] if size > 1 else [])
