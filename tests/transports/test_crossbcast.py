@@ -30,7 +30,7 @@ def _data(rank: int, n: int) -> np.ndarray:
 @pytest.mark.parametrize("n", [0, 1, 4097, 3 * (1 << 20) + 5])
 def test_every_rank_gets_roots_bytes(dup, where, n):
     root = 0 if where == "first" else last_rank(dup)
-    for round_ in range(2):  # the same arrays again: the huge-page advice's second sighting
+    for round_ in range(2):  # the second call finds the probe's answer kept on the communicator
         x = _data(dup.rank + 10 * round_, n)
         done, _ = drive(bcast_steps(dup, x, root), wait)
         # open wherever every rank may copy and all share one node (as the multi-host runs don't)
