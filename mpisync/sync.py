@@ -172,6 +172,77 @@ class _Compiler:
         return prepared, False
 
 
+class _Collective:
+    """The part of a sync with peers, once this rank's manifest is built: the duplicate, the
+    agreement, the program (compiled or reused) and its binding, the move and the verification.
+    :attr:`phase` and :attr:`ctx` say where a timeout found it."""
+
+    def __init__(self, link: _Link, compiler: _Compiler, device, root: int, values, keep):
+        self.link, self.compiler, self.root, self.values = link, compiler, root, values
+        self.device = device  # device(): the syncer's DeviceTransport
+        self.keep = keep  # keep(prepared): the program to reuse (None: nothing to recognise)
+        self.phase = "communicator duplication"
+        self.ctx: Context | None = None
+
+    def run(
+        self, params, devices_key, manifest, prepared, report, verify, trace, t_validate
+    ) -> None:
+        """Sync ``manifest``'s set with the other ranks, each collective under the syncer's
+        timeout; hands the program to ``keep`` as soon as it is ready."""
+        values = self.values
+        deadline = Deadline(values["timeout"], report, self.link.user)
+        self.phase, self.ctx = "communicator duplication", None
+        comm = self.link.ready(deadline.wait)
+        self.phase = "validation exchange"
+        layout = _layout_of(manifest, prepared)
+        same_layout, anyone_fresh = agree(
+            comm, manifest, deadline.wait, layout.digest, prepared is None
+        )
+        agreed = layout if same_layout else NO_RUNS
+        self.phase = "transport set-up"
+        self.ctx = ctx = Context(
+            comm, self.root, deadline, report, trace, values["max_concurrent"], False
+        )
+        prepared, reused = self.compiler.ready(
+            params, devices_key, manifest, prepared, layout, agreed, ctx
+        )
+        self.keep(prepared if prepared.recognizer is not None else None)
+        transport = self.compiler.host.get(prepared.channel) if prepared.host_bytes else None
+        if transport is not None and (anyone_fresh or not reused):
+            # Peers copy to and from this rank's arrays: every rank binds again when any rank
+            # prepared.
+            self.phase = "address exchange"
+            transport.bind(prepared.program, ctx)
+        trace.span("validate", t_validate, tensors=manifest.tensors, reused=reused)
+        self._move(prepared, transport, ctx, report, trace)
+        if verify:
+            self.phase = "verification"
+            _verify_on(comm, manifest, self.root, deadline.wait, trace, self.device())
+            report.verified = True
+
+    def _move(self, prepared, transport, ctx, report, trace) -> None:
+        """Run the host program, then the device steps: root's bytes into every replica."""
+        report.fused_buckets, report.transfers, report.channel = (
+            prepared.fused_buckets,
+            prepared.transfers,
+            prepared.channel,
+        )
+        self.phase = "cross-memory copies" if prepared.channel == CROSS else "broadcast"
+        if transport is not None:
+            transport.run(prepared.program, ctx)
+        if prepared.device_steps:
+            self.phase = "device broadcast"
+            report.transport = self.device().run(
+                self.link.comm,
+                self.root,
+                prepared.device_steps,
+                self.values["gpu_transport"],
+                self.values["timeout"],
+                report,
+                trace,
+            )
+
+
 class ParamSync(Reusable):
     """A reusable parameter sync over ``comm``: the form to call again and again.
 
@@ -225,6 +296,9 @@ class ParamSync(Reusable):
         )
         self._link = _Link(self._user_comm, self._host)
         self._compiler = _Compiler(self._host, self._device_transport, self._values)
+        self._collective = _Collective(
+            self._link, self._compiler, self._device_transport, root, self._values, self._keep
+        )
         self._device: DeviceTransport | None = None
         self._prepared: Prepared | None = None
         self._closed = False
@@ -383,67 +457,20 @@ class ParamSync(Reusable):
         # For tests/transports/test_device.py: the device transport's staging slots, once made.
         return self._device._slots if self._device is not None else None
 
-    # -- the collective part ------------------------------------------------
-
     def _sync_collective(
         self, params, devices_key, manifest, prepared, report, verify, trace, t_validate
     ):
-        deadline = Deadline(self._values["timeout"], report, self._user_comm)
-        self._phase, self._ctx = "communicator duplication", None
+        collective = self._collective
         try:
-            comm = self._link.ready(deadline.wait)
-            self._phase = "validation exchange"
-            layout = _layout_of(manifest, prepared)
-            same_layout, anyone_fresh = agree(
-                comm, manifest, deadline.wait, layout.digest, prepared is None
+            collective.run(
+                params, devices_key, manifest, prepared, report, verify, trace, t_validate
             )
-            agreed = layout if same_layout else NO_RUNS
-            self._phase = "transport set-up"
-            self._ctx = ctx = Context(
-                comm, self._root, deadline, report, trace, self._values["max_concurrent"], False
-            )
-            prepared, reused = self._compiler.ready(
-                params, devices_key, manifest, prepared, layout, agreed, ctx
-            )
-            self._prepared = prepared if prepared.recognizer is not None else None
-            transport = self._host.get(prepared.channel) if prepared.host_bytes else None
-            if transport is not None and (anyone_fresh or not reused):
-                # Peers copy to and from this rank's arrays: every rank binds again when any rank
-                # prepared.
-                self._phase = "address exchange"
-                transport.bind(prepared.program, ctx)
-            trace.span("validate", t_validate, tensors=manifest.tensors, reused=reused)
-            self._move(prepared, transport, ctx, report, trace)
-            if verify:
-                self._phase = "verification"
-                device = self._device_transport()
-                _verify_on(comm, manifest, self._root, deadline.wait, trace, device)
-                report.verified = True
         except Expired as expired:
-            pending = pending_names(expired, self._ctx, manifest.names)
-            self._timed_out(self._phase, pending, self._values["timeout"])
+            pending = pending_names(expired, collective.ctx, manifest.names)
+            self._timed_out(collective.phase, pending, self._values["timeout"])
 
-    def _move(self, prepared, transport, ctx, report, trace) -> None:
-        """Run the host program, then the device steps: root's bytes into every replica."""
-        report.fused_buckets, report.transfers, report.channel = (
-            prepared.fused_buckets,
-            prepared.transfers,
-            prepared.channel,
-        )
-        self._phase = "cross-memory copies" if prepared.channel == CROSS else "broadcast"
-        if transport is not None:
-            transport.run(prepared.program, ctx)
-        if prepared.device_steps:
-            self._phase = "device broadcast"
-            report.transport = self._device_transport().run(
-                self._link.comm,
-                self._root,
-                prepared.device_steps,
-                self._values["gpu_transport"],
-                self._values["timeout"],
-                report,
-                trace,
-            )
+    def _keep(self, prepared: Prepared | None) -> None:
+        self._prepared = prepared
 
     def _collective_exchange(self, phase: str, pending: list, exchange):
         """Run ``exchange(comm, call)`` on the library's communicator under this sync's timeout.
