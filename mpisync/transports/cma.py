@@ -38,6 +38,9 @@ __all__ = ["Copies", "CrossMemory", "enabled", "host_word"]
 
 _BATCH = 1024  # IOV_MAX on Linux: the most iovecs one call takes on either side
 _PAGE = 4096  # the smallest page size: a shorter gap never spans an unmapped page
+#: Root's part of the copies, as a fraction of an even split between the ranks' cores: root also
+#: posts and waits, and finished last with an even split (docs/performance.md).
+ROOT_SHARE = 0.8
 
 
 class _Iovec(_ctypes.Structure):
@@ -220,10 +223,10 @@ class CrossMemory:
         d = len(direct)
         total = int(mine[:d, 1].sum())
         if self.fraction is None and total:
-            # An even split leaves root last to finish: root takes a fixed 0.8 of an even share
-            # (figures: docs/performance.md). Fixed, so every rank computes the same split with no
-            # timing exchanged.
-            self.fraction = min(1.0, 0.8 * int(mine[:, 1].sum()) / (size * total))
+            # An even split leaves root last to finish: root takes a fixed ROOT_SHARE of an even
+            # share (figures: docs/performance.md). Fixed, so every rank computes the same split
+            # with no timing exchanged.
+            self.fraction = min(1.0, ROOT_SHARE * int(mine[:, 1].sum()) / (size * total))
         regions = (
             []
             if self.rank == self.root

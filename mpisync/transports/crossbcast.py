@@ -3,8 +3,8 @@
 The first collective publishes every rank's array (its address and size). Root then writes the
 first part of every receiver's array (``process_vm_writev``) while each receiver reads the rest
 from root's (``process_vm_readv``), so root's core and the receivers' share the copies: root's
-part is :data:`ROOT_SHARE` of an even split, as in the parameter broadcast's cross-memory copies
-(docs/performance.md). The second collective says every copy is done, so root's array is not
+part is :data:`~.cma.ROOT_SHARE` of an even split, as in the parameter broadcast's cross-memory
+copies (docs/performance.md). The second collective says every copy is done, so root's array is not
 handed back while a receiver still reads it, nor a receiver's while root still writes into it.
 Nobody writes root's array; root and a receiver write disjoint parts of the receiver's. Each
 byte crosses between processes once, with no MPI data movement.
@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import typing as _typing
 
+from .cma import ROOT_SHARE
 from .crossreduce import _iovecs, _iovecs_at, _transfer, opened_published
 from .kept import Step
 
-__all__ = ["MIN_BYTES", "ROOT_SHARE", "bcast_steps", "root_part"]
+__all__ = ["MIN_BYTES", "bcast_steps", "root_part"]
 
 #: The smallest array the torch backend's broadcast sends this way: from 8 MiB it beat the MPI
 #: path at 2 ranks in every launch, at 4 MiB in some (docs/allreduce.md).
 MIN_BYTES = 8 << 20
-#: Root's part of the copies, as a fraction of an even split between the ranks' cores: root also
-#: posts and waits, and finished last with an even split (docs/performance.md).
-ROOT_SHARE = 0.8
 
 
 def root_part(nbytes: int, size: int) -> int:

@@ -170,7 +170,7 @@ class CrossReduce:
         hot = self._hot[: _CHUNK // itemsize * itemsize].view(layout.dtype)
         peers = [k for k in range(self.size) if k != rank]
         if len(layout.flats) == 1 and peers:
-            return self._reduce_one(layout, combine, out, hot, _pushed_to(peers, out, root))
+            return self._reduce_one(layout, combine, out, hot, peers, _pushed_to(peers, out, root))
         with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
             for start, pieces in layout.chunks(_CHUNK // itemsize):
                 n = sum(length for _, _, length in pieces)
@@ -208,7 +208,7 @@ class CrossReduce:
                         return False
         return True
 
-    def _reduce_one(self, layout: _Layout, combine, out, hot, pushed: list) -> bool:
+    def _reduce_one(self, layout: _Layout, combine, out, hot, peers: list, pushed: list) -> bool:
         """:meth:`_reduce_share` of one array: its chunks by arithmetic and one reused iovec on
         each side, without the general loop's per-chunk search and iovec building
         (docs/allreduce.md, "One array, one loop")."""
@@ -218,7 +218,6 @@ class CrossReduce:
         assert _CALLS is not None  # enabled() was true on every rank
         read, write = _CALLS
         hot_base = hot.ctypes.data
-        peers = [k for k in range(self.size) if k != self.rank]
         bases = [int(layout.addresses[k][0]) for k in range(self.size)]
         with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
             for start in range(lo, layout.hi, hot.size):
