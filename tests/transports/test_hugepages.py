@@ -1,5 +1,6 @@
-"""Unit tests of mpisync.transports.hugepages: a range collapsed into huge pages the second time
-it is seen and never again, its bytes unchanged, nothing done with ``MPISYNC_HUGE_PAGES=0``."""
+"""Unit tests of mpisync.transports.hugepages: every 2 MiB block an array touches collapsed into
+huge pages the second time the array is seen and never again for it, the bytes unchanged (its own
+and its neighbours'), nothing done with ``MPISYNC_HUGE_PAGES=0``."""
 
 import mmap
 
@@ -74,7 +75,8 @@ def test_a_range_is_collapsed_the_second_time_it_is_seen_with_its_bytes(collapsi
         pytest.skip("the kernel refused this collapse (no memory to compact just now)")
     assert _huge_kib(array.ctypes.data) >= 2048
     assert array.tobytes() == before.tobytes()
-    assert hugepages._seen == {(array.ctypes.data, array.ctypes.data + 3 * _HUGE): True}
+    first = array.ctypes.data // _HUGE
+    assert hugepages.collapsed() == {first, first + 1, first + 2}
 
 
 def test_a_range_twice_in_the_first_call_is_seen_once(collapsing):
@@ -106,17 +108,53 @@ def test_switched_off_nothing_is_advised(collapsing, monkeypatch):
     assert _huge_kib(array.ctypes.data) == 0 and hugepages._seen == {}
 
 
-def test_arrays_under_one_aligned_huge_page_are_left_alone(monkeypatch):
-    monkeypatch.setattr(hugepages, "_seen", {})
-    small = np.zeros(_HUGE, np.uint8)[1:]  # no whole aligned 2 MiB inside
-    hugepages.advise([small])
-    hugepages.advise([small])
-    assert hugepages._seen == {}
-
-
-def test_the_memory_of_ranges_is_bounded(monkeypatch):
-    monkeypatch.setattr(hugepages, "_seen", {(k * _HUGE, (k + 1) * _HUGE): False for k in range(5)})
+def test_the_memory_of_blocks_is_bounded(monkeypatch):
+    monkeypatch.setattr(hugepages, "_seen", {(k, (0, 1)): False for k in range(5)})
     monkeypatch.setattr(hugepages, "_MEMORY", 5)
     array = _fresh(_HUGE)
     hugepages.advise([array])
-    assert list(hugepages._seen) == [(array.ctypes.data, array.ctypes.data + _HUGE)]
+    assert hugepages._seen == {(array.ctypes.data // _HUGE, (array.ctypes.data, _HUGE)): False}
+
+
+def test_every_block_an_array_touches_is_taken_with_its_neighbours_bytes(collapsing):
+    region = _fresh(3 * _HUGE)  # three aligned blocks; the array starts 4 KiB into the first
+    before = region.copy()
+    inside = region[4096 : 4096 + 2 * _HUGE]
+    hugepages.advise([inside])
+    assert hugepages.collapsed() == set()
+    hugepages.advise([inside])
+    first = region.ctypes.data // _HUGE
+    assert hugepages.collapsed() == {first, first + 1, first + 2}
+    if _huge_kib(region.ctypes.data) < 3 * 2048:
+        pytest.skip("the kernel refused a collapse (no memory to compact just now)")
+    assert region.tobytes() == before.tobytes()  # the array's bytes and its neighbours'
+
+
+def test_each_array_has_its_blocks_collapsed_once_after_its_second_sighting(
+    collapsing, monkeypatch
+):
+    region = _fresh(2 * _HUGE)
+    one, other = region[: _HUGE + 4096], region[: _HUGE + 8192]  # two arrays over the same blocks
+    collapses = []
+    real = hugepages._madvise
+
+    def counted(start, length, advice):
+        if advice == hugepages._MADV_COLLAPSE:
+            collapses.append((start, length))
+        return real(start, length, advice)
+
+    monkeypatch.setattr(hugepages, "_madvise", counted)
+    for array in (one, other, one, other, one, other):  # in turn, as memory mapped again may be
+        hugepages.advise([array])
+    assert collapses == [(region.ctypes.data, 2 * _HUGE)] * 2  # once for each, at its second
+    hugepages.advise([region[:4096], region[:8192]])  # two arrays of one call: the first owns it
+    assert (region.ctypes.data // _HUGE, (region.ctypes.data, 4096)) in hugepages._seen
+    assert (region.ctypes.data // _HUGE, (region.ctypes.data, 8192)) not in hugepages._seen
+
+
+def test_runs_of_blocks_take_one_pair_of_advice_each():
+    assert hugepages._runs([1, 2, 3, 7, 9, 10]) == [[1, 4], [7, 8], [9, 11]]
+    assert hugepages._runs([]) == []
+    assert hugepages._blocks(_HUGE + 1, 0) == (0, 0)
+    assert hugepages._blocks(_HUGE + 1, _HUGE) == (1, 3)
+    assert hugepages._blocks(_HUGE, _HUGE) == (1, 2)
