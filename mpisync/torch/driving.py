@@ -51,6 +51,7 @@ class Driver:
         self.threaded = mpi.threaded()
         self._wake = mpi.wake() if self.threaded else None
         self._worker: _threading.Thread | None = None
+        self._halted = False  # the process exits: the worker ends at its next look
 
     def start(self) -> None:
         """Start the worker, where callers may post while it waits (``MPI_THREAD_MULTIPLE``)."""
@@ -100,6 +101,18 @@ class Driver:
         """Wait for the worker to end (call without the lock)."""
         if self._worker is not None:
             self._worker.join()
+
+    def halt(self, seconds: float) -> None:
+        """The process exits: the worker ends after the step it is in, leaving what is in flight
+        (call without the lock); wait at most ``seconds`` for it to end."""
+        with self._cond:
+            self._halted = True
+            if self._in_mpi:
+                self.nudge()
+            self._worker_cond.notify()
+        worker = self._worker
+        if worker is not None and worker is not _threading.current_thread():
+            worker.join(seconds)
 
     # -- the driver token -------------------------------------------------------------------------
     def _acquire(self) -> bool:
@@ -195,9 +208,11 @@ class Driver:
         while True:
             with self._cond:
                 while not ledger.due():
-                    if ledger.over():
+                    if ledger.over() or self._halted:
                         return
                     self._worker_cond.wait(ledger.pause())
+                if self._halted:
+                    return
                 if ledger.late() and self._in_mpi:
                     self.nudge()  # a caller drives: it reports the timeout
             if not self._acquire():
@@ -209,7 +224,7 @@ class Driver:
                 self._engine.overdue()
                 while True:
                     with self._cond:
-                        if not ledger.due():
+                        if not ledger.due() or self._halted:
                             break
                     if not self._progress(None):
                         break

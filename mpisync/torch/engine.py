@@ -42,10 +42,12 @@ for, under the same deadlines.
 
 from __future__ import annotations
 
+import atexit as _atexit
 import contextlib as _contextlib
 import threading as _threading
 import time as _time
 import typing as _typing
+import weakref as _weakref
 
 import torch
 from mpi4py import MPI
@@ -60,6 +62,10 @@ from .ledger import Ledger
 from .settling import Settler
 
 __all__ = ["Engine", "Entry", "MpiCalls"]
+
+# Seconds the exit waits for each engine's threads to end (they end after the step they are in).
+_HALT_SECONDS = 2.0
+_LIVE: _weakref.WeakSet = _weakref.WeakSet()
 
 
 class Engine:
@@ -83,6 +89,7 @@ class Engine:
         self._settler = Settler(settle) if self.threaded else None
         self._timeline = timeline_for(MPI.COMM_WORLD.rank)  # MPISYNC_TIMELINE: a span per operation
         self._driver.start()
+        _LIVE.add(self)
 
     # -- submitting and posting -------------------------------------------------------------------
     def submit(self, steps: _typing.Generator, label: str, result=None, p2p: bool = False) -> Entry:
@@ -278,6 +285,13 @@ class Engine:
         """Fail every pending operation now and refuse later ones (MPI cannot cancel them)."""
         self._break(reason, None)
 
+    def halt(self) -> None:
+        """The process exits: the worker and the settlers end after what they are doing, without
+        waiting for what is in flight (a peer may never post it)."""
+        self._driver.halt(_HALT_SECONDS)
+        if self._settler is not None:
+            self._settler.halt(_HALT_SECONDS)
+
     def close(self) -> None:
         """Complete what is in flight (within the deadlines), then stop the worker."""
         if self._ledger.broken is None:
@@ -287,3 +301,12 @@ class Engine:
             self._driver.stop()
         if self._ledger.broken is None:
             self._driver.join()
+
+
+@_atexit.register
+def _halt_live() -> None:
+    # A daemon thread still running Python while the interpreter finalizes is ended inside
+    # whatever it runs; inside torch's C++ (a tensor's deallocation releases the GIL) that ends
+    # the process with "terminate called without an active exception" (Python 3.11-3.13).
+    for engine in list(_LIVE):
+        engine.halt()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections as _collections
 import threading as _threading
+import time as _time
 
 __all__ = ["Settler"]
 
@@ -30,6 +31,8 @@ class Settler:
         self._queue: _collections.deque = _collections.deque()
         self._idle = 0  # settler threads waiting for work
         self._threads = 0
+        self._running: set = set()  # the settler threads alive
+        self._halted = False  # the process exits: idle settlers end
 
     def submit(self, entry, future) -> None:
         """Settle ``future`` with ``entry``'s outcome on a settler thread (started if none is
@@ -40,18 +43,40 @@ class Settler:
                 self._cond.notify()
                 return
             self._threads += 1
-        _threading.Thread(target=self._run, name="mpisync-settler", daemon=True).start()
+            thread = _threading.Thread(target=self._run, name="mpisync-settler", daemon=True)
+            self._running.add(thread)
+        thread.start()
+
+    def halt(self, seconds: float) -> None:
+        """The process exits: settlers end once idle (what is queued stays unsettled); wait at
+        most ``seconds`` for them."""
+        end = _time.monotonic() + seconds
+        with self._cond:
+            self._halted = True
+            self._cond.notify_all()
+            threads = list(self._running)
+        for thread in threads:
+            if thread is not _threading.current_thread():
+                thread.join(max(0.0, end - _time.monotonic()))
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            with self._cond:
+                self._running.discard(_threading.current_thread())
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 self._idle += 1
-                while not self._queue:
-                    if not self._cond.wait(_IDLE_SECONDS) and self._threads > 1:
-                        if not self._queue:
-                            self._idle -= 1
-                            self._threads -= 1
-                            return
+                while not self._queue or self._halted:
+                    if self._halted or (
+                        not self._cond.wait(_IDLE_SECONDS) and self._threads > 1 and not self._queue
+                    ):
+                        self._idle -= 1
+                        self._threads -= 1
+                        return
                 self._idle -= 1
                 entry, future = self._queue.popleft()
             self._settle(entry, future)  # its callbacks run here; they may wait

@@ -314,3 +314,28 @@ def test_without_a_worker_collectives_complete_on_the_caller(mpi):
     assert entry.done and entry.error is None  # complete when submit returned
     assert not engine.threaded
     engine.close()
+
+
+def test_halt_ends_the_threads_and_leaves_what_is_in_flight(mpi):
+    # At exit no mpisync thread may still run Python while the interpreter finalizes (one ended
+    # inside torch's C++ aborts the process), and a peer may never complete what is in flight.
+    engine = make(mpi)
+    first = engine.submit(steps(mpi, "a"), "a")
+    settled_on = []
+    engine.future(first).then(lambda _: settled_on.append(threading.current_thread().name))
+    done(mpi, "a.0")
+    until(lambda: settled_on)
+    pending = engine.submit(steps(mpi, "b"), "b")
+    engine.future(pending)  # the worker drives: it waits for b in MPI
+    until(lambda: engine._driver._in_mpi)
+    worker = engine._driver._worker
+    start = time.monotonic()
+    engine.halt()
+    assert time.monotonic() - start < 1.0
+    assert settled_on == ["mpisync-settler"]
+    assert worker is not None and not worker.is_alive()
+    assert not engine._settler._running
+    assert not pending.done and pending.error is None
+    done(mpi, "b.0")  # nobody drives now
+    time.sleep(0.05)
+    assert not pending.done
