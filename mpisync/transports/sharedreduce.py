@@ -2,20 +2,26 @@
 maps.
 
 Below :data:`mpisync.transports.crossreduce.MIN_BYTES`, pinning a peer's pages on every call
-costs more than cross-memory saves, and MPI's all-reduce pays its own hand-offs. Here each rank
-copies its array into its own region of a segment every rank maps
-(:class:`~mpisync.transports.nodesegment.NodeSegment`, opened once per communicator). After the
+costs more than cross-memory saves, and MPI's all-reduce pays its own hand-offs. Here every rank
+has a region of a segment every rank maps (:class:`~mpisync.transports.nodesegment.NodeSegment`,
+opened once per communicator), laid out as its array; rank ``r`` owns share ``r`` of the
+elements. Each rank copies into its region the shares its peers own (not its own). After the
 first collective (which also checks that every rank passed as many bytes), rank ``r`` combines
-share ``r`` of every region, its own values first and then its peers' in rank order, and writes
-the result into share ``r`` of every region; after the second, each rank copies its own region
-back into its array, before the step that ends the operation (no request) is yielded, so before
-a later call's copy into the region: the backend's progress engine posts the next operation's
-first step only once this one's last is posted. Between two collectives every byte of the
-segment is written by one rank at most and read only where nobody writes it, and a rank's region
-is written by its peers only between the collectives of one call. Every rank ends
-with the same bytes; with two ranks they are MPI's too (two operands combine alike in either
-order). Figures: docs/allreduce.md, "Mid-size tensors through the node's segment".
-"""
+its own share where it lies in its array, its own values first and then its peers' share ``r``
+in rank order, and writes the result over share ``r`` of every peer's region (the values it
+just read there); after the second, each rank copies its peers' shares of the result out of its
+own region into its array, before the step that ends the operation (no request) is yielded, so
+before a later call's copy into the region: the backend's progress engine posts the next
+operation's first step only once this one's last is posted. Between two collectives every byte
+of the segment is written by one rank at most and read only where nobody writes it. Every rank
+ends with the same bytes; with two ranks they are MPI's too (two operands combine alike in
+either order).
+
+The result goes over the values the peer wrote and this rank read, not into this rank's own
+region for the peers to read: writing segment memory whose last use by a peer was a read took
+up to 20x as long as writing memory the peer last wrote, in the placement of this machine's two
+vCPUs where MPI's own 1 MiB all-reduce is slowest. Figures: docs/allreduce.md, "Mid-size tensors
+through the node's segment"."""
 
 from __future__ import annotations
 
@@ -70,7 +76,12 @@ class SharedReduce:
         dtype, rank, size = flats[0].dtype, self.rank, self.size
         nbytes, region = sum(f.nbytes for f in flats), self._region
         regions = [self._bytes[k * region : k * region + nbytes].view(dtype) for k in range(size)]
-        _laid(flats, regions[rank], into=True)
+        count = regions[rank].size
+        bounds = [(k * count // size, (k + 1) * count // size) for k in range(size)]
+        mine = regions[rank]
+        for k, (lo, hi) in enumerate(bounds):
+            if k != rank:  # the shares the peers combine
+                _copy(flats, lo, hi, mine, into=True)
         # The largest size and the negated smallest: equal sizes everywhere when they agree.
         sizes = _np.array([nbytes, -nbytes], dtype=_np.int64)
         yield [comm.Iallreduce(MPI.IN_PLACE, sizes, MPI.MAX)], False
@@ -79,16 +90,29 @@ class SharedReduce:
                 f"ranks passed arrays of {-int(sizes[1])} to {int(sizes[0])} bytes to one "
                 "all-reduce through the node's segment; nothing was written"
             )
-        count = regions[rank].size
-        lo, hi = rank * count // size, (rank + 1) * count // size
-        parts = [r[lo:hi] for r in regions]
+        lo, hi = bounds[rank]
+        # This rank's share is combined where it lies when one array holds it, else in the region
+        own = _within(flats, lo, hi)
+        gathered = own is None
+        if gathered:
+            own = mine[lo:hi]
+            _copy(flats, lo, hi, mine, into=True)
         with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
-            combine_share(parts, rank, combine)
-        yield [comm.Ibarrier()], False  # every region holds the result
-        _laid(flats, regions[rank], into=False)
-        # No request: the copy above is done before the step that ends the operation is posted,
-        # so before the next operation's copy into the region (the progress engine starts posting
-        # the next one only then).
+            for k in range(size):
+                if k != rank:
+                    combine(own, regions[k][lo:hi], out=own)
+        if gathered:
+            _copy(flats, lo, hi, mine, into=False)
+        for k in range(size):
+            if k != rank:  # over the peer's values just read: see the module's docstring
+                regions[k][lo:hi] = own
+        yield [comm.Ibarrier()], False  # every share of the result is in every region
+        for k, (lo, hi) in enumerate(bounds):
+            if k != rank:
+                _copy(flats, lo, hi, mine, into=False)
+        # No request: the copies above are done before the step that ends the operation is
+        # posted, so before the next operation's copies into the regions (the progress engine
+        # starts posting the next one only then).
         yield [], last
 
 
@@ -105,16 +129,37 @@ def combine_share(parts: list, rank: int, combine) -> None:
             part[...] = share
 
 
-def _laid(flats: list, region, into: bool) -> None:
-    """Copy ``flats`` end to end into ``region`` (``into``), or back out of it."""
+def _pieces(flats: list, lo: int, hi: int):
+    """``(view, start)`` pairs: the parts of ``flats`` laid end to end that hold elements ``lo``
+    to ``hi``, each with its first element's index in that laying."""
     start = 0
     for flat in flats:
-        part = region[start : start + flat.size]
+        end = start + flat.size
+        if end > lo and start < hi:
+            first, stop = max(lo, start), min(hi, end)
+            yield flat[first - start : stop - start], first
+        start = end
+
+
+def _copy(flats: list, lo: int, hi: int, region, into: bool) -> None:
+    """Copy elements ``lo`` to ``hi`` of ``flats`` laid end to end into the same elements of
+    ``region`` (``into``), or back out of it."""
+    pieces = [(flats[0][lo:hi], lo)] if len(flats) == 1 else _pieces(flats, lo, hi)
+    for view, first in pieces:
+        part = region[first : first + view.size]
         if into:
-            part[...] = flat
+            part[...] = view
         else:
-            flat[...] = part
-        start += flat.size
+            view[...] = part
+
+
+def _within(flats: list, lo: int, hi: int):
+    """Elements ``lo`` to ``hi`` of ``flats`` laid end to end, as a view of the one array that
+    holds them all; None where they span several."""
+    if len(flats) == 1:
+        return flats[0][lo:hi]
+    pieces = list(_pieces(flats, lo, hi))
+    return pieces[0][0] if len(pieces) == 1 else None
 
 
 class _Held:

@@ -83,6 +83,24 @@ def test_the_bytes_are_mpis(dup, dtype, op, nbytes):
         assert (everyone == everyone[0]).all()
 
 
+@pytest.mark.parametrize("lengths", [(20000, 3, 30000, 17), (7, 60000, 5), (25000, 25000)])
+def test_arrays_laid_end_to_end_reduce_as_one_array(dup, lengths):
+    """A list of arrays is reduced as their concatenation, whether a rank's share lies inside
+    one array or spans several."""
+    if not _opened(dup):
+        pytest.skip("the node's segment is not open between these ranks")
+    rank = dup.rank
+    for round_ in range(2):
+        whole = _data(rank + 10 * round_, sum(lengths), np.float64)
+        inputs = np.empty((dup.size, whole.size), whole.dtype)
+        dup.Allgather(whole, inputs)
+        arrays = np.split(whole.copy(), np.cumsum(lengths)[:-1])
+        done, posted = drive(shared_steps(dup, arrays, np.add), wait)
+        assert (done, posted) == (True, 2)
+        got = np.concatenate(arrays)
+        assert got.tobytes() == _in_rank_order(inputs, np.add).tobytes(), round_
+
+
 def test_the_first_call_and_sizes_out_of_range_go_through_mpi(dup):
     """Nothing posted: the caller's MPI all-reduce takes them (a one-shot call never opens the
     segment)."""
