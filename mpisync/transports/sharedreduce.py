@@ -18,10 +18,9 @@ ends with the same bytes; with two ranks they are MPI's too (two operands combin
 either order).
 
 The result goes over the values the peer wrote and this rank read, not into this rank's own
-region for the peers to read: writing segment memory whose last use by a peer was a read took
-up to 20x as long as writing memory the peer last wrote, in the placement of this machine's two
-vCPUs where MPI's own 1 MiB all-reduce is slowest. Figures: docs/allreduce.md, "Mid-size tensors
-through the node's segment"."""
+region for the peers to read: a write to memory whose last use by another core was a read must
+first invalidate that core's copy, which can cost many times a write to memory that core last
+wrote. Figures: docs/allreduce.md, "Mid-size tensors through the node's segment"."""
 
 from __future__ import annotations
 
