@@ -30,7 +30,6 @@ class Settler:
         self._cond = _threading.Condition()
         self._queue: _collections.deque = _collections.deque()
         self._idle = 0  # settler threads waiting for work
-        self._threads = 0
         self._running: set = set()  # the settler threads alive
         self._halted = False  # the process exits: idle settlers end
 
@@ -42,7 +41,6 @@ class Settler:
             if self._idle > len(self._queue) - 1:
                 self._cond.notify()
                 return
-            self._threads += 1
             thread = _threading.Thread(target=self._run, name="mpisync-settler", daemon=True)
             self._running.add(thread)
         thread.start()
@@ -67,15 +65,18 @@ class Settler:
                 self._running.discard(_threading.current_thread())
 
     def _serve(self) -> None:
+        me = _threading.current_thread()
         while True:
             with self._cond:
                 self._idle += 1
                 while not self._queue or self._halted:
                     if self._halted or (
-                        not self._cond.wait(_IDLE_SECONDS) and self._threads > 1 and not self._queue
+                        not self._cond.wait(_IDLE_SECONDS)
+                        and len(self._running) > 1
+                        and not self._queue
                     ):
                         self._idle -= 1
-                        self._threads -= 1
+                        self._running.discard(me)
                         return
                 self._idle -= 1
                 entry, future = self._queue.popleft()
