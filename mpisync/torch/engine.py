@@ -293,7 +293,8 @@ class Engine:
             self._settler.halt(_HALT_SECONDS)
 
     def close(self) -> None:
-        """Complete what is in flight (within the deadlines), then stop the worker."""
+        """Complete what is in flight (within the deadlines), then stop the worker and, once their
+        queue is empty, the settlers."""
         if self._ledger.broken is None:
             self.drain()
         with self._cond:
@@ -301,6 +302,8 @@ class Engine:
             self._driver.stop()
         if self._ledger.broken is None:
             self._driver.join()
+        if self._settler is not None:
+            self._settler.close()
 
 
 @_atexit.register

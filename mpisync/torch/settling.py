@@ -31,6 +31,7 @@ class Settler:
         self._queue: _collections.deque = _collections.deque()
         self._idle = 0  # settler threads waiting for work
         self._running: set = set()  # the settler threads alive
+        self._closing = False  # the group shut down: settlers end once nothing is queued
         self._halted = False  # the process exits: idle settlers end
 
     def submit(self, entry, future) -> None:
@@ -44,6 +45,13 @@ class Settler:
             thread = _threading.Thread(target=self._run, name="mpisync-settler", daemon=True)
             self._running.add(thread)
         thread.start()
+
+    def close(self) -> None:
+        """The group shuts down: every settler ends once nothing is queued (a settlement submitted
+        later starts one that ends after it)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
 
     def halt(self, seconds: float) -> None:
         """The process exits: settlers end once idle (what is queued stays unsettled); wait at
@@ -70,7 +78,7 @@ class Settler:
             with self._cond:
                 self._idle += 1
                 while not self._queue or self._halted:
-                    if self._halted or (
+                    if (self._halted or self._closing) or (
                         not self._cond.wait(_IDLE_SECONDS)
                         and len(self._running) > 1
                         and not self._queue

@@ -339,3 +339,16 @@ def test_halt_ends_the_threads_and_leaves_what_is_in_flight(mpi):
     done(mpi, "b.0")  # nobody drives now
     time.sleep(0.05)
     assert not pending.done
+
+
+def test_close_ends_the_settlers_once_every_future_is_settled(mpi):
+    engine = make(mpi)
+    entries = [engine.submit(steps(mpi, n), n) for n in "ab"]
+    settled = []
+    for entry in entries:
+        engine.future(entry).then(lambda f: settled.append(f.value()))
+    for key in ("a.0", "b.0"):
+        done(mpi, key)
+    engine.close()
+    until(lambda: not engine._settler._running)
+    assert len(settled) == 2  # each future settled before its settler ended
