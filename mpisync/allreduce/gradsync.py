@@ -112,7 +112,7 @@ class GradSync(Reusable):
         self._closed = False
         self._broken: str | None = None
         self._timeline: Timeline | None = None  # MPISYNC_TIMELINE's, read at the first call
-        self._traced = False
+        self._begun = False  # the first call passed the communicator's check
 
     @property
     def buffer_bytes(self) -> int:
@@ -174,12 +174,12 @@ class GradSync(Reusable):
         if self._broken:
             raise SyncError(f"mpisync: this GradSync is unusable: {self._broken}")
         start = _time.perf_counter()
-        if not self._traced:
-            self._timeline, self._traced = timeline_for(MPI.COMM_WORLD.rank), True
+        if not self._begun:  # the first call: the communicator's check, MPISYNC_TIMELINE
+            check_comm(self._user_comm)  # in a world of one it reads the launcher's environment
+            self._timeline, self._begun = timeline_for(MPI.COMM_WORLD.rank), True
         timeline = self._timeline
         begin = timeline.now() if timeline is not None else 0
         comm = self._user_comm
-        check_comm(comm)
         rank, size = comm.rank, comm.size
         if size > 1 and self._comm is None and self._dup is None:
             self._dup = comm.Idup()  # overlaps this rank's manifest building

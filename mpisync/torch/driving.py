@@ -30,19 +30,20 @@ class Completions(_typing.Protocol):
 
 class Driver:
     """Waiting in MPI for the operations of ``ledger`` through ``mpi``'s calls. ``cond`` (callers
-    wait on it) and ``worker_cond`` (the worker waits on it) share the engine's lock, which
+    wait on it) and ``worker_cond`` (the worker waits on it) share the engine's ``lock``, which
     guards this object's fields too."""
 
     def __init__(
         self,
         engine: Completions,
         mpi,
+        lock,
         cond: _threading.Condition,
         worker_cond: _threading.Condition,
         ledger: Ledger,
     ):
         self._engine, self._mpi, self._ledger = engine, mpi, ledger
-        self._cond, self._worker_cond = cond, worker_cond
+        self._lock, self._cond, self._worker_cond = lock, cond, worker_cond
         self.waiting: dict = {}  # id(request) -> (request, its entry, its index in its step)
         self._driving: _threading.Thread | None = None  # the driver: it waits in MPI
         self._depth = 0  # the driver's nesting (a future's callback may wait, and so drive)
@@ -105,7 +106,7 @@ class Driver:
     def halt(self, seconds: float) -> None:
         """The process exits: the worker ends after the step it is in, leaving what is in flight
         (call without the lock); wait at most ``seconds`` for it to end."""
-        with self._cond:
+        with self._lock:
             self._halted = True
             if self._in_mpi:
                 self.nudge()
@@ -118,7 +119,7 @@ class Driver:
     def _acquire(self) -> bool:
         """Become the driver (again, from a future's callback), unless another thread is."""
         me = _threading.current_thread()
-        with self._cond:
+        with self._lock:
             if self._driving is not None and self._driving is not me:
                 return False
             self._driving = me
@@ -126,7 +127,7 @@ class Driver:
             return True
 
     def _release(self) -> None:
-        with self._cond:
+        with self._lock:
             self._depth -= 1
             if self._depth == 0:
                 self._driving = None
@@ -151,7 +152,7 @@ class Driver:
                 break
             if left is not None and left <= 0:
                 return False
-            with self._cond:
+            with self._lock:
                 if entry.done:
                     break
                 if self._driving is not None:
@@ -170,7 +171,7 @@ class Driver:
     def _progress(self, end: float | None) -> bool:
         """Wait for one request (or a wake, or a deadline) and act on it; False: nothing in
         flight, or ``end`` passed."""
-        with self._cond:
+        with self._lock:
             if not self.waiting:
                 return False
             pairs = list(self.waiting.values())
@@ -183,7 +184,7 @@ class Driver:
                 deadline = oldest if end is None or (oldest is not None and oldest < end) else end
             self._in_mpi = True
         index, status, error = self._mpi.waitany(requests, deadline)  # the one wait on MPI
-        with self._cond:
+        with self._lock:
             self._in_mpi = False
             if self.threaded and index >= 0:
                 if index == 0:
@@ -206,7 +207,7 @@ class Driver:
     def _run(self) -> None:
         ledger = self._ledger
         while True:
-            with self._cond:
+            with self._lock:
                 while not ledger.due():
                     if ledger.over() or self._halted:
                         return
@@ -216,14 +217,14 @@ class Driver:
                 if ledger.late() and self._in_mpi:
                     self.nudge()  # a caller drives: it reports the timeout
             if not self._acquire():
-                with self._cond:
+                with self._lock:
                     if self._driving is not None:
                         self._worker_cond.wait(ledger.sweep)
                 continue
             try:
                 self._engine.overdue()
                 while True:
-                    with self._cond:
+                    with self._lock:
                         if not ledger.due() or self._halted:
                             break
                     if not self._progress(None):

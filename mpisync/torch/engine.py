@@ -78,13 +78,15 @@ class Engine:
         self._capacity = capacity
         self._timeout = timeout
         self._on_timeout = on_timeout
-        lock = _threading.Lock()
-        self._cond = _threading.Condition(lock)  # the state below; callers wait on it
+        # The lock guards the state below; callers wait on the condition. ``with self._lock``,
+        # not ``with self._cond``: the same lock without two Python-level calls around it.
+        self._lock = lock = _threading.Lock()
+        self._cond = _threading.Condition(lock)
         self._post_lock = _threading.RLock()  # one poster at a time: the issue order
         self._queue: list = []  # collectives with steps left to post, oldest first
         self._ledger = Ledger(timeout)
         mpi = MpiCalls(comm) if mpi is None else mpi
-        self._driver = Driver(self, mpi, self._cond, _threading.Condition(lock), self._ledger)
+        self._driver = Driver(self, mpi, lock, self._cond, _threading.Condition(lock), self._ledger)
         self.threaded = self._driver.threaded
         self._settler = Settler(settle) if self.threaded else None
         self._timeline = timeline_for(MPI.COMM_WORLD.rank)  # MPISYNC_TIMELINE: a span per operation
@@ -96,7 +98,7 @@ class Engine:
         """Start the operation ``steps`` (see the module's docstring); return its entry."""
         deadline = None if self._timeout is None else _time.monotonic() + self._timeout
         entry = Entry(steps, label, result, p2p, deadline)
-        with self._cond:
+        with self._lock:
             self._ledger.check()
             self._ledger.add(entry)
             if not p2p:
@@ -114,7 +116,7 @@ class Engine:
         # Read without the lock: whoever appends to the queue pumps after appending.
         while self._queue:
             with self._post_lock:
-                with self._cond:
+                with self._lock:
                     if not self._queue or self._ledger.broken is not None:
                         return
                     head = self._queue[0]
@@ -141,7 +143,7 @@ class Engine:
             return "done", None
         except BaseException as exc:  # noqa: BLE001 - the operation's failure, whatever it is
             return "failed", exc
-        with self._cond:
+        with self._lock:
             entry.outstanding = len(requests)
             if entry.p2p:  # a receive checks what arrived (collectives need no status)
                 entry.statuses = [None] * len(requests)
@@ -165,7 +167,7 @@ class Engine:
 
     def _failed_step(self, entry: Entry, exc: BaseException) -> None:
         if entry.p2p or entry.last_posted or isinstance(exc, AgreedError):
-            with self._cond:
+            with self._lock:
                 if self._queue and self._queue[0] is entry:
                     self._queue.pop(0)
             self._finish(entry, exc)
@@ -184,7 +186,7 @@ class Engine:
         if not entry.p2p:
             self._break(f"MPI error in {entry.label}: {error}", entry)
             return
-        with self._cond:  # only this operation failed: the collectives' sequence is intact
+        with self._lock:  # only this operation failed: the collectives' sequence is intact
             keep_alive(*self._driver.drop(entry))
         truncated = getattr(error, "Get_error_class", lambda: None)() == MPI.ERR_TRUNCATE
         kind = CountError if truncated else OperationError
@@ -192,7 +194,7 @@ class Engine:
         self._finish(entry, kind(f"mpisync: rank {rank}: MPI error in {entry.label}: {error}"))
 
     def _finish(self, entry: Entry, error: BaseException | None) -> None:
-        with self._cond:
+        with self._lock:
             finished = self._ledger.remove(entry, error)
             if finished is None:
                 return  # finished already (failed with the engine)
@@ -215,7 +217,7 @@ class Engine:
 
     def future(self, entry: Entry):
         """``entry``'s torch future; from now on the worker completes it if nobody waits."""
-        with self._cond:
+        with self._lock:
             future = entry.future
             if future is None:
                 future = entry.future = torch.futures.Future()
@@ -232,21 +234,21 @@ class Engine:
 
     def drain(self) -> None:
         """Wait until every operation submitted so far is done."""
-        with self._cond:
+        with self._lock:
             self._ledger.draining += 1
             self._driver.call_worker()
         try:
             for entry in list(self._ledger.entries.values()):
                 self.wait(entry)
         finally:
-            with self._cond:
+            with self._lock:
                 self._ledger.draining -= 1
 
     # -- deadlines, failures, shutting down -------------------------------------------------------
     def overdue(self) -> None:
         """Report a timeout if the oldest operation's deadline passed, or a rank of the group
         ended its script while operations wait (called by the driver)."""
-        with self._cond:
+        with self._lock:
             if self._ledger.broken is not None or not self._ledger.entries:
                 return
             if not self._ledger.late() and not departed_in(self.comm):
@@ -260,7 +262,7 @@ class Engine:
         self, reason: str, culprit: Entry | None, error: BaseException | None = None
     ) -> None:
         """Fail every pending operation; keep whatever MPI may still use alive."""
-        with self._cond:
+        with self._lock:
             if self._ledger.broken is None:
                 self._ledger.broken = reason
             failed = list(self._ledger.entries.values())
@@ -297,7 +299,7 @@ class Engine:
         queue is empty, the settlers."""
         if self._ledger.broken is None:
             self.drain()
-        with self._cond:
+        with self._lock:
             self._ledger.closing = True
             self._driver.stop()
         if self._ledger.broken is None:
