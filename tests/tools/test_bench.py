@@ -1,12 +1,16 @@
 """The bench's own parts: the limit row's work, OSU's method for the raw MPI rows, written
 buffers, and tables that explain their columns (plain pass and under MPI at any rank count)."""
 
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpisync.tools.bench import limits, osu, output, suite
+from mpisync.tools import workloads
+from mpisync.tools.bench import limits, osu, output, strategies, suite
 from mpisync.tools.bench.buffers import written, written_like
+from mpisync.transports import hugepages
 
 from mpiutil import everyone
 
@@ -231,3 +235,42 @@ def test_bcast_rows_carry_ibcast_and_overlap(comm):
     rows = osu.bcast_sweep(comm, [8, 32], scale=0.01)
     assert [r["bytes"] for r in rows] == [8, 32]
     assert all(r["ibcast_avg_us"] >= 0 and 0 <= r["overlap_pct"] <= 100 for r in rows)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_the_first_sync_on_new_memory_syncs_copies_with_the_huge_page_advice_off(
+    comm, library, monkeypatch
+):
+    """The row's syncs land in copies of the set (root's bytes on every rank; the shared set keeps
+    this rank's own), and none of its runs records or collapses a block for the huge-page advice,
+    however many there are; the setting is as it was after each run. The first-sync row on the
+    shared set, where it goes by cross-memory, does record them (what the row keeps away)."""
+    if library == "torch":
+        pytest.importorskip("torch")  # installed or not: the same on every rank
+    monkeypatch.setattr(hugepages, "_seen", {})
+    monkeypatch.setenv("MPISYNC_HUGE_PAGES", "1")
+    shapes = {"large": ((4 << 20) // 4,), "small": (100,)}
+    params = workloads.make_params(
+        {k: (shape, np.float32) for k, shape in shapes.items()}, comm.rank, library
+    )
+    mine = {k: np.asarray(v).tobytes() for k, v in params.items()}
+    roots = {
+        k: np.asarray(v).tobytes()
+        for k, v in workloads.make_params(
+            {k: (shape, np.float32) for k, shape in shapes.items()}, 0, library
+        ).items()
+    }
+    run, close = strategies.paramsync_first_new_memory(comm, params, 0)
+    for _ in range(3):
+        run()
+        assert os.environ["MPISYNC_HUGE_PAGES"] == "1"
+    assert {k: np.asarray(v).tobytes() for k, v in run.params.items()} == roots
+    assert {k: np.asarray(v).tobytes() for k, v in params.items()} == mine
+    assert hugepages._seen == {}
+    close()
+    assert run.params == {}
+    shared, _ = strategies.paramsync_first(comm, params, 0)
+    shared()
+    if shared.channel == "cross-memory":  # the same on every rank
+        assert hugepages._seen != {}

@@ -98,15 +98,16 @@ _WORKLOAD_LEGEND = (
 
 
 def _workload_lines(w: dict) -> list:
+    width = max([26, *(len(r["strategy"]) for r in w["results"])])
     lines = [
         "",
         f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB, broadcast",
-        f"  {'strategy':<26} {'ms':>9} {'GB/s':>7} {'x flat':>7} {'x per-tensor':>13} "
+        f"  {'strategy':<{width}} {'ms':>9} {'GB/s':>7} {'x flat':>7} {'x per-tensor':>13} "
         f"{'of limit':>9}  channel",
     ]
     for r in w["results"]:
         lines.append(
-            f"  {r['strategy']:<26} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
+            f"  {r['strategy']:<{width}} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
             f"{ratio_text(r['bandwidth_vs_flat']):>7} {ratio_text(r['speedup_vs_per_tensor']):>13} "
             f"{ratio_text(r.get('of_limit')):>9}  {r.get('channel') or ''}".rstrip()
         )
