@@ -110,7 +110,7 @@ def in_place_array(tensor: torch.Tensor, red: Reduction):
         return None
     if red.average or red.ordered(tensor):
         return None
-    # numpy's reshape of the view: a third of the cost of torch's reshape before it
+    # numpy reshapes the view for less than torch reshapes the tensor (per-call cost)
     return tensor.detach().numpy().reshape(-1)
 
 
