@@ -96,15 +96,12 @@ class SharedReduce:
         if gathered:
             own = mine[lo:hi]
             _copy(flats, lo, hi, mine, into=True)
+        # the result goes over the peers' values just read: see the module's docstring
+        parts = [own if k == rank else regions[k][lo:hi] for k in range(size)]
         with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
-            for k in range(size):
-                if k != rank:
-                    combine(own, regions[k][lo:hi], out=own)
+            combine_share(parts, rank, combine)
         if gathered:
             _copy(flats, lo, hi, mine, into=False)
-        for k in range(size):
-            if k != rank:  # over the peer's values just read: see the module's docstring
-                regions[k][lo:hi] = own
         yield [comm.Ibarrier()], False  # every share of the result is in every region
         for k, (lo, hi) in enumerate(bounds):
             if k != rank:
