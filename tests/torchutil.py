@@ -17,4 +17,6 @@ def rank_values(rank: int, n: int, dtype, exact: bool = False) -> torch.Tensor:
 
 def tensor_bytes(tensor: torch.Tensor) -> bytes:
     """The bytes of ``tensor``'s values, in order."""
-    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+    # contiguous() keeps a one-element tensor's odd stride, which a byte view refuses
+    dense = tensor.detach().clone(memory_format=torch.contiguous_format)
+    return dense.view(torch.uint8).numpy().tobytes()

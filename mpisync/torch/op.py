@@ -161,6 +161,8 @@ def host_bytes(tensor: torch.Tensor) -> tuple:
 def flat_bytes(tensor: torch.Tensor) -> _np.ndarray:
     """The bytes of a contiguous CPU tensor as a writable uint8 numpy array (no copy)."""
     flat = tensor.detach().reshape(-1)
+    if flat.numel() == 1 and flat.stride(0) != 1:  # contiguous to torch, not to a byte view
+        flat = flat.as_strided((1,), (1,), flat.storage_offset())
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
     return flat.view(torch.uint8).numpy()

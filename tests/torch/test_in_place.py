@@ -139,6 +139,53 @@ def test_all_to_all_single_with_one_tensor_and_split_sizes(comm, groups):
     assert tensor_bytes(one) == tensor_bytes(plain) == tensor_bytes(theirs)
 
 
+def _all_to_all_list(group, rank: int, size: int, count: int, form: str, grow: int = 0) -> list:
+    """The outputs' bytes after ``all_to_all`` on ``group`` in ``form``: rank ``r`` sends rank
+    ``j`` ``count + grow * j`` values of its own."""
+    data = [rank_values(rank * size + j, count + grow * j, torch.float32) for j in range(size)]
+    wanted = [count + grow * rank] * size
+    if form == "the inputs as outputs":
+        inputs = outputs = data
+    elif form == "outputs as views of one tensor":
+        inputs, outputs = data, list(torch.empty(sum(wanted)).split(wanted))
+    else:
+        inputs, outputs = data, [torch.empty(n) for n in wanted]
+        if form == "a non-contiguous output":
+            outputs[0] = torch.empty(2 * wanted[0])[::2]
+    dist.all_to_all(outputs, inputs, group=group)
+    return [tensor_bytes(o) for o in outputs]
+
+
+_LIST_FORMS = [
+    "separate tensors",
+    "the inputs as outputs",
+    "outputs as views of one tensor",
+    "a non-contiguous output",
+]
+
+
+@pytest.mark.parametrize("form", _LIST_FORMS)
+@pytest.mark.parametrize("count", [1, 70001])
+def test_all_to_all_lists_have_gloos_bytes(comm, groups, form, count):
+    """One message each way per peer straight between the tensors, or through copies where the
+    outputs share memory or are not contiguous: gloo's bytes, each rank's values where they
+    belong."""
+    size, rank = comm.size, comm.rank
+    ours = _all_to_all_list(None, rank, size, count, form)
+    assert ours == _all_to_all_list(groups[1], rank, size, count, form)
+    expected = [rank_values(j * size + rank, count, torch.float32) for j in range(size)]
+    assert ours == [tensor_bytes(e) for e in expected]
+
+
+@pytest.mark.parametrize("form", [f for f in _LIST_FORMS if f != "the inputs as outputs"])
+def test_all_to_all_lists_of_sizes_that_differ_by_peer(comm, form):
+    """Rank ``r`` sends rank ``j`` ``70001 + j`` values (gloo takes equal sizes only)."""
+    size, rank = comm.size, comm.rank
+    ours = _all_to_all_list(None, rank, size, 70001, form, grow=1)
+    expected = [rank_values(j * size + rank, 70001 + rank, torch.float32) for j in range(size)]
+    assert ours == [tensor_bytes(e) for e in expected]
+
+
 def test_in_place_forms_on_some_ranks_only_at_large_sizes(comm):
     """Where only rank 0 passes aliased buffers, every rank runs the plain form (no rank's
     point-to-point messages meet another's collective)."""
