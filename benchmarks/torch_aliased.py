@@ -54,13 +54,16 @@ def _rows(nbytes: int, rounds: int) -> list:
         block.fill_(3.0 + i)
 
     mine = full.chunk(size)[rank]
+    # torch 2.13 renames them (the old names warn on every call)
+    gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
     pairs = [
         ("all_reduce", lambda: dist.all_reduce(full)),
         ("reduce", lambda: dist.reduce(full, dst=0)),
-        ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(full, block)),
-        ("all_gather_into_tensor, in place", lambda: dist.all_gather_into_tensor(full, mine)),
-        ("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(block, full)),
-        ("reduce_scatter_tensor, in place", lambda: dist.reduce_scatter_tensor(mine, full)),
+        ("all_gather_into_tensor", lambda: gather(full, block)),
+        ("all_gather_into_tensor, in place", lambda: gather(full, mine)),
+        ("reduce_scatter_tensor", lambda: scatter(block, full)),
+        ("reduce_scatter_tensor, in place", lambda: scatter(mine, full)),
         ("all_to_all_single", lambda: dist.all_to_all_single(other, full)),
         ("all_to_all_single, one tensor", lambda: dist.all_to_all_single(full, full)),
     ]
