@@ -34,6 +34,9 @@ __all__ = [
 # The tags of the messages the collectives built of point-to-point messages send on the group's
 # communicator (no user message travels there: send and recv use the group's other one).
 _SCATTER_TAG, _GATHER_TAG, _ALL_TO_ALL_TAG, REDUCE_SCATTER_TAG = 1, 2, 3, 4
+# The most ranks an all_to_all of tensor lists posts point-to-point messages for: the engine
+# follows each request, so beyond a node's worth of ranks one Ialltoallv costs it less.
+_PEER_TO_PEER_MAX_RANKS = 16
 
 
 def _signature(tensors, *extra) -> list:
@@ -348,13 +351,10 @@ def scatter(rank: int, size: int, outputs, inputs, opts) -> Op:
 def all_to_all(rank: int, size: int, outputs, inputs) -> Op:
     """``inputs[j]`` to rank ``j``; ``outputs[j]`` from rank ``j`` (sizes may differ by pair).
 
-    One message each way per peer, straight between the tensors: no copy of the inputs joined
-    into a new buffer, no new receive buffer copied out (in a long-running process those two
-    allocations cost 5-6x the messages at 25 MiB; docs/allreduce.md, "``all_to_all`` of tensor
-    lists"). Every rank posts the same messages whatever its tensors' layout: an output that is
-    not a contiguous CPU tensor is received into a copy written back, and outputs that share
-    memory with each other or with an input are received into copies written in rank order once
-    every message is in."""
+    On a group of up to ``_PEER_TO_PEER_MAX_RANKS`` ranks, one message each way per peer straight
+    between the tensors (:func:`_peer_to_peer`); on a larger one, MPI's ``Ialltoallv`` through
+    reused buffers (:func:`_through_mpi`), one request where the engine would otherwise follow
+    two per peer."""
     outputs, inputs = list(outputs), list(inputs)
 
     def describe() -> str:
@@ -370,6 +370,18 @@ def all_to_all(rank: int, size: int, outputs, inputs) -> Op:
     cross = ([t.numel() for t in inputs], [t.numel() for t in outputs])
     if problem is not None:
         return Op("all_to_all", signature, describe, None, outputs, problem, cross=cross)
+    pairs = size <= _PEER_TO_PEER_MAX_RANKS
+    body = _peer_to_peer(rank, size, outputs, inputs) if pairs else _through_mpi(outputs, inputs)
+    return Op("all_to_all", signature, describe, body, outputs, cross=cross)
+
+
+def _peer_to_peer(rank: int, size: int, outputs: list, inputs: list):
+    """The body of an all-to-all by one receive and one send per peer, straight between the
+    tensors: no copy of the inputs joined into a buffer, no receive buffer copied out
+    (docs/allreduce.md, "``all_to_all`` of tensor lists"). Every rank posts the same messages
+    whatever its tensors' layout: an output that is not a contiguous CPU tensor is received into
+    a copy written back, and outputs that share memory with each other or with an input are
+    received into copies written in rank order once every message is in."""
     sends = [host_bytes(t)[0] for t in inputs]
     staged = overlapping(outputs + inputs)
     if staged:  # every output from a copy, written once nothing is read any more
@@ -394,7 +406,45 @@ def all_to_all(rank: int, size: int, outputs, inputs) -> Op:
         for back in backs:
             back()
 
-    return Op("all_to_all", signature, describe, body, outputs, cross=cross)
+    return body
+
+
+def _through_mpi(outputs: list, inputs: list):
+    """The body of an all-to-all by one ``Ialltoallv``: the inputs read in place where they are
+    the chunks of one CPU tensor, else packed into a reused buffer; the outputs likewise written
+    in place, else received into a reused buffer and copied out."""
+    send_counts = [t.numel() * t.element_size() for t in inputs]
+    recv_counts = [t.numel() * t.element_size() for t in outputs]
+    whole_in, whole_out = joined(inputs), joined(outputs)
+    if whole_out is not None and overlapping([whole_out, *inputs]):
+        whole_out = None  # MPI refuses aliased buffers: received into a copy
+
+    def body(comm):
+        send = flat_bytes(whole_in) if whole_in is not None else _packed(inputs, sum(send_counts))
+        recv = flat_bytes(whole_out) if whole_out is not None else _scratch(sum(recv_counts))
+        yield [comm.Ialltoallv(_counted(send, send_counts), _counted(recv, recv_counts))], True
+        if whole_out is None:
+            _copy_out(recv, outputs)
+            SCRATCH.give(recv)
+        if whole_in is None:
+            SCRATCH.give(send)
+
+    return body
+
+
+def _scratch(nbytes: int) -> _np.ndarray:
+    """A reused byte buffer of ``nbytes`` (hand it back to ``SCRATCH`` once MPI is done)."""
+    return SCRATCH.take(_np.broadcast_to(_np.uint8(0), (nbytes,)))  # a shape, no memory
+
+
+def _packed(tensors: list, nbytes: int) -> _np.ndarray:
+    """``tensors``' bytes end to end in a reused buffer (hand it back to ``SCRATCH``)."""
+    buffer, offset = _scratch(nbytes), 0
+    for tensor in tensors:
+        flat = host_bytes(tensor)[0]
+        buffer[offset : offset + flat.nbytes] = flat
+        offset += flat.nbytes
+    return buffer
 
 
 def _counted(buffer: _np.ndarray, counts: list) -> list:

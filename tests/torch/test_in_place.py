@@ -13,6 +13,7 @@ dist = pytest.importorskip("torch.distributed")
 from torchutil import rank_values, tensor_bytes  # noqa: E402
 
 import mpisync.torch  # noqa: E402  (registers the backend)
+from mpisync.torch import movement  # noqa: E402
 
 # elements per rank's block: one, odd, and over MPI's eager limit
 _COUNTS = (1, 7, 65537)
@@ -164,12 +165,21 @@ _LIST_FORMS = [
 ]
 
 
+@pytest.fixture(params=["peer to peer", "one Ialltoallv"])
+def list_path(request, monkeypatch):
+    """Each path of ``all_to_all``: the one for groups of a node's size, and the one for larger
+    groups (forced on every rank alike)."""
+    if request.param == "one Ialltoallv":
+        monkeypatch.setattr(movement, "_PEER_TO_PEER_MAX_RANKS", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("form", _LIST_FORMS)
 @pytest.mark.parametrize("count", [1, 70001])
-def test_all_to_all_lists_have_gloos_bytes(comm, groups, form, count):
+def test_all_to_all_lists_have_gloos_bytes(comm, groups, form, count, list_path):
     """One message each way per peer straight between the tensors, or through copies where the
-    outputs share memory or are not contiguous: gloo's bytes, each rank's values where they
-    belong."""
+    outputs share memory or are not contiguous; or one ``Ialltoallv``: gloo's bytes, each rank's
+    values where they belong."""
     size, rank = comm.size, comm.rank
     ours = _all_to_all_list(None, rank, size, count, form)
     assert ours == _all_to_all_list(groups[1], rank, size, count, form)
@@ -178,7 +188,7 @@ def test_all_to_all_lists_have_gloos_bytes(comm, groups, form, count):
 
 
 @pytest.mark.parametrize("form", [f for f in _LIST_FORMS if f != "the inputs as outputs"])
-def test_all_to_all_lists_of_sizes_that_differ_by_peer(comm, form):
+def test_all_to_all_lists_of_sizes_that_differ_by_peer(comm, form, list_path):
     """Rank ``r`` sends rank ``j`` ``70001 + j`` values (gloo takes equal sizes only)."""
     size, rank = comm.size, comm.rank
     ours = _all_to_all_list(None, rank, size, 70001, form, grow=1)
