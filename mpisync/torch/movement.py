@@ -370,8 +370,8 @@ def all_to_all(rank: int, size: int, outputs, inputs) -> Op:
     cross = ([t.numel() for t in inputs], [t.numel() for t in outputs])
     if problem is not None:
         return Op("all_to_all", signature, describe, None, outputs, problem, cross=cross)
-    pairs = size <= _PEER_TO_PEER_MAX_RANKS
-    body = _peer_to_peer(rank, size, outputs, inputs) if pairs else _through_mpi(outputs, inputs)
+    direct = size <= _PEER_TO_PEER_MAX_RANKS
+    body = _peer_to_peer(rank, size, outputs, inputs) if direct else _through_mpi(outputs, inputs)
     return Op("all_to_all", signature, describe, body, outputs, cross=cross)
 
 

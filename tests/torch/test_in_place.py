@@ -1,7 +1,9 @@
 """The in-place forms of reduce_scatter_tensor (the output this rank's block of the input) and
 all_to_all_single (one tensor in and out): the bytes of the plain forms and of gloo, at any
 number of ranks, for block sizes that are odd, one element, or large enough for MPI's
-rendezvous protocol, and where only some ranks pass aliased buffers."""
+rendezvous protocol, and where only some ranks pass aliased buffers. all_to_all of tensor
+lists, with the inputs as outputs, outputs that are views of one tensor or not contiguous:
+gloo's bytes, on each of its two paths."""
 
 import numpy as np
 import pytest
