@@ -383,10 +383,13 @@ def _peer_to_peer(rank: int, size: int, outputs: list, inputs: list):
     a copy written back, and outputs that share memory with each other or with an input are
     received into copies written in rank order once every message is in."""
     sends = [host_bytes(t)[0] for t in inputs]
-    staged = overlapping(outputs + inputs)
-    if staged:  # every output from a copy, written once nothing is read any more
-        receives = [_np.empty(t.numel() * t.element_size(), _np.uint8) for t in outputs]
-        backs: list = []
+    counts = [t.numel() * t.element_size() for t in outputs]
+    # outputs that share memory: every one received into one buffer, written once nothing is
+    # read any more
+    staged = _np.empty(sum(counts), _np.uint8) if overlapping(outputs + inputs) else None
+    if staged is not None:
+        ends = _np.cumsum([0, *counts])
+        receives, backs = [staged[a:b] for a, b in zip(ends[:-1], ends[1:])], []
     else:
         held = [host_bytes(t) for t in outputs]
         receives, backs = [r for r, _ in held], [b for _, b in held if b is not None]
@@ -401,8 +404,8 @@ def _peer_to_peer(rank: int, size: int, outputs: list, inputs: list):
             requests.append(comm.Isend(sends[peer], peer, _ALL_TO_ALL_TAG))
         receives[rank][...] = sends[rank]
         yield requests, True
-        if staged:
-            _copy_out(_np.concatenate(receives), outputs)
+        if staged is not None:
+            _copy_out(staged, outputs)
         for back in backs:
             back()
 
