@@ -384,9 +384,10 @@ def _peer_to_peer(rank: int, size: int, outputs: list, inputs: list):
     received into copies written in rank order once every message is in."""
     sends = [host_bytes(t)[0] for t in inputs]
     counts = [t.numel() * t.element_size() for t in outputs]
-    # outputs that share memory: every one received into one buffer, written once nothing is
-    # read any more
-    staged = _np.empty(sum(counts), _np.uint8) if overlapping(outputs + inputs) else None
+    # outputs that share memory with each other or with an input (one input sent to every peer
+    # is not that): every one received into one buffer, written once nothing is read any more
+    distinct = list({id(t): t for t in inputs}.values())
+    staged = _np.empty(sum(counts), _np.uint8) if overlapping(outputs + distinct) else None
     if staged is not None:
         ends = _np.cumsum([0, *counts])
         receives, backs = [staged[a:b] for a, b in zip(ends[:-1], ends[1:])], []
