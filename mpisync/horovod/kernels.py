@@ -14,12 +14,17 @@ import math
 import numpy as _np
 from mpi4py import MPI
 
+from ..transports import pairwise
 from ..transports.crossreduce import MIN_BYTES, combine_of, drive, reduce_steps
 from ..transports.sharedreduce import shared_steps
 
 __all__ = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "scaled"]
 
 _MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+# alltoall's messages on the set's communicator (no other point-to-point message travels there);
+# the most ranks it sends them for (tests lower it to reach the other path)
+_ALLTOALL_TAG = 3
+_PEER_TO_PEER_MAX_RANKS = pairwise.MAX_RANKS
 
 
 def scaled(tensor, factor: float):
@@ -161,18 +166,28 @@ def broadcast(comm, call, tensor, root: int):
 
 
 def alltoall(comm, call, tensor, send_rows: list, recv_rows: list):
-    """Rows ``send_rows[i]`` of ``tensor`` to rank i, ``recv_rows[i]`` rows from rank i."""
+    """Rows ``send_rows[i]`` of ``tensor`` to rank i, ``recv_rows[i]`` rows from rank i: one
+    message each way per peer on a set of up to ``_PEER_TO_PEER_MAX_RANKS`` ranks
+    (:mod:`mpisync.transports.pairwise`), else one ``Ialltoallv``."""
     row = _row_bytes(tensor)
     send = [r * row for r in send_rows]
     recv_counts = [r * row for r in recv_rows]
-    sdispls = [sum(send[:i]) for i in range(len(send))]
-    rdispls = [sum(recv_counts[:i]) for i in range(len(recv_counts))]
+    raw = _raw(tensor)
     recv = _np.empty(sum(recv_counts), dtype=_np.uint8)
-    call(
-        comm.Ialltoallv(
-            [_raw(tensor), (send, sdispls), MPI.BYTE], [recv, (recv_counts, rdispls), MPI.BYTE]
+    if comm.size <= _PEER_TO_PEER_MAX_RANKS:
+        posted = pairwise.post(
+            comm, _ALLTOALL_TAG, pairwise.pieces(recv, recv_counts), pairwise.pieces(raw, send)
         )
-    )
+        for request in posted:  # every one posted: waiting in any order cannot deadlock
+            call(request)
+    else:
+        sdispls = [sum(send[:i]) for i in range(len(send))]
+        rdispls = [sum(recv_counts[:i]) for i in range(len(recv_counts))]
+        call(
+            comm.Ialltoallv(
+                [raw, (send, sdispls), MPI.BYTE], [recv, (recv_counts, rdispls), MPI.BYTE]
+            )
+        )
     return _from_raw(recv, tensor.dtype, (sum(recv_rows), *tensor.shape[1:]), tensor.device)
 
 

@@ -10,11 +10,13 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
+from ..transports import pairwise
 from ..transports.crossbcast import MIN_BYTES as BROADCAST_MIN_BYTES
 from ..transports.crossbcast import bcast_steps
 from ..transports.crossgather import gather_steps
 from ..transports.crossreduce import MIN_BYTES
 from .buffers import SCRATCH
+from .errors import MismatchError
 from .op import Op, dtype_code, flat_bytes, fold, host_bytes, joined, overlapping, shape_text
 from .refusals import refusing
 
@@ -34,9 +36,9 @@ __all__ = [
 # The tags of the messages the collectives built of point-to-point messages send on the group's
 # communicator (no user message travels there: send and recv use the group's other one).
 _SCATTER_TAG, _GATHER_TAG, _ALL_TO_ALL_TAG, REDUCE_SCATTER_TAG = 1, 2, 3, 4
-# The most ranks an all_to_all of tensor lists posts point-to-point messages for: the engine
-# follows each request, so beyond a node's worth of ranks one Ialltoallv costs it less.
-_PEER_TO_PEER_MAX_RANKS = 16
+# The most ranks an all_to_all (lists, or one tensor with split sizes) posts point-to-point
+# messages for (tests lower it to reach the other path).
+_PEER_TO_PEER_MAX_RANKS = pairwise.MAX_RANKS
 
 
 def _signature(tensors, *extra) -> list:
@@ -348,7 +350,7 @@ def scatter(rank: int, size: int, outputs, inputs, opts) -> Op:
 
 
 @refusing("all_to_all")
-def all_to_all(rank: int, size: int, outputs, inputs) -> Op:
+def all_to_all(size: int, outputs, inputs) -> Op:
     """``inputs[j]`` to rank ``j``; ``outputs[j]`` from rank ``j`` (sizes may differ by pair).
 
     On a group of up to ``_PEER_TO_PEER_MAX_RANKS`` ranks, one message each way per peer straight
@@ -371,11 +373,11 @@ def all_to_all(rank: int, size: int, outputs, inputs) -> Op:
     if problem is not None:
         return Op("all_to_all", signature, describe, None, outputs, problem, cross=cross)
     direct = size <= _PEER_TO_PEER_MAX_RANKS
-    body = _peer_to_peer(rank, size, outputs, inputs) if direct else _through_mpi(outputs, inputs)
+    body = _peer_to_peer(outputs, inputs) if direct else _through_mpi(outputs, inputs)
     return Op("all_to_all", signature, describe, body, outputs, cross=cross)
 
 
-def _peer_to_peer(rank: int, size: int, outputs: list, inputs: list):
+def _peer_to_peer(outputs: list, inputs: list):
     """The body of an all-to-all by one receive and one send per peer, straight between the
     tensors: no copy of the inputs joined into a buffer, no receive buffer copied out
     (docs/allreduce.md, "``all_to_all`` of tensor lists"). Every rank posts the same messages
@@ -389,22 +391,13 @@ def _peer_to_peer(rank: int, size: int, outputs: list, inputs: list):
     distinct = list({id(t): t for t in inputs}.values())
     staged = _np.empty(sum(counts), _np.uint8) if overlapping(outputs + distinct) else None
     if staged is not None:
-        ends = _np.cumsum([0, *counts])
-        receives, backs = [staged[a:b] for a, b in zip(ends[:-1], ends[1:])], []
+        receives, backs = pairwise.pieces(staged, counts), []
     else:
         held = [host_bytes(t) for t in outputs]
         receives, backs = [r for r, _ in held], [b for _, b in held if b is not None]
 
     def body(comm):
-        requests = []
-        for step in range(1, size):
-            peer = (rank + step) % size
-            requests.append(comm.Irecv(receives[peer], peer, _ALL_TO_ALL_TAG))
-        for step in range(1, size):
-            peer = (rank - step) % size
-            requests.append(comm.Isend(sends[peer], peer, _ALL_TO_ALL_TAG))
-        receives[rank][...] = sends[rank]
-        yield requests, True
+        yield pairwise.post(comm, _ALL_TO_ALL_TAG, receives, sends), True
         if staged is not None:
             _copy_out(staged, outputs)
         for back in backs:
@@ -459,9 +452,12 @@ def _counted(buffer: _np.ndarray, counts: list) -> list:
 
 
 @refusing("all_to_all_single")
-def all_to_all_single(size: int, output, input, out_splits, in_splits) -> Op:
+def all_to_all_single(rank: int, size: int, output, input, out_splits, in_splits) -> Op:
     """Rows of ``input`` to each rank and of ``output`` from each (dimension 0): equal blocks, or
-    the split sizes given (missing ones: equal)."""
+    the split sizes given (missing ones: equal). Equal blocks go by MPI's ``Ialltoall``; split
+    sizes, on a group of up to ``_PEER_TO_PEER_MAX_RANKS`` ranks, by one message each way per
+    peer between the tensors' pieces (:mod:`mpisync.transports.pairwise`), else by one
+    ``Ialltoallv``."""
     out_splits, in_splits = list(out_splits or ()), list(in_splits or ())
     row = input.numel() // input.shape[0] if input.dim() and input.shape[0] else 1
     out_row = output.numel() // output.shape[0] if output.dim() and output.shape[0] else 1
@@ -486,12 +482,15 @@ def all_to_all_single(size: int, output, input, out_splits, in_splits) -> Op:
     # the same tensor in and out with equal splits (torch allows it)
     same = shared and equal and send.ctypes.data == recv.ctypes.data
     item = input.element_size()
+    send_counts = [r * row * item for r in rows_in]
+    recv_counts = [r * out_row * item for r in rows_out]
+    direct = not equal and size <= _PEER_TO_PEER_MAX_RANKS
 
     def body(comm):
         if op.everywhere:  # every rank passed one tensor
             yield from _exchanged_in_place(comm, recv)
             return
-        source: object
+        source: _np.ndarray
         copy = None
         if shared:  # from a copy (MPI refuses aliased buffers), in a reused buffer
             source = copy = _copied(send)
@@ -499,10 +498,17 @@ def all_to_all_single(size: int, output, input, out_splits, in_splits) -> Op:
             source = send
         if equal:
             yield [comm.Ialltoall(source, recv)], True
+        elif direct:
+            if send_counts[rank] != recv_counts[rank]:  # only with the check off
+                raise MismatchError(
+                    f"mpisync: all_to_all_single: rank {rank} sends itself "
+                    f"{send_counts[rank]} bytes and expects {recv_counts[rank]}"
+                )
+            receives = pairwise.pieces(recv, recv_counts)
+            sends = pairwise.pieces(source, send_counts)
+            yield pairwise.post(comm, _ALL_TO_ALL_TAG, receives, sends), True
         else:
-            send_counts = [r * row * item for r in rows_in]
-            recv_counts = [r * out_row * item for r in rows_out]
-            counted = _counted(source, send_counts)  # type: ignore[arg-type]
+            counted = _counted(source, send_counts)
             yield [comm.Ialltoallv(counted, _counted(recv, recv_counts))], True
         if copy is not None:
             SCRATCH.give(copy)

@@ -110,13 +110,13 @@ class Operations:
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """``input_tensors[j]`` to rank ``j``, ``output_tensors[j]`` from it."""
-        op = movement.all_to_all(self._rank, self._size, output_tensors, input_tensors)
+        op = movement.all_to_all(self._size, output_tensors, input_tensors)
         return self._start(op)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """Rows of ``input`` to each rank, of ``output`` from each: equal, or by split sizes."""
         op = movement.all_to_all_single(
-            self._size, output, input, output_split_sizes, input_split_sizes
+            self._rank, self._size, output, input, output_split_sizes, input_split_sizes
         )
         return self._start(op)
 

@@ -6,12 +6,23 @@ import pytest
 hvd = pytest.importorskip("mpisync.horovod")
 torch = pytest.importorskip("torch")
 
+from mpisync.horovod import kernels  # noqa: E402
+
 from mpiutil import taken  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
 
-def test_alltoall_with_splits(started):
+@pytest.fixture(params=["peer to peer", "one Ialltoallv"])
+def alltoall_path(request, monkeypatch):
+    """Each path of ``alltoall``: messages per peer, and the one for larger sets (forced on every
+    rank alike)."""
+    if request.param == "one Ialltoallv":
+        monkeypatch.setattr(kernels, "_PEER_TO_PEER_MAX_RANKS", 0)
+    return request.param
+
+
+def test_alltoall_with_splits(started, alltoall_path):
     comm = started
     n, r = comm.size, comm.rank
     # rank r sends i+1 rows to rank i, each row holding 100*r + i
@@ -21,6 +32,31 @@ def test_alltoall_with_splits(started):
     assert out[:, 0].tolist() == [100.0 * j + r for j in range(n) for _ in range(r + 1)]
     equal = hvd.alltoall(torch.arange(2 * n) + 1000 * r)
     assert equal.tolist() == [1000 * j + 2 * r + k for j in range(n) for k in range(2)]
+
+
+def test_alltoall_of_some_rows_and_none_to_some_ranks(started, alltoall_path):
+    """Rank ``r`` sends rank ``i`` ``(r + 2 i) % 3`` rows of a non-contiguous tensor (none to
+    some ranks), and keeps two rows it sends nobody."""
+    comm = started
+    n, r = comm.size, comm.rank
+    splits = [(r + 2 * i) % 3 for i in range(n)]
+    blocks = [
+        torch.arange(k * 3, dtype=torch.float64).reshape(k, 3) + 100 * r + 10 * i
+        for i, k in enumerate(splits)
+    ]
+    rows = torch.cat([*blocks, torch.full((2, 3), -1.0, dtype=torch.float64)])
+    wide = torch.zeros(rows.shape[0], 6, dtype=torch.float64)
+    wide[:, ::2] = rows
+    out, received = hvd.alltoall(wide[:, ::2], splits=splits)
+    got = [(j + 2 * r) % 3 for j in range(n)]
+    assert received.tolist() == got
+    expected = torch.cat(
+        [
+            torch.arange(k * 3, dtype=torch.float64).reshape(k, 3) + 100 * j + 10 * r
+            for j, k in enumerate(got)
+        ]
+    )
+    assert torch.equal(out, expected)
 
 
 def test_reducescatter_uneven_rows_and_ops(started):

@@ -2,8 +2,9 @@
 all_to_all_single (one tensor in and out): the bytes of the plain forms and of gloo, at any
 number of ranks, for block sizes that are odd, one element, or large enough for MPI's
 rendezvous protocol, and where only some ranks pass aliased buffers. all_to_all of tensor
-lists, with the inputs as outputs, outputs that are views of one tensor or not contiguous:
-gloo's bytes, on each of its two paths."""
+lists, with the inputs as outputs, outputs that are views of one tensor or not contiguous, and
+all_to_all_single with split sizes that differ by pair: gloo's bytes, on each of their two
+paths."""
 
 import numpy as np
 import pytest
@@ -130,9 +131,9 @@ def test_all_to_all_single_with_one_tensor_has_the_plain_forms_and_gloos_bytes(c
             assert tensor_bytes(_all_to_all_pair(groups[1], data)[0]) == tensor_bytes(plain)
 
 
-def test_all_to_all_single_with_one_tensor_and_split_sizes(comm, groups):
+def test_all_to_all_single_with_one_tensor_and_split_sizes(comm, groups, list_path):
     """Rows split unequally, from a copy: ``rank + peer + 1`` rows each way between two ranks
-    (the same splits in and out, as one tensor needs)."""
+    (the same splits in and out, as one tensor needs), by either path of split sizes."""
     size, rank = comm.size, comm.rank
     splits = [rank + peer + 1 for peer in range(size)]
     rows = sum(splits)
@@ -140,6 +141,38 @@ def test_all_to_all_single_with_one_tensor_and_split_sizes(comm, groups):
     plain, one = _all_to_all_pair(None, data, splits)
     theirs = _all_to_all_pair(groups[1], data, splits)[0]
     assert tensor_bytes(one) == tensor_bytes(plain) == tensor_bytes(theirs)
+
+
+def _rows_between(sender: int, receiver: int) -> int:
+    """Rows ``sender`` sends ``receiver`` in the split-size tests: none for some pairs, and not
+    what ``receiver`` sends back."""
+    return (sender + 2 * receiver) % 3
+
+
+def _split_rows(sender: int, receiver: int, rows: int) -> torch.Tensor:
+    """The rows ``sender`` sends ``receiver``: values that name both and each row."""
+    values = torch.arange(rows * 3, dtype=torch.float64) + 1000 * sender + 100 * receiver
+    return values.reshape(rows, 3)
+
+
+@pytest.mark.parametrize("form", ["separate tensors", "a non-contiguous output"])
+def test_all_to_all_single_with_split_sizes_that_differ_by_pair(comm, groups, form, list_path):
+    """Rank ``r`` sends rank ``j`` ``(r + 2 j) % 3`` rows (none to some peers, not what it gets
+    back), by either path: each block where it belongs, and gloo's bytes."""
+    size, rank = comm.size, comm.rank
+    in_splits = [_rows_between(rank, j) for j in range(size)]
+    out_splits = [_rows_between(j, rank) for j in range(size)]
+    data = torch.cat([_split_rows(rank, j, in_splits[j]) for j in range(size)])
+    outputs = []
+    for group in (None, groups[1]):
+        out = torch.full((sum(out_splits), 3), -1.0, dtype=torch.float64)
+        if form == "a non-contiguous output" and group is None:
+            out = torch.full((sum(out_splits), 6), -1.0, dtype=torch.float64)[:, ::2]
+        dist.all_to_all_single(out, data, out_splits, in_splits, group=group)
+        outputs.append(tensor_bytes(out))
+    expected = torch.cat([_split_rows(j, rank, out_splits[j]) for j in range(size)])
+    assert outputs[0] == tensor_bytes(expected)
+    assert outputs[0] == outputs[1]
 
 
 def _all_to_all_list(group, rank: int, size: int, count: int, form: str, grow: int = 0) -> list:
@@ -169,8 +202,8 @@ _LIST_FORMS = [
 
 @pytest.fixture(params=["peer to peer", "one Ialltoallv"])
 def list_path(request, monkeypatch):
-    """Each path of ``all_to_all``: the one for groups of a node's size, and the one for larger
-    groups (forced on every rank alike)."""
+    """Each path of ``all_to_all`` and of ``all_to_all_single`` with split sizes: the one for
+    groups of a node's size, and the one for larger groups (forced on every rank alike)."""
     if request.param == "one Ialltoallv":
         monkeypatch.setattr(movement, "_PEER_TO_PEER_MAX_RANKS", 0)
     return request.param

@@ -3,7 +3,7 @@ the backend's argument check.
 
 - ``collectives``: latency of each collective at each size (1 KiB, 1 MiB and 25 MiB
   by default): ``size`` is the bytes of each rank's input tensor (``scatter``: of each rank's
-  output; ``all_to_all``: in all, split evenly between the ranks; ``send/recv``: one message
+  output; ``all_to_all``: of each of its input tensors, one per rank; ``send/recv``: one message
   from rank 0 to rank 1; ``broadcast_coalesced``: DDP's start-up broadcast of 8 tensors of that
   many bytes in all), float32. mpisync, gloo and (where :data:`LIMITS` has one) the operation's
   limit row are timed side by side in one interleaved loop
@@ -284,8 +284,9 @@ def table(result: dict) -> list:
                 f"{row['gloo/mpisync']:12.2f}x {'-' if of_limit is None else f'{of_limit:.2f}x':>9}"
             )
         lines.append(
-            "  size: each rank's input (scatter: output; all_to_all: in all; broadcast_coalesced: "
-            "DDP's start-up broadcast, 8 tensors); us: median time per call of the slowest rank, "
+            "  size: each rank's input (scatter: output; all_to_all: each input tensor, one per "
+            "rank; broadcast_coalesced: DDP's start-up broadcast, 8 tensors); us: median time per "
+            "call of the slowest rank, "
             "microseconds; limit: the operation's bytes as local copies and adds on every rank at "
             "once (- where none is defined); gloo/mpisync: above 1x, mpisync faster; of limit: "
             "the limit's time / mpisync's (1.00x: at the memory limit) (docs/performance.md)"
