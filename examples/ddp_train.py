@@ -3,8 +3,8 @@
     mpiexec -n 4 python examples/ddp_train.py --steps 20
 
 No MASTER_ADDR, RANK or WORLD_SIZE: rank and size come from MPI. Every rank
-starts from different random weights; DDP's start-up broadcast (mpisync's
-fused parameter sync) gives every rank rank 0's, and the gradient all-reduce
+starts from different random weights; DDP's start-up sync (on the mpisync
+backend, mpisync.sync_params) gives every rank rank 0's, and the gradient all-reduce
 keeps them equal. At the end every rank checks, with mpisync.allreduce, that
 all ranks hold the same weights, and prints a digest of its own.
 """
@@ -30,7 +30,7 @@ def main() -> None:
 
     mpisync.torch.init_process_group()
     rank, size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    # different weights everywhere: DDP's start-up broadcast makes them rank 0's
+    # different weights everywhere: DDP's start-up sync makes them rank 0's
     torch.manual_seed(rank)
     model = torch.nn.Sequential(
         torch.nn.Linear(16, args.width),

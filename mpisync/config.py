@@ -67,6 +67,7 @@ SWITCHES: dict[str, bool | None] = {
     "MPISYNC_TIMEOUT_ABORT": True,
     "MPISYNC_ALLOW_SINGLETON": False,
     "MPISYNC_TORCH_CHECK": True,
+    "MPISYNC_TORCH_SYNC_PARAMS": True,
     "MPISYNC_FAIL_FAST": True,
 }
 _ON = ("1", "true", "yes", "on")
@@ -243,9 +244,10 @@ WIRE_SWITCHES = ("MPISYNC_SHARED_MEMORY", "MPISYNC_CROSS_MEMORY", "MPISYNC_SPEED
 
 def wire_settings(torch: bool = False) -> dict[str, Any]:
     """This rank's values of the settings every rank must share (the syncers agree on them with
-    the parameters, a torch process group (``torch=True``: ``MPISYNC_TORCH_CHECK`` too) when it
-    is created): a difference is an error on every rank, naming the setting and the ranks."""
-    names = WIRE_SWITCHES + (("MPISYNC_TORCH_CHECK",) if torch else ())
+    the parameters, a torch process group (``torch=True``: ``MPISYNC_TORCH_CHECK`` and
+    ``MPISYNC_TORCH_SYNC_PARAMS`` too) when it is created): a difference is an error on every
+    rank, naming the setting and the ranks."""
+    names = WIRE_SWITCHES + (("MPISYNC_TORCH_CHECK", "MPISYNC_TORCH_SYNC_PARAMS") if torch else ())
     values: dict[str, Any] = {name: switch(name) for name in names}
     values["MPISYNC_SPEEDUPS_WITHOUT"] = _os.environ.get("MPISYNC_SPEEDUPS_WITHOUT", "").strip()
     return values

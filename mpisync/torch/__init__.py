@@ -1,8 +1,9 @@
 """mpisync as a torch.distributed backend.
 
-``import mpisync.torch`` registers the backend ``"mpisync"``;
-:func:`init_process_group` starts torch's default process group on it with
-rank and size taken from MPI (no ``MASTER_ADDR``, ``RANK`` or ``WORLD_SIZE``).
+``import mpisync.torch`` registers the backend ``"mpisync"``, and makes DDP's start-up sync
+of a module's parameters and buffers on its groups a :func:`mpisync.sync_params`
+(:mod:`mpisync.torch.module_states`); :func:`init_process_group` starts torch's default process
+group on it with rank and size taken from MPI (no ``MASTER_ADDR``, ``RANK`` or ``WORLD_SIZE``).
 
 >>> import mpisync.torch
 >>> mpisync.torch.init_process_group()                        # doctest: +SKIP
@@ -21,6 +22,7 @@ from .errors import (
     OperationTimeoutError,
     WaitTimeoutError,
 )
+from .module_states import install as _install_module_states
 from .process_group import ProcessGroupMPISync
 
 __all__ = [
@@ -35,3 +37,5 @@ __all__ = [
     "OperationTimeoutError",
     "WaitTimeoutError",
 ]
+
+_install_module_states()  # DDP's start-up sync on an mpisync group: sync_params

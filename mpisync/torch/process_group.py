@@ -28,7 +28,7 @@ from ..errors import PeerExitedError, SyncTimeoutError
 from .checks import checked, checking
 from .communicators import agree_on_settings, duplicates
 from .engine import Engine
-from .errors import ArgumentError, MismatchError
+from .errors import ArgumentError, MismatchError, OperationError
 from .identity import Identity, backend_type
 from .mixed import routed
 from .op import Op
@@ -110,6 +110,8 @@ class ProcessGroupMPISync(Identity, Operations, dist.ProcessGroup):  # type: ign
             p2p.Free()
             raise
         self._checking = checking()
+        # DDP's module-state sync by sync_params (mpisync.torch.module_states), agreed above
+        self._syncs_states = _config.env_switch("MPISYNC_TORCH_SYNC_PARAMS", True)
         self._engine = Engine(comm, settings.max_concurrent.value, self._timeout, self._timed_out)
         self._on_shutdown = on_shutdown
         self._name, self._desc = "", ""
@@ -141,6 +143,16 @@ class ProcessGroupMPISync(Identity, Operations, dist.ProcessGroup):  # type: ign
         for backend in self._others.values():
             backend.shutdown()
         self._others = {}
+
+    def _state_communicator(self) -> tuple:
+        """``(communicator, timeout)`` for a sync of module state by :func:`mpisync.sync_params`
+        once every operation issued before it is done: the group's ``send``/``recv``
+        communicator, on which no collective of the engine travels (the sync's own run on its
+        duplicate), and the group's timeout."""
+        if self._p2p is None:
+            raise OperationError("mpisync: the process group is shut down")
+        self._engine.drain()
+        return self._p2p, self._timeout
 
     def abort(self) -> None:
         """Fail every pending operation and refuse later ones; the job goes on (MPI cannot cancel

@@ -248,23 +248,25 @@ def test_the_coalescing_manager_and_batched_point_to_point(comm):
     assert received.tolist() == [float(left)] * 2
 
 
-def test_group_creation_agrees_on_the_argument_check(comm, monkeypatch):
+@pytest.mark.parametrize("switch", ["MPISYNC_TORCH_CHECK", "MPISYNC_TORCH_SYNC_PARAMS"])
+def test_group_creation_agrees_on_the_switches(comm, monkeypatch, switch):
     """``MPISYNC_TORCH_CHECK`` on some ranks only would pair one rank's check with another's
-    data: creating the group is the same error on every rank, naming the setting and ranks."""
+    data, ``MPISYNC_TORCH_SYNC_PARAMS`` one rank's ``sync_params`` with another's broadcasts:
+    creating the group is the same error on every rank, naming the setting and ranks."""
     need_ranks(comm, 2)
     from mpisync.torch.process_group import ProcessGroupMPISync
 
     bad = comm.size - 1
-    monkeypatch.setenv("MPISYNC_TORCH_CHECK", "0" if comm.rank == bad else "1")
+    monkeypatch.setenv(switch, "0" if comm.rank == bad else "1")
     raises_everywhere(
         comm,
         MismatchError,
         lambda: ProcessGroupMPISync(comm, timeout=60),
         "ranks disagree on settings that change what travels or how it is checked",
-        "MPISYNC_TORCH_CHECK: ",
+        f"{switch}: ",
         f"rank {bad}=False",
     )
-    monkeypatch.delenv("MPISYNC_TORCH_CHECK")
+    monkeypatch.delenv(switch)
     group = ProcessGroupMPISync(comm, timeout=60)  # agreed again: the group works
     tensor = torch.ones(3)
     group.allreduce([tensor]).wait()
