@@ -4,20 +4,28 @@
 ``DistributedDataParallel`` makes every rank's module state rank 0's when it is built (and its
 ``join`` makes the final model the last joiner's) through
 ``torch.distributed.utils._sync_params_and_buffers``, which joins the tensors into new buckets of
-up to 250 MiB, broadcasts each and copies the result back. For a ResNet-50 (102 MB, 2 ranks) the
-join into new memory alone took 46 ms and the whole 100 ms, where ``sync_params`` of the same
-tensors took 13.5 ms (docs/allreduce.md, "DDP's start-up sync"). ``import mpisync.torch`` routes
-that function, for CPU tensors on an mpisync group, to ``sync_params`` over the group's ranks;
-any other call (another backend's group, a GPU tensor, tensors that share memory or are not
-contiguous) goes to torch's own. ``MPISYNC_TORCH_SYNC_PARAMS=0`` (read when a group is made,
-the same on every rank) keeps torch's on that group.
+up to 250 MiB, broadcasts each and copies the result back: the join into new memory and the copy
+back cost more than the broadcast (figures: docs/allreduce.md, "DDP's start-up sync").
+``import mpisync.torch`` routes that function, on an mpisync group, to ``sync_params`` over the
+group's ranks when every rank's tensors are contiguous dense CPU tensors of their own memory
+(the ranks agree on that first); any other call (another backend's group, a GPU tensor, tensors
+that share memory or are not contiguous on some rank) goes to torch's own.
+``MPISYNC_TORCH_SYNC_PARAMS=0`` (read when a group is made, the same on every rank) keeps torch's
+on that group.
 """
 
 from __future__ import annotations
 
+import time as _time
+
+import numpy as _np
 import torch
 import torch.distributed.utils as _utils
+from mpi4py import MPI
 
+from .._runtime.keepalive import keep_alive
+from .._runtime.ring import Expired, wait_request
+from .._runtime.timeouts import timed_out
 from ..sync import sync_params
 from .op import overlapping
 from .process_group import ProcessGroupMPISync
@@ -34,13 +42,16 @@ def install() -> None:
 
 def _sync_params_and_buffers(process_group, module_states: list, broadcast_bucket_size, src):
     """torch's ``_sync_params_and_buffers``: ``module_states`` made ``src``'s (a rank of
-    ``process_group``) on every rank; by :func:`mpisync.sync_params` where
-    :func:`_ours` says so, else by torch's own."""
+    ``process_group``) on every rank; by :func:`mpisync.sync_params` on an mpisync group whose
+    ranks' tensors all suit it (:func:`_takes`), else by torch's own."""
     group = _ours(process_group, module_states)
+    if group is not None:
+        comm, timeout = group._state_communicator()
+        if not _on_every_rank(comm, _takes(module_states), timeout):
+            group = None
     if group is None:
         _torch_sync(process_group, module_states, broadcast_bucket_size, src)
         return
-    comm, timeout = group._state_communicator()
     # names that sort in the list's order: the sync's order is torch's
     width = len(str(len(module_states)))
     named = {f"{i:0{width}d}": t for i, t in enumerate(module_states)}
@@ -48,15 +59,19 @@ def _sync_params_and_buffers(process_group, module_states: list, broadcast_bucke
 
 
 def _ours(process_group, tensors: list) -> ProcessGroupMPISync | None:
-    """The mpisync group that syncs ``tensors``, or None: torch's own does (another backend, the
-    switch off, an empty list, or a tensor that is not a contiguous dense CPU tensor of its own
-    memory). Every input here is what the ranks agree on (the group, its switch, and DDP's
-    tensors, whose shapes DDP checked on every rank first), so every rank answers alike."""
+    """The mpisync group that may sync ``tensors`` by ``sync_params``, or None (another backend,
+    the switch off, or no tensors): what every rank of the group answers alike."""
     if not isinstance(process_group, ProcessGroupMPISync) or not process_group._syncs_states:
         return None
-    if not tensors or not all(_plain(t) for t in tensors) or overlapping(tensors):
-        return None
-    return process_group
+    return process_group if tensors else None
+
+
+def _takes(tensors: list) -> bool:
+    """Whether ``sync_params`` takes ``tensors`` where they lie: contiguous dense CPU tensors,
+    none sharing memory with another. A module may be laid out differently on one rank (a
+    channels-last convolution there only), so the ranks agree on it before either way is
+    taken."""
+    return all(_plain(t) for t in tensors) and not overlapping(tensors)
 
 
 def _plain(tensor: torch.Tensor) -> bool:
@@ -66,3 +81,16 @@ def _plain(tensor: torch.Tensor) -> bool:
         and tensor.is_contiguous()
         and not tensor.is_quantized
     )
+
+
+def _on_every_rank(comm, mine: bool, timeout: float | None) -> bool:
+    """Whether ``mine`` is true on every rank of ``comm`` (one all-reduce, within ``timeout``)."""
+    flag, everyone = _np.array([int(mine)], _np.int64), _np.zeros(1, _np.int64)
+    request = comm.Iallreduce(flag, everyone, MPI.MIN)
+    deadline = None if timeout is None else _time.monotonic() + timeout
+    try:
+        wait_request(request, deadline, comm)
+    except Expired:
+        keep_alive(request, flag, everyone)
+        timed_out(comm, "DDP's module-state sync", ["agreement"], timeout)
+    return bool(everyone[0])

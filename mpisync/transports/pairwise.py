@@ -1,10 +1,10 @@
 """An all-to-all as one message each way per peer, straight between the callers' buffers.
 
-MPICH's ``Ialltoallv`` of 25 MiB per rank takes about twice its ``Ialltoall`` of the same bytes
-on one node; one ``Irecv`` and one ``Isend`` per peer take what ``Ialltoall`` takes, with sizes
-that differ by pair and without packing pieces into one buffer (docs/allreduce.md,
-"``all_to_all`` of tensor lists"). Each request is one more for the caller to wait on, so
-beyond :data:`MAX_RANKS` one ``Ialltoallv`` costs less.
+On one node MPICH's ``Ialltoallv`` is slower than its ``Ialltoall`` of the same bytes; one
+``Irecv`` and one ``Isend`` per peer keep ``Ialltoall``'s pace with sizes that differ by pair and
+without packing pieces into one buffer (figures: docs/allreduce.md, "``all_to_all`` of tensor
+lists"). Each request is one more for the caller to wait on, so beyond :data:`MAX_RANKS` one
+``Ialltoallv`` is left to do it.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ import hashlib
 import pytest
 from mpi4py import MPI
 
+from mpiutil import need_ranks
+
 pytestmark = pytest.mark.mpi
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -90,6 +92,20 @@ def test_ddp_start_up_gives_every_rank_rank_0s_state(comm, routes, channels_last
     assert routes == ["torch" if channels_last else "mpisync"]
     if channels_last:
         assert not module[0].weight.is_contiguous()
+
+
+def test_a_layout_on_one_rank_only_takes_torchs_way_on_every_rank(comm, routes):
+    """The last rank's convolution is channels-last, the others' contiguous (DDP refuses strides
+    that differ by rank before it syncs; torch's module-state sync itself takes them): the ranks
+    agree on torch's own, every rank, and end with rank 0's bytes."""
+    need_ranks(comm, 2)
+    module = _module(comm.rank + 1, channels_last=comm.rank == comm.size - 1)
+    before = _digest(module)
+    torch.distributed.utils._sync_module_states(
+        module, dist.group.WORLD, _BIG, src=0, params_and_buffers_to_ignore=set()
+    )
+    _check_became(comm, module, 0, before)
+    assert routes == ["torch"]
 
 
 def test_a_subgroup_syncs_from_its_last_rank(comm, routes):
