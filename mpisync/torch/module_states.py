@@ -16,15 +16,14 @@ on that group.
 
 from __future__ import annotations
 
-import time as _time
-
 import numpy as _np
 import torch
 import torch.distributed.utils as _utils
 from mpi4py import MPI
 
+from .._runtime.clock import Deadline
 from .._runtime.keepalive import keep_alive
-from .._runtime.ring import Expired, wait_request
+from .._runtime.ring import Expired
 from .._runtime.timeouts import timed_out
 from ..sync import sync_params
 from .op import overlapping
@@ -87,9 +86,8 @@ def _on_every_rank(comm, mine: bool, timeout: float | None) -> bool:
     """Whether ``mine`` is true on every rank of ``comm`` (one all-reduce, within ``timeout``)."""
     flag, everyone = _np.array([int(mine)], _np.int64), _np.zeros(1, _np.int64)
     request = comm.Iallreduce(flag, everyone, MPI.MIN)
-    deadline = None if timeout is None else _time.monotonic() + timeout
     try:
-        wait_request(request, deadline, comm)
+        Deadline(timeout, comm=comm).wait(request)
     except Expired:
         keep_alive(request, flag, everyone)
         timed_out(comm, "DDP's module-state sync", ["agreement"], timeout)
