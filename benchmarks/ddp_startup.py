@@ -16,10 +16,8 @@ rank; medians of the slowest rank's time (rank 0 prints):
 - ``DDP(model, init_sync=False)``: DDP's construction alone (nothing synced);
 - ``limit``: the broadcast's limit row of the same bytes (``mpisync.tools.bench.limits``).
 
-Every synced row is checked: each rank's state then holds rank 0's bytes. The huge-page advice
-is off (``MPISYNC_HUGE_PAGES=0``): a job builds its model once, where this script's rounds get
-new tensors at the addresses of the round before, which the advice would take for memory synced
-again. The first round is not timed: the first ``DistributedDataParallel`` of a process costs
+Every synced row is checked: each rank's state then holds rank 0's bytes. The first round is not
+timed: the first ``DistributedDataParallel`` of a process costs
 about a second whatever the backend (torch's own set-up).
 """
 
@@ -28,8 +26,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-
-os.environ["MPISYNC_HUGE_PAGES"] = "0"  # before mpisync reads it (see above)
 
 import torch
 import torch.distributed as dist

@@ -12,16 +12,14 @@ so a change in the machine's state, and what ran just before, touch them alike; 
   (cross-memory from ``mpisync.transports.crossreduce.MIN_BYTES`` on one node, the node's segment
   from ``mpisync.transports.sharedreduce.MIN_BYTES`` to its ``MAX_BYTES``), and the same with both
   off (``MPISYNC_CROSS_MEMORY=0`` and ``MPISYNC_SHARED_MEMORY=0`` while they open): through MPI;
-- ``torch all_reduce``: the backend's ``all_reduce`` of a tensor, default (from 16 MiB its
-  pages collapsed into huge pages at the second call: ``mpisync.transports.hugepages``), with
-  that advice off (``MPISYNC_HUGE_PAGES=0``, on a second tensor that keeps torch's 4 KiB
-  pages), and with both paths off (a second group that opened them with them off);
-- ``MPI_Allreduce, torch``: of the tensor on 4 KiB pages, and of the advised one;
+- ``torch all_reduce``: the backend's ``all_reduce`` of a tensor, default, and with both paths
+  off (a second group that opened them with them off);
+- ``MPI_Allreduce, torch``: of the tensor;
 - ``limit``: the all-reduce's least work as local adds and copies on every rank at once
   (``mpisync.tools.bench.limits``).
 
 numpy arrays of this size are on transparent huge pages (numpy advises them); torch's allocator
-leaves 4 KiB pages, which cross-memory pins one by one, unless mpisync's advice collapsed them.
+leaves 4 KiB pages, which cross-memory pins one by one.
 """
 
 from __future__ import annotations
@@ -53,19 +51,10 @@ def _off(make):
             del os.environ[name]
 
 
-def _unadvised(run) -> None:
-    """``run()`` with the huge-page advice off (the tensor stays on the pages it has)."""
-    os.environ["MPISYNC_HUGE_PAGES"] = "0"
-    try:
-        run()
-    finally:
-        del os.environ["MPISYNC_HUGE_PAGES"]
-
-
 def _rows(comm, mib: float, rounds: int, off_group) -> list:
     n = int(mib * (1 << 20)) // 4
     array = np.empty(n, np.float32)
-    tensor, kept = torch.empty(n), torch.empty(n)  # kept: never given to the huge-page advice
+    tensor, kept = torch.empty(n), torch.empty(n)  # kept: the paths-off group's
     base = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
     on, off = mpisync.GradSync(comm), mpisync.GradSync(comm)
     grads = {"grad": array}
@@ -80,9 +69,7 @@ def _rows(comm, mib: float, rounds: int, off_group) -> list:
         "GradSync, numpy": array,
         "GradSync, node paths off, numpy": array,
         "MPI_Allreduce, torch": kept.numpy(),
-        "MPI_Allreduce, torch, advised": tensor.numpy(),
         "torch all_reduce": tensor.numpy(),
-        "torch all_reduce, huge pages off": kept.numpy(),
         "torch all_reduce, node paths off": kept.numpy(),
     }
     runs = {
@@ -90,9 +77,7 @@ def _rows(comm, mib: float, rounds: int, off_group) -> list:
         "GradSync, numpy": lambda: on.allreduce(grads),
         "GradSync, node paths off, numpy": lambda: off.allreduce(grads),
         "MPI_Allreduce, torch": lambda: comm.Allreduce(MPI.IN_PLACE, kept),
-        "MPI_Allreduce, torch, advised": lambda: comm.Allreduce(MPI.IN_PLACE, tensor),
         "torch all_reduce": lambda: dist.all_reduce(tensor),
-        "torch all_reduce, huge pages off": lambda: _unadvised(lambda: dist.all_reduce(kept)),
         "torch all_reduce, node paths off": lambda: dist.all_reduce(kept, group=off_group),
         "limit": limit,
     }

@@ -44,7 +44,7 @@ def bcast_steps(comm, array, root: int, last: bool = True) -> _typing.Generator[
     :class:`~.crossreduce.CrossReduceError` on every rank when the sizes differ (nothing copied)
     or a copy failed anywhere (the path is then off)."""
     flat = array.reshape(-1)
-    opening = yield from opened_published(comm, [flat], "arrays", "broadcast", [flat])
+    opening = yield from opened_published(comm, [flat], "arrays", "broadcast")
     if opening is None:
         return False
     cross, addresses = opening

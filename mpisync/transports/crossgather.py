@@ -37,7 +37,7 @@ def gather_steps(
     at most the probe, where the path is not open (the same answer on every rank). Raises
     :class:`~.crossreduce.CrossReduceError` on every rank when the sizes differ (nothing copied)
     or a copy failed anywhere (the path is then off)."""
-    opening = yield from opened_published(comm, [send], "inputs", "all-gather", [send, *blocks])
+    opening = yield from opened_published(comm, [send], "inputs", "all-gather")
     if opening is None:
         return False
     cross, addresses = opening

@@ -12,7 +12,6 @@ from ..params.columns import HostColumns
 from ..params.fanout import copy_host
 from .base import Context, Transport
 from .cma import CrossMemory
-from .hugepages import advise_ranges
 from .mpi import MpiTransport
 from .selection import CROSS
 
@@ -54,9 +53,6 @@ class CrossTransport(Transport[HostColumns, list]):
     def run(self, program, ctx: Context) -> None:
         timeline = ctx.timeline
         begin = started = timeline.now()
-        if program.sightings < 2:  # a repeated sync's large tensors: huge pages from its second
-            program.sightings += 1
-            advise_ranges((MPI.Get_address(b), len(b)) for b in program.direct)
         copied = program.copies is not None and program.copies.run()
         timeline.span("cross-memory", begin, tensors=len(program.direct) + len(program.small))
         everyone = _np.zeros(1, dtype=_np.int64)
@@ -93,9 +89,8 @@ class CrossTransport(Transport[HostColumns, list]):
 
 
 class _CrossProgram:
-    __slots__ = ("columns", "plan", "fusion", "direct", "small", "fan_out", "copies", "sightings")
+    __slots__ = ("columns", "plan", "fusion", "direct", "small", "fan_out", "copies")
 
     def __init__(self, columns, plan, fusion, direct, small, fan_out):
         self.columns, self.plan, self.fusion = columns, plan, fusion
         self.direct, self.small, self.fan_out, self.copies = direct, small, fan_out, None
-        self.sightings = 0  # runs that showed the direct transfers to the huge-page advice

@@ -37,7 +37,6 @@ import numpy as _np
 from mpi4py import MPI
 
 from .cma import _BATCH, _CALLS, _Iovec, enabled, host_word
-from .hugepages import advise
 from .kept import Step, kept_on
 
 __all__ = [
@@ -137,7 +136,6 @@ class CrossReduce:
         :class:`CrossReduceError` on every rank when the sizes differ (nothing copied) or a copy
         failed anywhere (the object is then off)."""
         flats = [a.reshape(-1) for a in (arrays if isinstance(arrays, list) else [arrays])]
-        advise(flats if out is None else [*flats, out])
         addresses = yield from published(comm, flats, "arrays", "all-reduce")
         layout = _Layout(flats, addresses, _weights(self.size, root), self.rank)
         target = None if out is None else out.reshape(-1)
@@ -334,16 +332,15 @@ def opened(comm) -> _typing.Generator[Step, None, CrossReduce | None]:
 
 
 def opened_published(
-    comm, flats: list, what: str, operation: str, advised: list
+    comm, flats: list, what: str, operation: str
 ) -> _typing.Generator[Step, None, tuple | None]:
     """The opening steps of a copy between the ranks' arrays: the probe on ``comm``'s first call
-    (:func:`opened`), then the huge-page advice of ``advised`` and the publication of ``flats``
-    (:func:`published`); returns ``(the path, every rank's addresses)``, or None, having posted
-    at most the probe, where the path is not open (the same answer on every rank)."""
+    (:func:`opened`), then the publication of ``flats`` (:func:`published`); returns ``(the path,
+    every rank's addresses)``, or None, having posted at most the probe, where the path is not
+    open (the same answer on every rank)."""
     cross = yield from opened(comm)
     if cross is None:
         return None
-    advise(advised)
     addresses = yield from published(comm, flats, what, operation)
     return cross, addresses
 

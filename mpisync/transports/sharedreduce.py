@@ -159,12 +159,11 @@ def _within(flats: list, lo: int, hi: int):
 
 
 class _Held:
-    """What this module keeps on a communicator: the calls in range so far and the path."""
+    """What this module keeps on a communicator: whether the segment was tried, and the path."""
 
-    __slots__ = ("calls", "path", "tried")
+    __slots__ = ("path", "tried")
 
     def __init__(self):
-        self.calls = 0
         self.tried = False
         self.path: SharedReduce | None = None
 
@@ -177,17 +176,14 @@ def _held(comm) -> _Held:
 def opened(comm, nbytes: int) -> _typing.Generator[Step, None, SharedReduce | None]:
     """The path for a reduction of ``nbytes`` on ``comm`` (opening the segment, collectively, on
     the first call that needs it), or None where it does not take them (the same answer on every
-    rank). It takes :data:`MIN_BYTES` to :data:`MAX_BYTES` from the second such call on ``comm``
-    (the first goes through MPI: opening the segment costs more than one all-reduce, so a
-    one-shot call never opens it), on ranks of one node unless ``MPISYNC_SHARED_MEMORY=0`` on
-    any rank. Every rank calls it for as many bytes in the same order, so every rank decides
+    rank). It takes :data:`MIN_BYTES` to :data:`MAX_BYTES` from the first such call on ``comm``,
+    on ranks of one node unless ``MPISYNC_SHARED_MEMORY=0`` on any rank: a path that changed
+    after some calls would sum in another order, and a call repeated on the same inputs must give
+    the same bytes. Every rank calls it for as many bytes in the same order, so every rank decides
     alike."""
     if comm.size == 1 or not MIN_BYTES <= nbytes <= MAX_BYTES:
         return None
     held = _held(comm)
-    held.calls += 1
-    if held.calls < 2:
-        return None
     if not held.tried:
         held.tried = True
         requested = setting() is not False

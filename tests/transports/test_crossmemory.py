@@ -9,7 +9,6 @@ from mpi4py import MPI
 
 import mpisync
 from mpisync.transports import cma as crossmemory
-from mpisync.transports import crossmemory as cross_transport
 
 from mpiutil import everyone, last_rank, same_bytes, values
 
@@ -163,37 +162,3 @@ def test_thousands_of_small_tensors_in_runs_of_root_memory(comm):
                         name,
                     )
             assert report.channel == comm.bcast(report.channel, 0)
-
-
-def test_a_repeated_sync_shows_its_large_tensors_to_the_huge_page_advice_twice(comm, monkeypatch):
-    """A reused program's direct transfers go to the huge-page advice on its first two runs (the
-    second collapses what it can) and never after; every sync keeps root's bytes."""
-    if comm.size == 1:
-        pytest.skip("no peers")
-    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "1")
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
-    cross = everyone(comm, crossmemory.enabled()) and _one_node(comm)
-    shown: list = []
-    real = cross_transport.advise_ranges
-
-    def recorded(spans):
-        shown.append(sorted(spans))
-        real(iter(shown[-1]))
-
-    monkeypatch.setattr(cross_transport, "advise_ranges", recorded)
-    params = {n: np.zeros(s, d) for n, (s, d) in SHAPES.items()}  # bare arrays: one program
-    with mpisync.ParamSync(comm, fusion_bytes=64 << 10) as syncer:
-        for step in range(4):
-            for name, (shape, dtype) in SHAPES.items():
-                params[name][...] = values(f"{name}.{step}", comm.rank, shape, dtype)
-            channel = syncer.sync(params).channel
-            for name, (shape, dtype) in SHAPES.items():
-                assert same_bytes(params[name], values(f"{name}.{step}", 0, shape, dtype))
-    if not cross:
-        assert channel == "mpi" and shown == []
-        return
-    big = params["big"]
-    assert len(shown) == 2 and shown[0] == shown[1]
-    # the large tensor's bytes are among them (whole, or split where root writes part of it)
-    inside = [n for a, n in shown[0] if big.ctypes.data <= a < big.ctypes.data + big.nbytes]
-    assert sum(inside) == big.nbytes

@@ -6,8 +6,6 @@ and returns ``(run, close)``; ``run()`` does one whole broadcast.
 
 from __future__ import annotations
 
-import os as _os
-
 from mpi4py import MPI
 
 import mpisync
@@ -83,31 +81,19 @@ def paramsync_first(comm, params, root):
 
 
 def paramsync_first_new_memory(comm, params, root):
-    """The first sync of a new ``ParamSync`` on copies of the set that no other row syncs, with the
-    huge-page advice off (``MPISYNC_HUGE_PAGES=0``) while it runs: every run finds the memory as a
-    job's first sync finds a model it has just built (torch's 4 KiB pages; numpy's own huge pages
-    from 4 MiB). The row above syncs the set every row shares, whose blocks the earlier syncs of
-    that memory have collapsed into huge pages: what a job that syncs the same model again gets."""
+    """The first sync of a new ``ParamSync`` on copies of the set that no other row syncs: every
+    run finds the memory as a job's first sync finds a model it has just built. The row above
+    syncs the set every row shares, which earlier rows have synced already."""
     copies = {name: a.clone() if hasattr(a, "clone") else a.copy() for name, a in params.items()}
     first, _ = paramsync_first(comm, copies, root)
 
     def run():
-        before = _os.environ.get(_HUGE_PAGES)
-        _os.environ[_HUGE_PAGES] = "0"
-        try:
-            first()
-        finally:
-            if before is None:
-                del _os.environ[_HUGE_PAGES]
-            else:
-                _os.environ[_HUGE_PAGES] = before
+        first()
         run.channel = first.channel  # type: ignore[attr-defined]
 
     run.params = copies  # type: ignore[attr-defined]  # the set it syncs (for tests)
     return run, copies.clear
 
-
-_HUGE_PAGES = "MPISYNC_HUGE_PAGES"
 
 # larger than the last-level cache (twice a 32 MiB one), so a sync's cache lines are evicted
 _EVICTION_BYTES = 64 << 20
