@@ -39,6 +39,7 @@ __all__ = [
     "SWITCHES",
     "LOG_LEVELS",
     "KNOWN_ENV",
+    "PATHS",
 ]
 
 GPU_TRANSPORTS = ("auto", "cuda-aware", "staged")
@@ -62,7 +63,6 @@ ENV_NAMES = {
 SWITCHES: dict[str, bool | None] = {
     "MPISYNC_SHARED_MEMORY": None,
     "MPISYNC_CROSS_MEMORY": True,
-    "MPISYNC_HUGE_PAGES": True,
     "MPISYNC_SPEEDUPS": True,
     "MPISYNC_TIMEOUT_ABORT": True,
     "MPISYNC_ALLOW_SINGLETON": False,
@@ -75,7 +75,8 @@ _OFF = ("0", "false", "no", "off")
 
 #: ``MPISYNC_LOG``'s levels (any case); unset or empty: no log handler.
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-_PATHS = ("MPISYNC_TIMELINE", "MPISYNC_TUNING")
+#: The environment variables that name files mpisync writes or reads.
+PATHS = ("MPISYNC_TIMELINE", "MPISYNC_TUNING")
 #: For the with/without figures: C loops to replace with their Python form (comma-separated names).
 _BENCH = ("MPISYNC_SPEEDUPS_WITHOUT",)
 #: Read by the project's own CI scripts and tests, never by the package: known, not warned about.
@@ -96,7 +97,7 @@ _TOOLING = (
     "MPISYNC_EXPECT_NODES",
 )
 #: Every ``MPISYNC_*`` name that means something; any other is reported as unknown.
-KNOWN_ENV = frozenset([*ENV_NAMES.values(), *SWITCHES, "MPISYNC_LOG", *_PATHS, *_BENCH, *_TOOLING])
+KNOWN_ENV = frozenset([*ENV_NAMES.values(), *SWITCHES, "MPISYNC_LOG", *PATHS, *_BENCH, *_TOOLING])
 
 
 _T = TypeVar("_T")

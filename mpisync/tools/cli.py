@@ -98,6 +98,13 @@ def _info(args) -> int:
     for key, value in info.items():
         if isinstance(value, list):  # setting_errors, unknown_settings, gpus
             value = "; ".join(map(str, value)) or "none"
+        if key == "settings":
+            print("settings:")
+            for env, d in value.items():
+                shown = "unset" if d["value"] is None else d["value"]
+                bad = f"; {d['invalid']!r} is not a switch" if "invalid" in d else ""
+                print(f"  {env:<25} = {shown!s:<10} ({d['source']}{bad})")
+            continue
         if key != "defaults":
             print(f"{key:<{width}} : {value}")
             continue
@@ -195,7 +202,28 @@ def _allreduce_problem(rows, sets) -> str:
     return ""
 
 
+def _compare(rest: list) -> int:
+    """``mpisync bench --compare A.json B.json``: no MPI, no run; exit 2 on a bad file."""
+    from .bench import compare
+
+    paths = rest[rest.index("--compare") + 1 :]
+    if len(paths) != 2 or len(rest) != 3:
+        print("mpisync bench: --compare takes two JSON files and nothing else", file=_sys.stderr)
+        return 2
+    try:
+        return compare.main(paths)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(
+            f"mpisync bench: --compare: {exc.__class__.__name__}: {exc} (files written by "
+            "`mpisync bench --json` are expected)",
+            file=_sys.stderr,
+        )
+        return 2
+
+
 def _bench(args, rest) -> int:
+    if "--compare" in rest:
+        return _compare(rest)
     opts, problem = _bench_problem(rest)
     if _agreed_usage_error("bench", problem):
         return 2

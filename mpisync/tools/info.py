@@ -15,7 +15,7 @@ from .. import config as _config
 from .._runtime import mpilib as _mpilib
 from ..errors import InvalidParamError
 
-__all__ = ["collect_info"]
+__all__ = ["collect_info", "defaults_in_use", "settings_in_use"]
 
 
 def _version(dist: str) -> str:
@@ -49,7 +49,8 @@ def _without_mpi(problem: str) -> dict:
     return {
         **_versions(),
         "mpi_library": f"none: {problem}",
-        "defaults": _defaults(),
+        "defaults": defaults_in_use(),
+        "settings": settings_in_use(),
         "setting_errors": _setting_errors(),
     }
 
@@ -63,7 +64,7 @@ def collect_info() -> dict:
     from .._runtime.launch import launch_status
     from ..devices.detect import choose_transport, cuda_aware_mpi, gpus_seen
 
-    defaults = _defaults()
+    defaults = defaults_in_use()
     aware, aware_why = cuda_aware_mpi()
     transport, transport_why = choose_transport(defaults["gpu_transport"]["value"] or "auto")
     return {
@@ -78,6 +79,7 @@ def collect_info() -> dict:
         "device_transport": f"{transport} ({transport_why})",
         "gpus": gpus_seen(),
         "defaults": defaults,
+        "settings": settings_in_use(),
         "setting_errors": _setting_errors(),
         "unknown_settings": [
             f"{name} (ignored{f'; did you mean {near}?' if near else ''})"
@@ -94,7 +96,7 @@ def collect_info() -> dict:
     }
 
 
-def _defaults() -> dict:
+def defaults_in_use() -> dict:
     """Each setting's effective value and source; a bad environment value is reported, not raised:
     ``{"value": None, "source": "environment", "error": why}`` (a sync would raise that error)."""
     out = {}
@@ -112,6 +114,32 @@ def _defaults() -> dict:
                 "raw": _os.environ.get(env, ""),
             }
     return out
+
+
+def settings_in_use() -> dict:
+    """Every other setting mpisync reads (the switches, the log level, the files it writes),
+    by environment variable: ``{"value": ..., "source": "environment" | "built-in"}``; an
+    invalid switch shows the value its default takes and ``"invalid": raw`` (every sync then
+    raises, as ``setting_errors`` says)."""
+    out: dict = {}
+    for name, default in _config.SWITCHES.items():
+        raw = _os.environ.get(name, "").strip()
+        entry: dict = {
+            "value": _config.switch(name),
+            "source": "environment" if raw else "built-in",
+        }
+        if raw and _config.switch(name) == default and raw.lower() not in _SWITCH_WORDS:
+            entry["invalid"] = raw
+        if default is None and entry["value"] is None:
+            entry["value"] = "auto"
+        out[name] = entry
+    for name in ("MPISYNC_LOG", *_config.PATHS):
+        raw = _os.environ.get(name, "").strip()
+        out[name] = {"value": raw or None, "source": "environment" if raw else "built-in"}
+    return out
+
+
+_SWITCH_WORDS = ("0", "1", "true", "false", "yes", "no", "on", "off")
 
 
 def _fail_fast_line() -> str:

@@ -1,16 +1,13 @@
 """The bench's own parts: the limit row's work, OSU's method for the raw MPI rows, written
 buffers, and tables that explain their columns (plain pass and under MPI at any rank count)."""
 
-import os
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from mpisync.tools import workloads
-from mpisync.tools.bench import limits, osu, output, strategies, suite
+from mpisync.tools.bench import compare, limits, osu, output, strategies, suite
 from mpisync.tools.bench.buffers import written, written_like
-from mpisync.transports import hugepages
 
 from mpiutil import everyone
 
@@ -161,6 +158,15 @@ def test_every_table_says_what_its_columns_mean(comm):
     assert workload["limit_bytes_per_rank"] == workload["bytes"] * (comm.size - 1) // comm.size
     assert [r["bytes"] for r in results["osu"]["allreduce"]] == [4, 8, 16, 32, 64]
     assert results["meta"]["osu_method"] == osu.method()
+    for r in workload["results"]:  # every row's spread and samples, the median among them
+        assert len(r["samples_s"]) == 2 and r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert sorted(r["samples_s"]) == [r["min_s"], r["max_s"]]
+    assert set(grads["samples_s"]) >= {"GradSync", "limit"}
+    env = results["meta"]["environment"]
+    assert env["nodes"] == 1 and sum(env["ranks_per_node"].values()) == comm.size
+    assert env["versions"]["numpy"] == np.__version__ and env["cpu"]
+    assert "  " not in results["meta"]["mpi_library"] and "MPISYNC_LOG" in env["settings"]
+    assert "min-max ms" in text
 
 
 @pytest.mark.mpi
@@ -239,17 +245,11 @@ def test_bcast_rows_carry_ibcast_and_overlap(comm):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("library", ["numpy", "torch"])
-def test_the_first_sync_on_new_memory_syncs_copies_with_the_huge_page_advice_off(
-    comm, library, monkeypatch
-):
+def test_the_first_sync_on_new_memory_syncs_copies(comm, library):
     """The row's syncs land in copies of the set (root's bytes on every rank; the shared set keeps
-    this rank's own), and none of its runs records or collapses a block for the huge-page advice,
-    however many there are; the setting is as it was after each run. The first-sync row on the
-    shared set, where it goes by cross-memory, does record them (what the row keeps away)."""
+    this rank's own), and closing it lets the copies go."""
     if library == "torch":
         pytest.importorskip("torch")  # installed or not: the same on every rank
-    monkeypatch.setattr(hugepages, "_seen", {})
-    monkeypatch.setenv("MPISYNC_HUGE_PAGES", "1")
     shapes = {"large": ((4 << 20) // 4,), "small": (100,)}
     params = workloads.make_params(
         {k: (shape, np.float32) for k, shape in shapes.items()}, comm.rank, library
@@ -264,13 +264,58 @@ def test_the_first_sync_on_new_memory_syncs_copies_with_the_huge_page_advice_off
     run, close = strategies.paramsync_first_new_memory(comm, params, 0)
     for _ in range(3):
         run()
-        assert os.environ["MPISYNC_HUGE_PAGES"] == "1"
     assert {k: np.asarray(v).tobytes() for k, v in run.params.items()} == roots
     assert {k: np.asarray(v).tobytes() for k, v in params.items()} == mine
-    assert hugepages._seen == {}
     close()
     assert run.params == {}
-    shared, _ = strategies.paramsync_first(comm, params, 0)
-    shared()
-    if shared.channel == "cross-memory":  # the same on every rank
-        assert hugepages._seen != {}
+
+
+def _doc(median: float, low: float, high: float, quick: bool = False) -> dict:
+    row = {"strategy": "ParamSync", "median_s": median, "min_s": low, "max_s": high}
+    osu_row = {"bytes": 8, "lat_avg_us": 2.0, "lat_min_us": 1.0, "lat_max_us": 3.0}
+    return {
+        "meta": {"ranks": 2, "mpi_library": "MPICH", "quick": quick},
+        "osu": {"bcast": [osu_row]},
+        "workloads": [{"workload": "resnet50", "results": [row]}],
+        "sweeps": [],
+        "allreduce": {
+            "check": [{"bytes": 8, "checked_us": 10.0, "samples_s": {"checked": [9e-6, 1.2e-5]}}]
+        },
+    }
+
+
+def test_compare_gives_each_rows_ratio_and_calls_a_difference_only_beyond_the_spread():
+    a = _doc(0.010, 0.009, 0.011)
+    faster, overlapping = _doc(0.005, 0.004, 0.006), _doc(0.0105, 0.0100, 0.0120, quick=True)
+    lines = compare.compare(a, faster).splitlines()
+    row = next(line for line in lines if line.startswith("resnet50: ParamSync"))
+    assert row.split()[-3:] == ["0.500", "B", "faster"]
+    assert "9.0000-11.0000" in row and "4.0000-6.0000" in row
+    osu_row = next(line for line in lines if line.startswith("osu bcast 8 B"))
+    assert osu_row.endswith("1.000  within spread")
+    check = next(line for line in lines if line.startswith("allreduce check bytes=8 checked"))
+    assert "0.0090-0.0120" in check
+    text = compare.compare(a, overlapping)
+    assert "1.050  within spread" in text and "B is a --quick smoke test" in text
+
+
+def test_the_bench_compares_two_files_without_mpi(installed, bounded_env, tmp_path):
+    import json
+
+    paths = []
+    for name, doc in (("a", _doc(0.010, 0.009, 0.011)), ("b", _doc(0.020, 0.019, 0.021))):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(doc))
+    proc = installed.run(["bench", "--compare", *map(str, paths)], bounded_env)
+    assert proc.returncode == 0, proc.stderr
+    assert any(
+        line.startswith("resnet50: ParamSync") and line.endswith("2.000  B slower")
+        for line in proc.stdout.splitlines()
+    ), proc.stdout
+    bad = installed.run(["bench", "--compare", str(paths[0]), str(tmp_path / "none")], bounded_env)
+    assert bad.returncode == 2 and "FileNotFoundError" in bad.stderr
+
+
+def test_a_raw_row_far_above_both_neighbours_is_flagged():
+    rows = [{"lat_avg_us": v} for v in (1.1, 52.0, 5.0, 19.0, 525.0, 19.0)]
+    assert output.osu_outliers(rows) == {1, 4}

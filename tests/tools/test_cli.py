@@ -166,6 +166,33 @@ def test_info_reports_bad_switches_unknown_names_and_the_launch(installed, bound
     assert info["launch"] == "ok: one process, no launcher that started more"
 
 
+def test_info_lists_every_setting_with_its_value_and_source(installed, bounded_env):
+    """Every setting mpisync reads has a line, the environment's value and source where set,
+    the built-in default where not, and an invalid switch said so on its own line."""
+    from mpisync.config import PATHS, SWITCHES
+
+    env = dict(
+        bounded_env,
+        MPISYNC_LOG="info",
+        MPISYNC_TORCH_CHECK="0",
+        MPISYNC_SPEEDUPS="maybe",
+        MPISYNC_TIMELINE="/tmp/trace",
+    )
+    proc = installed.run(["info"], env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "  MPISYNC_LOG               = info       (environment)" in lines
+    assert "  MPISYNC_TORCH_CHECK       = False      (environment)" in lines
+    assert "  MPISYNC_TIMELINE          = /tmp/trace (environment)" in lines
+    assert "  MPISYNC_FAIL_FAST         = True       (built-in)" in lines
+    assert (
+        "  MPISYNC_SPEEDUPS          = True       (environment; 'maybe' is not a switch)" in lines
+    )
+    info = json.loads(installed.run(["info", "--json"], env).stdout)
+    assert set(info["settings"]) == {*SWITCHES, "MPISYNC_LOG", *PATHS}
+    assert info["settings"]["MPISYNC_TUNING"] == {"value": None, "source": "built-in"}
+
+
 def test_info_prints_once_under_mpiexec(installed, bounded_env):
     proc = installed.run(["info"], bounded_env, ranks=2)
     assert proc.returncode == 0, proc.stderr

@@ -105,6 +105,7 @@ def sweep(comm, groups, max_bytes: int, iterations: int) -> list:
         # there moved between runs (docs/allreduce.md, The bench rows).
         timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
         row = {"bytes": size, **{f"{k}_us": v.median * 1e6 for k, v in timings.items()}}
+        row["samples_s"] = {k: v.samples for k, v in timings.items()}
         row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
         row["of_limit"] = _of_limit(comm, timings["limit"].median, timings["mpisync"].median)
         rows.append(row)
@@ -151,6 +152,7 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
             "tensors": len(params),
             "bytes": nbytes,
             **{f"{k}_ms": v.median * 1e3 for k, v in timings.items()},
+            "samples_s": {k: v.samples for k, v in timings.items()},
         }
         row["channel"] = channel
         row["vs_flat"] = timings["flat Allreduce"].median / timings["GradSync"].median
@@ -221,7 +223,8 @@ def ddp_step(comm, groups, iterations: int) -> dict:
     """The steps of :func:`ddp_runs`, timed side by side, and their ratios."""
     runs = ddp_runs(comm, groups)
     timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
-    row = {f"{k}_ms": v.median * 1e3 for k, v in timings.items()}
+    row: dict = {f"{k}_ms": v.median * 1e3 for k, v in timings.items()}
+    row["samples_s"] = {k: v.samples for k, v in timings.items()}
     row["speedup_vs_gloo"] = timings["gloo"].median / timings["mpisync"].median
     row["compute_fraction"] = timings["no communication"].median / timings["mpisync"].median
     row["compute_fraction_free_communication"] = (

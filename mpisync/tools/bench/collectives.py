@@ -209,6 +209,7 @@ def collectives(comm, groups: dict, iterations: int, sizes=SIZES, progress=None)
         )
         row = {"collective": name, "bytes": nbytes}
         row.update({f"{k}_us": v.median * 1e6 for k, v in timings.items()})
+        row["samples_s"] = {k: v.samples for k, v in timings.items()}
         row["gloo/mpisync"] = timings["gloo"].median / timings["mpisync"].median
         row["of_limit"] = (
             timings["limit"].median / timings["mpisync"].median if "limit" in timings else None

@@ -7,7 +7,13 @@ import json as _json
 
 from .text import DOCS, ratio_text
 
-__all__ = ["table", "write_json", "write_csv", "write_plot", "csv_rows"]
+__all__ = ["table", "write_json", "write_csv", "write_plot", "csv_rows", "NOISY", "osu_outliers"]
+
+#: A row whose slowest sample is more than this many times its fastest is flagged as noisy.
+NOISY = 2.0
+#: A raw MPI row whose mean latency is more than this many times both its neighbours' is flagged:
+#: latency grows with size, so a spike between two sizes is noise, not the network.
+_OSU_SPIKE = 3.0
 
 
 def _size(n: int) -> str:
@@ -32,6 +38,7 @@ def table(results: dict) -> str:
     lines = [
         f"mpisync bench: {ranks} rank{'' if ranks == 1 else 's'}, root {meta['root']}, "
         f"{meta['mpi_library']}, {meta.get('node_ranks', ranks)} of the ranks on rank 0's node",
+        *_environment_lines(meta),
         "Raw MPI rows: OSU's method (means per call; OSU's own programs run at MPI thread level "
         "single: MPI4PY_RC_THREAD_LEVEL=single to compare). Every other table: the median over "
         f"{meta['iterations']} iterations (after {meta['warmup']} untimed) of the slowest rank's "
@@ -42,6 +49,11 @@ def table(results: dict) -> str:
             "1 rank: no peer to broadcast to, so these times are mpisync's own cost on one process "
             "(validation, plans, packing, the local fan-out) and MPI's copy to itself; run under "
             "`mpiexec -n 2` or more to measure broadcasts"
+        )
+    if meta.get("quick"):
+        lines.append(
+            "--quick: a SMOKE TEST (few iterations, raw MPI rows at a fraction of OSU's counts): "
+            "it shows the bench runs; do not compare clusters or versions with its figures"
         )
     for op, rows in (results["osu"] or {}).items():
         lines += _osu_lines(op, rows, meta)
@@ -65,14 +77,15 @@ def _osu_lines(op: str, rows: list, meta: dict) -> list:
         f"{'size':>10} {'iters':>6} {'min us':>10} {'avg us':>10} {'max us':>10} {'GB/s':>7}"
         + (f" {'Ibcast us':>10} {'overlap':>8}" if bcast else ""),
     ]
-    for r in rows:
+    spikes = osu_outliers(rows)
+    for i, r in enumerate(rows):
         line = (
             f"{_size(r['bytes']):>10} {r['iterations']:>6} {r['lat_min_us']:10.2f} "
             f"{r['lat_avg_us']:10.2f} {r['lat_max_us']:10.2f} {r['gbps']:7.3f}"
         )
         if bcast:
             line += f" {r['ibcast_avg_us']:10.2f} {r['overlap_pct']:7.1f}%"
-        lines.append(line)
+        lines.append(line + ("  ! outlier" if i in spikes else ""))
     lines.append(
         "  size: bytes per call (all-gather: from each rank); iters: timed calls per rank (after "
         "untimed warm-up ones), each followed by a barrier; min/avg/max us: the lowest, mean and "
@@ -83,13 +96,48 @@ def _osu_lines(op: str, rows: list, meta: dict) -> list:
             if bcast
             else ""
         )
-        + f" ({DOCS}, Raw MPI rows)"
+        + f"; ! outlier: a mean over {_OSU_SPIKE:g}x both neighbours' (noise: run again) "
+        + f"({DOCS}, Raw MPI rows)"
     )
     return lines
 
 
+def osu_outliers(rows: list) -> set:
+    """The indexes of raw MPI rows whose mean latency is over ``_OSU_SPIKE`` times both
+    neighbours' (the first and last rows: their one neighbour's)."""
+    out = set()
+    for i, r in enumerate(rows):
+        near = [rows[j]["lat_avg_us"] for j in (i - 1, i + 1) if 0 <= j < len(rows)]
+        if near and all(r["lat_avg_us"] > _OSU_SPIKE * max(n, 1e-3) for n in near):
+            out.add(i)
+    return out
+
+
+def _environment_lines(meta: dict) -> list:
+    env = meta.get("environment")
+    if not env:
+        return []
+    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
+    per_node = sorted(set(env["ranks_per_node"].values()))
+    return [
+        f"{env['nodes']} node(s), {'/'.join(map(str, per_node))} rank(s) per node; CPU "
+        f"{env['cpu']} ({env['machine']}); MPI {env['mpi_version']}, transport "
+        f"{env['mpi_transport']}; {versions}"
+    ]
+
+
+def _spread(r: dict) -> str:
+    """A row's fastest-slowest samples in ms, flagged when the slowest is over ``NOISY`` x."""
+    if "min_s" not in r:
+        return ""
+    text = f"{r['min_s'] * 1e3:.3f}-{r['max_s'] * 1e3:.3f}"
+    return text + (" !" if r["max_s"] > NOISY * r["min_s"] else "")
+
+
 _WORKLOAD_LEGEND = (
     "  ms: median over iterations of the slowest rank's time for one whole sync, milliseconds; "
+    f"min-max ms: the fastest and slowest iteration (! the slowest over {NOISY:g}x the fastest: "
+    "a noisy row, run again before comparing it); "
     "GB/s: the set's bytes / ms; x flat: flat Bcast's time / this row's (above 1x: faster than "
     "one Bcast of one buffer of the same bytes); x per-tensor: the per-tensor Bcast loop's time / "
     "this row's; of limit: the limit row's time / this row's (1.00x: at the memory limit of "
@@ -102,12 +150,13 @@ def _workload_lines(w: dict) -> list:
     lines = [
         "",
         f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB, broadcast",
-        f"  {'strategy':<{width}} {'ms':>9} {'GB/s':>7} {'x flat':>7} {'x per-tensor':>13} "
-        f"{'of limit':>9}  channel",
+        f"  {'strategy':<{width}} {'ms':>9} {'min-max ms':>17} {'GB/s':>7} {'x flat':>7} "
+        f"{'x per-tensor':>13} {'of limit':>9}  channel",
     ]
     for r in w["results"]:
         lines.append(
-            f"  {r['strategy']:<{width}} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
+            f"  {r['strategy']:<{width}} {r['median_s'] * 1e3:9.3f} {_spread(r):>17} "
+            f"{r['gbps']:7.2f} "
             f"{ratio_text(r['bandwidth_vs_flat']):>7} {ratio_text(r['speedup_vs_per_tensor']):>13} "
             f"{ratio_text(r.get('of_limit')):>9}  {r.get('channel') or ''}".rstrip()
         )
@@ -133,18 +182,20 @@ def _sweep_lines(rows: list) -> list:
     lines = [
         "",
         "Sweeps of repeated ParamSync.sync, one setting changed (the others at their defaults)",
-        f"  {'workload':<12} {'setting':<15} {'value':>9} {'ms':>9} {'GB/s':>7} {'x flat':>7} "
-        f"{'of limit':>9}  channel",
+        f"  {'workload':<12} {'setting':<15} {'value':>9} {'ms':>9} {'min-max ms':>17} "
+        f"{'GB/s':>7} {'x flat':>7} {'of limit':>9}  channel",
     ]
     for r in rows:
         lines.append(
             f"  {r['workload']:<12} {r['param']:<15} {r['value']:>9} "
-            f"{r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} {ratio_text(r['bandwidth_vs_flat']):>7} "
+            f"{r['median_s'] * 1e3:9.3f} {_spread(r):>17} {r['gbps']:7.2f} "
+            f"{ratio_text(r['bandwidth_vs_flat']):>7} "
             f"{ratio_text(r.get('of_limit')):>9}  {r.get('channel') or ''}".rstrip()
         )
     lines.append(
         "  ms: median over iterations of the slowest rank's time for one whole sync, "
-        "milliseconds; GB/s, x flat, of limit: as in the workload's table above, timed side by "
+        "milliseconds; min-max ms, GB/s, x flat, of limit: as in the workload's table above, "
+        "timed side by "
         f"side with its rows ({DOCS})"
     )
     return lines
@@ -319,28 +370,42 @@ def write_plot(results: dict, path: str) -> None:
     if osu:
         ax = axes.pop(0)
         for op, rows in osu.items():
-            ax.plot(
-                [r["bytes"] for r in rows],
-                [r["gbps"] for r in rows],
+            sizes = [r["bytes"] for r in rows]
+            gbps = [r["gbps"] for r in rows]
+            # the slowest and fastest rank's mean, as GB/s
+            low = [g - r["bytes"] / r["lat_max_us"] / 1e3 for g, r in zip(gbps, rows)]
+            high = [r["bytes"] / r["lat_min_us"] / 1e3 - g for g, r in zip(gbps, rows)]
+            ax.errorbar(
+                sizes,
+                gbps,
+                yerr=[low, high],
                 marker="o",
                 markersize=3,
+                capsize=2,
                 label=_OSU_NAMES[op].split(" (")[0],
             )
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("GB/s (size / mean latency)")
+        ax.set_ylabel("GB/s (size / mean latency; bars: fastest-slowest rank)")
         ax.set_title(f"raw MPI rows, OSU's method, {results['meta']['ranks']} ranks")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     colours = {"mpisync": "tab:green", "reference": "tab:gray", "limit": "tab:blue"}
     for ax, w in zip(axes, workloads):
-        names = [r["strategy"] for r in w["results"]]
+        rows = w["results"]
+        names = [r["strategy"] for r in rows]
         values = [r["gbps"] for r in w["results"]]
         kinds = [_kind(n) for n in names]
-        bars = ax.barh(names, values, color=[colours[k] for k in kinds])
+        errors = [
+            [v - w["bytes"] / r.get("max_s", r["median_s"]) / 1e9 for v, r in zip(values, rows)],
+            [w["bytes"] / r.get("min_s", r["median_s"]) / 1e9 - v for v, r in zip(values, rows)],
+        ]
+        bars = ax.barh(names, values, xerr=errors, capsize=2, color=[colours[k] for k in kinds])
         ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=8, padding=2)
         ax.invert_yaxis()
-        ax.set_xlabel("GB/s, the set's bytes / median time (higher is better)")
+        ax.set_xscale("log")
+        ax.set_xlabel("GB/s, the set's bytes / median time, log scale; bars: slowest-fastest")
         ax.set_title(f"{w['workload']}: {w['tensors']} tensors, {w['bytes'] / 1e6:.0f} MB")
         handles = [
             matplotlib.patches.Patch(color=colours[k], label=label)

@@ -18,6 +18,7 @@ from ... import config as _config
 from ..._runtime import mpilib as _mpilib
 from .. import progressbar as _progress
 from ..workloads import WORKLOADS, make_params, workload
+from . import environment as _environment
 from . import limits as _limits
 from . import memory as _memory
 from . import osu as _osu
@@ -93,10 +94,15 @@ def parser() -> _argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a short run: 2 workloads, 5 iterations, raw MPI rows to 1 MiB at 5%% of OSU's "
-        "iteration counts (20-40 s at 2 ranks on a shared 2-core VM; the full run: minutes)",
+        help="a smoke test: 2 workloads, 5 iterations, raw MPI rows to 1 MiB at 5%% of OSU's "
+        "iteration counts (under a minute at 2 ranks); its figures are too few to compare "
+        "clusters with (the full run: minutes)",
     )
-    p.add_argument("--workloads", help=f"comma-separated, from {', '.join(WORKLOADS)}")
+    p.add_argument(
+        "--workloads",
+        help=f"comma-separated, from {', '.join(WORKLOADS)}, each also as NAME-torch (torch CPU "
+        "tensors, one allocation per tensor)",
+    )
     p.add_argument("--iterations", type=int, help="timed iterations per measurement")
     p.add_argument("--warmup", type=int, help="untimed iterations first")
     p.add_argument("--root", type=int, default=0)
@@ -143,6 +149,13 @@ def parser() -> _argparse.ArgumentParser:
         "resnet50, bert-base, many-small (default: all three)",
     )
     p.add_argument("--json", metavar="PATH", help="write every result as JSON")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A.json", "B.json"),
+        help="no run: compare two --json files row by row (the ratio B/A of each row's medians, "
+        "with both runs' spread); needs no MPI",
+    )
     p.add_argument("--csv", metavar="PATH", help="write every result as CSV")
     p.add_argument(
         "--plot", metavar="PATH", help="write a PNG plot (needs matplotlib: mpisync[plot])"
@@ -268,6 +281,7 @@ def _workload(comm, name, args, opt, strategies, sweeps, progress) -> tuple:
         {
             "strategy": k,
             "median_s": t.median,
+            **t.spread(),
             "gbps": nbytes / t.median / 1e9,
             "bandwidth_vs_flat": flat / t.median,
             "speedup_vs_per_tensor": per / t.median,
@@ -283,6 +297,7 @@ def _workload(comm, name, args, opt, strategies, sweeps, progress) -> tuple:
             "param": k[1],
             "value": k[2],
             "median_s": t.median,
+            **t.spread(),
             "gbps": nbytes / t.median / 1e9,
             "bandwidth_vs_flat": flat / t.median,
             "of_limit": limit / t.median if comm.size > 1 else None,
@@ -335,7 +350,7 @@ def run(comm, args) -> dict:
             "ranks": comm.size,
             "root": args.root,
             "quick": bool(args.quick),
-            "mpi_library": MPI.Get_library_version().strip().splitlines()[0].strip(),
+            "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
             "date": _datetime.datetime.now(_datetime.timezone.utc).isoformat(timespec="seconds"),
             "iterations": opt["iterations"],
             "warmup": opt["warmup"],
@@ -343,6 +358,7 @@ def run(comm, args) -> dict:
             "osu_method": _osu.method(),
             "thread_level": _mpilib.thread_level(),
             "node_ranks": _node_ranks(comm),
+            "environment": _environment.describe(comm),
         },
         "osu": {},
         "workloads": [],

@@ -29,6 +29,16 @@ class Timing:
         """The fastest sample."""
         return min(self.samples)
 
+    @property
+    def worst(self) -> float:
+        """The slowest sample."""
+        return max(self.samples)
+
+    def spread(self) -> dict:
+        """``{"min_s", "max_s", "samples_s"}``: what a row of the JSON carries beside its
+        median, so a reader can tell a steady row from a noisy one."""
+        return {"min_s": self.best, "max_s": self.worst, "samples_s": list(self.samples)}
+
 
 def _time_once(comm, fn) -> float:
     comm.Barrier()
