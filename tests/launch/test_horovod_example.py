@@ -1,5 +1,6 @@
 """examples/horovod_train.py, a Horovod PyTorch script, with Horovod's own import line: run at 2
-ranks on mpisync.horovod, it ends where one process training on the whole data ends."""
+ranks by ``python -m mpisync.horovod``, it ends where one process training on the whole data
+ends; and the runner's stand-in for Horovod's package exists in that process only."""
 
 import os
 import re
@@ -15,8 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 torch = pytest.importorskip("torch")
 
 MPISYNC_IMPORT = "import mpisync.horovod as hvd  # Horovod: import horovod.torch as hvd"
-# a stand-in for Horovod's package: "horovod.torch" is mpisync.horovod
-SHIM = "import sys\n\nimport mpisync.horovod\n\nsys.modules[__name__] = mpisync.horovod\n"
 
 
 def _run(cmd, env):
@@ -31,16 +30,15 @@ def test_horovod_script_unchanged_matches_one_process_on_all_the_data(bounded_en
     assert code.count(MPISYNC_IMPORT) == 1 and "mpisync" not in code.replace(MPISYNC_IMPORT, "")
     script = tmp_path / "horovod_script.py"
     script.write_text(source.replace(MPISYNC_IMPORT, "import horovod.torch as hvd"))
-    (tmp_path / "horovod").mkdir()
-    (tmp_path / "horovod" / "__init__.py").write_text("")
-    (tmp_path / "horovod" / "torch.py").write_text(SHIM)
-    env = dict(bounded_env, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    env = dict(bounded_env, PYTHONPATH=str(ROOT))
     two = _run(
         [
             "mpiexec",
             "-n",
             "2",
             sys.executable,
+            "-m",
+            "mpisync.horovod",
             str(script),
             "--epochs",
             "2",
@@ -84,3 +82,58 @@ def test_horovod_script_unchanged_matches_one_process_on_all_the_data(bounded_en
     start = torch.nn.Linear(20, 64).weight.detach().numpy()
     with np.load(tmp_path / "two.npz") as a:
         assert float(np.abs(a["fc1.weight"] - start).max()) > 1e-2  # it did train
+
+
+HOROVOD_SCRIPT = """
+import sys
+
+import horovod
+import torch
+
+import horovod.torch as hvd
+
+hvd.init()
+total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+print(f"rank {hvd.rank()} of {hvd.size()}: sum {total.item()}, argv {sys.argv[1:]}, "
+      f"horovod {horovod.__version__}, {__name__}", flush=True)
+try:
+    import horovod.tensorflow  # noqa: F401
+except ImportError as exc:
+    print(f"rank {hvd.rank()}: refused: {exc}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("form", ["script", "module"])
+def test_the_runner_resolves_horovod_torch_in_its_process_only(bounded_env, tmp_path, form):
+    (tmp_path / "hvd_job.py").write_text(HOROVOD_SCRIPT)
+    env = dict(bounded_env, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+    target = [str(tmp_path / "hvd_job.py")] if form == "script" else ["-m", "hvd_job"]
+    out = _run(
+        ["mpiexec", "-n", "2", sys.executable, "-m", "mpisync.horovod", *target, "--x", "1"], env
+    )
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: sum 3.0, argv ['--x', '1'], horovod 0.28.1, __main__" in out, out
+        assert (
+            f"rank {rank}: refused: mpisync.horovod does not provide TensorFlow: "
+            "mpisync.horovod is Horovod's PyTorch API only" in out
+        ), out
+    alone = subprocess.run(
+        [sys.executable, "-c", "import mpisync.horovod, horovod"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert alone.returncode == 1 and "No module named 'horovod'" in alone.stderr, alone.stderr
+
+
+def test_the_runner_without_a_script_prints_its_usage(bounded_env):
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpisync.horovod"],
+        env=dict(bounded_env, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m mpisync.horovod")
