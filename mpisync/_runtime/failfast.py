@@ -6,22 +6,48 @@ Under a launcher (``MPI.COMM_WORLD`` of more than one process), once mpisync is 
   (through the hook that was there before), then one line naming the rank, then aborts the job
   (``MPI_Abort`` on ``MPI.COMM_WORLD``), as ``python -m mpi4py`` does. The launcher ends every
   rank; nobody waits out a timeout for an error one rank already saw.
-- **The script ends** on some rank (normally, or through ``sys.exit``) while others still wait
-  for it in an mpisync collective: at exit the rank sends every other rank a departure note (one
-  integer, a reserved tag on ``MPI.COMM_WORLD``). Every mpisync wait polls for notes (at most
-  every :data:`POLL_SECONDS`) and, once a rank of the communicator it waits on has left, ends
-  the wait as a timeout does (:func:`mpisync._runtime.timeouts.timed_out`): the diagnostic names
-  the rank that left, then the job aborts (or, with ``MPISYNC_TIMEOUT_ABORT=0``,
-  :class:`~mpisync.errors.PeerExitedError` is raised). Ranks that are not waiting never look:
-  a rank that finishes early while the others do other work is no error.
+- **The script ends** on some rank (normally, through ``sys.exit``, or by calling
+  ``MPI.Finalize()`` itself) while others still wait for it in an mpisync collective: the rank
+  sends every other rank a departure note (one integer), at exit and, should the script finalize
+  MPI first, from inside ``MPI_Finalize`` (the delete callback of an attribute on
+  ``MPI.COMM_SELF``, which MPI runs first thing in ``MPI_Finalize``, while MPI still works).
+  Every mpisync wait polls for notes (at most every :data:`POLL_SECONDS`) and, once a rank of the
+  communicator it waits on has left, ends the wait as a timeout does
+  (:func:`mpisync._runtime.timeouts.timed_out`): the diagnostic names the rank that left, then
+  the job aborts (or, with ``MPISYNC_TIMEOUT_ABORT=0``, :class:`~mpisync.errors.PeerExitedError`
+  is raised). Ranks that are not waiting never look: a rank that finishes early while the others
+  do other work is no error. After the notes are sent, nothing of mpisync's stays posted: the
+  note receive is cancelled and completed before ``MPI_Finalize`` goes on.
 
-``MPISYNC_FAIL_FAST=0`` turns both off. Departure notes are sent only where the launcher says
-every rank is on this node (``MPI_LOCALNRANKS``: MPICH's and Intel MPI's mpiexec;
-``OMPI_COMM_WORLD_LOCAL_SIZE``: Open MPI's) and the world has at most :data:`MAX_NOTED_WORLD`
-processes (each rank sends one note to every other at exit). Across nodes the notes are off:
-with MPICH over UCX/TCP, messages posted at exit to ranks on other hosts kept the job from
-finalizing (3 hosts x 2 ranks, ci/multihost.sh); there only the exception hook is installed, and
-a rank that exits is reported by the others' timeout.
+The notes travel on a communicator of mpisync's own, never on the caller's: a duplicate of
+``MPI.COMM_WORLD`` (so a user's ``recv(source=ANY_SOURCE, tag=ANY_TAG)`` on ``MPI.COMM_WORLD``
+or any other communicator of theirs never matches one). Making it is the one collective mpisync
+starts at import, and the choice of how follows from two facts: MPI has no way to make a
+communicator without every member taking part (``MPI_Comm_create_group`` and
+``MPI_Comm_create_from_group`` are collective over the group, and block); and the ranks must
+already share it when one of them ends its script before its first mpisync call, however early
+(a rank that imports mpisync and exits at once still ends the others' first ``sync_params``).
+Waiting for the first mpisync object instead would not do: that call is collective over the
+object's communicator only, which need not span the world, and a rank that exits before it would
+never share the channel. So :func:`install` starts a *nonblocking* duplication
+(``MPI_Comm_idup``): the import never waits for the other ranks; the duplication completes once
+every rank has imported mpisync (any later MPI call progresses it), and only then are notes
+received or sent (a rank that exits first waits for it at most :data:`_SEND_SECONDS`). Importing
+mpisync on every rank, as every mpisync program does, is therefore required of a program that
+keeps fail-fast on: on the ranks that imported it the duplication takes its place in the order
+of nonblocking collectives on ``MPI.COMM_WORLD``, so a program that imports mpisync on some
+ranks only and then runs nonblocking collectives (``Ibarrier``, ``Iallreduce``, ...) on
+``MPI.COMM_WORLD`` must set ``MPISYNC_FAIL_FAST=0`` (blocking collectives are unaffected with
+MPICH); there, a rank that imported mpisync waits :data:`_SEND_SECONDS` at exit for the
+duplication and leaves it pending.
+
+``MPISYNC_FAIL_FAST=0`` turns both off. Departure notes (and the duplication) are used only
+where the launcher says every rank is on this node (``MPI_LOCALNRANKS``: MPICH's and Intel MPI's
+mpiexec; ``OMPI_COMM_WORLD_LOCAL_SIZE``: Open MPI's) and the world has at most
+:data:`MAX_NOTED_WORLD` processes (each rank sends one note to every other at exit). Across nodes
+the notes are off: with MPICH over UCX/TCP, messages posted at exit to ranks on other hosts kept
+the job from finalizing (3 hosts x 2 ranks, ci/multihost.sh); there only the exception hook is
+installed, and a rank that exits is reported by the others' timeout.
 """
 
 from __future__ import annotations
@@ -39,7 +65,15 @@ from .. import config as _config
 from .abort import abort_job
 from .keepalive import keep_alive
 
-__all__ = ["install", "installed", "watching", "departed_in", "describe_departure", "Lookout"]
+__all__ = [
+    "install",
+    "installed",
+    "watching",
+    "settle",
+    "departed_in",
+    "describe_departure",
+    "Lookout",
+]
 
 SETTING = "MPISYNC_FAIL_FAST"
 #: Seconds between two looks at the departure notes while a wait is in progress.
@@ -50,37 +84,91 @@ MAX_NOTED_WORLD = 1024
 _SEND_SECONDS = 2.0
 # Seconds between writing the summary line and aborting, so the launcher forwards the output.
 _GRACE_SECONDS = 0.5
+# Seconds the first mpisync call on a communicator of the whole world waits for the notes' own
+# duplication (every rank is in that call: it completes at once unless a rank never started it).
+_SETTLE_SECONDS = 10.0
+# The tag of a note on the private communicator, where nothing else travels.
+_NOTE_TAG = 0
 
 
 class _Watch:
-    """This process's departure notes: one receive always posted, the world ranks that left."""
+    """This process's departure notes: mpisync's own duplicate of ``MPI.COMM_WORLD`` (usable
+    once its nonblocking duplication completed), one receive posted on it, the ranks that left."""
 
     def __init__(self, world):
-        self.world = world
-        # MPI's largest tag: mpisync's own point-to-point tags stay below 32768 (the minimum
-        # TAG_UB), so a note never meets a message of mpisync's, and a user's almost never.
-        self.tag = int(world.Get_attr(MPI.TAG_UB))
+        self.rank, self.size = world.Get_rank(), world.Get_size()
         self.lock = _threading.Lock()
         self.note = _np.zeros(1, dtype=_np.int32)
         self.status = MPI.Status()
-        self.request = world.Irecv(self.note, MPI.ANY_SOURCE, self.tag)
+        # the private communicator, and its duplication while in flight (None once complete)
+        self.comm, self.duplication = world.Idup()
+        self.request: MPI.Request | None = None  # the note receive, once the channel is ready
         self.departed: set[int] = set()
+        self.closed = False  # the notes of this rank are sent: nothing is posted any more
+
+    def _ready(self) -> bool:
+        """Whether the channel is usable (under ``lock``); posts the receive the first time."""
+        if self.duplication is not None:
+            if not self.duplication.Test():
+                return False
+            self.duplication = None
+            self.request = self.comm.Irecv(self.note, MPI.ANY_SOURCE, _NOTE_TAG)
+        return True
+
+    def _collect(self) -> None:
+        """Record the notes that arrived (under ``lock``, channel ready)."""
+        while self.request is not None and self.request.Test(self.status):
+            self.departed.add(self.status.Get_source())
+            self.request = self.comm.Irecv(self.note, MPI.ANY_SOURCE, _NOTE_TAG)
 
     def poll(self, blocking: bool = False) -> None:
         """Collect the notes that arrived (skipped if another thread is collecting)."""
         if not self.lock.acquire(blocking=blocking):
             return
         try:
-            while self.request is not None and self.request.Test(self.status):
-                self.departed.add(self.status.Get_source())
-                self.request = self.world.Irecv(self.note, MPI.ANY_SOURCE, self.tag)
+            if not self.closed and self._ready():
+                self._collect()
         finally:
             self.lock.release()
+
+    def depart(self) -> None:
+        """Send this rank's note to every rank that has not left, then cancel and complete the
+        receive: afterwards nothing of this watch is posted. Bounded by :data:`_SEND_SECONDS`
+        (a peer that never progresses cannot hold the exit); what is still in flight then is
+        kept alive, never freed under MPI."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            end = _time.monotonic() + _SEND_SECONDS
+            while not self._ready():  # every rank imported mpisync: complete at once
+                if _time.monotonic() >= end:
+                    keep_alive(self.comm, self.duplication)  # a collective: no cancelling it
+                    return
+                _time.sleep(0.001)
+            self._collect()
+            note = _np.array([self.rank], dtype=_np.int32)
+            pending = [
+                self.comm.Isend(note, rank, _NOTE_TAG)
+                for rank in range(self.size)
+                if rank != self.rank and rank not in self.departed
+            ]
+            receive, self.request = self.request, None
+            if receive is not None:
+                receive.Cancel()
+                pending.append(receive)
+            while not MPI.Request.Testall(pending):
+                if _time.monotonic() >= end:
+                    keep_alive(note, self.note, self.comm, *pending)
+                    return
+                _time.sleep(0.001)
 
 
 _watch: _Watch | None = None
 _installed_pid: int | None = None
 _previous_hook = None
+# The attribute on MPI.COMM_SELF whose deletion (first thing in MPI_Finalize) sends the notes.
+_finalize_keyval: int | None = None
 
 
 def installed() -> bool:
@@ -110,6 +198,42 @@ def install() -> None:
     if world.Get_size() <= MAX_NOTED_WORLD and _one_node(world.Get_size()):
         _watch = _Watch(world)
         _atexit.register(_depart)
+        _depart_at_finalize()
+
+
+def _depart_at_finalize() -> None:
+    """Send the notes from inside ``MPI_Finalize`` too, for a script that calls it itself:
+    ``MPI_Finalize`` deletes ``MPI.COMM_SELF``'s attributes first, while MPI still works (MPI
+    standard, "Allowing User Functions at Process Termination"), and Python's exit handlers run
+    only after it."""
+    global _finalize_keyval
+    _finalize_keyval = MPI.Comm.Create_keyval(delete_fn=_finalizing)
+    MPI.COMM_SELF.Set_attr(_finalize_keyval, True)
+
+
+def _finalizing(comm, keyval, value) -> None:
+    """The attribute's delete callback: ``MPI_Finalize`` has begun."""
+    _depart()
+
+
+def settle(comm) -> None:
+    """Before mpisync duplicates ``comm`` at its first call there: when ``comm`` spans the whole
+    world, wait until the notes' own duplication of ``MPI.COMM_WORLD`` (started at import) has
+    completed, so that two duplications of one communicator are never in flight at once (Open
+    MPI's nonblocking context-id agreement fails now and then with several). Every rank is in
+    that call, collective over ``comm``, so the wait is short; bounded by
+    :data:`_SETTLE_SECONDS` all the same. A communicator of fewer ranks never waits: the ranks
+    outside it need not be in MPI now."""
+    watch = _watch
+    if watch is None or not installed() or watch.duplication is None:
+        return
+    if comm is None or comm.Get_size() != watch.size:
+        return
+    end = _time.monotonic() + _SETTLE_SECONDS
+    while watch.duplication is not None and not watch.closed and _time.monotonic() < end:
+        watch.poll(blocking=True)
+        if watch.duplication is not None:
+            _time.sleep(0.001)
 
 
 def _one_node(size: int) -> bool:
@@ -209,29 +333,12 @@ def _abort_now() -> None:
 
 
 def _depart() -> None:
-    """At exit: a note to every rank that has not left yet (bounded: never holds the exit)."""
+    """At exit, or first thing in ``MPI_Finalize``: a note to every rank that has not left yet,
+    once (bounded: never holds the exit)."""
     watch = _watch
     if watch is None or not installed() or MPI.Is_finalized():
         return
-    world = watch.world
     try:
-        watch.poll(blocking=True)
-        with watch.lock:
-            receive, watch.request = watch.request, None
-            note = _np.array([world.Get_rank()], dtype=_np.int32)
-            pending = [
-                world.Isend(note, rank, watch.tag)
-                for rank in range(world.Get_size())
-                if rank != world.Get_rank() and rank not in watch.departed
-            ]
-        if receive is not None:
-            receive.Cancel()
-            pending.append(receive)
-        end = _time.monotonic() + _SEND_SECONDS
-        while not MPI.Request.Testall(pending):
-            if _time.monotonic() >= end:
-                keep_alive(note, *pending)
-                return
-            _time.sleep(0.001)
+        watch.depart()
     except MPI.Exception:  # a peer already gone: exiting goes on
         pass

@@ -28,6 +28,7 @@ from mpi4py import MPI
 
 from .. import config as _config
 from ..errors import InvalidParamError
+from . import failfast as _failfast
 
 __all__ = ["check_launch", "launch_problem", "launch_status", "started_by"]
 
@@ -146,8 +147,12 @@ def check_launch(comm=None) -> None:
     one process, ``MPI.COMM_WORLD`` too, and the launcher's environment says it started more;
     unless ``MPISYNC_ALLOW_SINGLETON=1``. Cheap wherever ``comm`` has several processes: one
     size query. For the first sync of every entry point and the torch backend's group
-    creation."""
-    if (MPI.COMM_WORLD if comm is None else comm).Get_size() != 1:
+    creation, before anything collective: there, on a communicator of the whole world, it also
+    lets mpisync's own duplication of ``MPI.COMM_WORLD`` complete first
+    (:func:`mpisync._runtime.failfast.settle`)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if comm.Get_size() != 1:
+        _failfast.settle(comm)
         return
     problem = launch_problem(MPI.COMM_WORLD.Get_size())
     if problem and not _config.switch(_ALLOW):

@@ -106,3 +106,21 @@ def test_fail_fast_off_leaves_the_wait_to_the_timeout(bounded_env):
     assert "ValueError: a bug on rank 1 only" in out, out
     assert "ended with an uncaught" not in out, out
     assert "did not complete within 3 s (timed out)" in out, out
+
+
+def test_a_rank_that_finalizes_mpi_itself_ends_the_others_wait_within_seconds(bounded_env):
+    """Rank 1 calls ``MPI.Finalize()`` while rank 0 waits for it in ``sync_params``: the note
+    goes out from inside ``MPI_Finalize``, and nothing of mpisync's stays posted there."""
+    job = Path(__file__).parent / "jobs" / "finalize_early.py"
+    env = dict(bounded_env, MPISYNC_TIMEOUT_ABORT="0", MPISYNC_TIMEOUT="60")
+    cmd = ["mpiexec", "-n", "2", sys.executable, str(job)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    raised = re.search(r"rank 0 raised (\w+) after (\d+\.\d) s: (.*)", out)
+    assert raised is not None, out
+    assert raised.group(1) == "PeerExitedError", out
+    assert "rank 1 of this communicator has already ended its script" in raised.group(3), out
+    assert float(raised.group(2)) < 20, out
+    # the notes went out from inside MPI_Finalize, the receive is complete, nothing abandoned
+    assert "rank 1 at finalize: closed=True receive=None kept=0" in out, out
+    assert "pending" not in out.replace("pending parameter(s)", "") and "leak" not in out, out
