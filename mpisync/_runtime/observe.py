@@ -25,6 +25,7 @@ import threading as _threading
 import time as _time
 
 from ..config import LOG_LEVELS
+from . import safefiles
 
 __all__ = ["logger", "configure_logging", "Timeline", "timeline_for", "timeline_path"]
 
@@ -34,7 +35,6 @@ _FLUSH_EVENTS = 4096  # a sync with more spans than this writes them in pieces
 _FLUSH_US = 1_000_000  # spans recorded outside a sync (all-reduces, torch operations): written
 # at least this often
 _MAX_BYTES = 64 << 20  # a trace file stops growing here: a long job's tracing stays bounded
-_O_CLOEXEC = getattr(_os, "O_CLOEXEC", 0)
 _ENCODER = _json.JSONEncoder(separators=(",", ":"), default=str)  # one encoder: no set-up per event
 
 
@@ -97,8 +97,7 @@ class Timeline:
             }
         )
         body = head[:-2].encode() + self._TAIL  # ``...}]}`` -> ``...}`` + ``]}\n``
-        self._fd = _os.open(path, _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC | _O_CLOEXEC, 0o644)
-        _os.write(self._fd, body)
+        self._fd = safefiles.create(path, 0o644, body)
         self._end = len(body) - len(self._TAIL)  # where the next events go (over the tail)
         self._flushed_us = self.now()
         _atexit.register(self.close)

@@ -8,8 +8,10 @@ the bytes in chunks through a ring of ``max_concurrent`` buffers (memory:
 ``max_concurrent x chunk_bytes``) to one writer per node (the ranks sharing
 memory with root write nothing but root itself), or to every rank.
 
-Each writer creates its temporary file exclusively (``mkstemp``: ``O_EXCL``,
-no symlink followed) in DEST's directory with the source's permission bits,
+Each writer opens DEST's directory and refuses one that another user owns or may write into
+without the sticky bit, and a DEST that is a symbolic link
+(:mod:`mpisync._runtime.safefiles`); then creates its temporary file exclusively there
+(``O_EXCL | O_NOFOLLOW``) with the source's permission bits less write permission for others,
 streams into it, fsyncs it and compares a BLAKE2b digest with root's. Only when
 every writer succeeded does each rename it over DEST and fsync the directory;
 if any rename fails, the writers that renamed roll back (the previous DEST, if
@@ -30,7 +32,6 @@ import os as _os
 import socket as _socket
 import stat as _stat
 import struct as _struct
-import tempfile as _tempfile
 import time as _time
 import zipfile as _zipfile
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from mpi4py import MPI
 
 from .._runtime.observe import timeline_for
 from .._runtime.ring import TrackedRing
+from .._runtime.safefiles import Folder
 from ..errors import InvalidParamError, SyncError
 from ..sync import ParamSync
 
@@ -227,14 +229,6 @@ def stage_checkpoint(
     return StageReport(size, _time.perf_counter() - start, writers, wrote, digest)
 
 
-def _fsync_directory(path: str) -> None:
-    fd = _os.open(path, _os.O_RDONLY | getattr(_os, "O_DIRECTORY", 0))
-    try:
-        _os.fsync(fd)
-    finally:
-        _os.close(fd)
-
-
 class _Job:
     """One rank's part of a staging: check, prepare, stream, verify, commit (or roll back)."""
 
@@ -244,7 +238,8 @@ class _Job:
         self.rank = world.rank
         self.writer, self.writers, self.node = False, None, 0
         self.target: str | None = None
-        self.tmp: str | None = None
+        self.folder: Folder | None = None  # DEST's directory, opened and checked
+        self.tmp: str | None = None  # names in self.folder
         self.backup: str | None = None
         self.fd = -1
         self.renamed = False  # the new DEST is in place on this rank (a roll-back removes it)
@@ -336,15 +331,11 @@ class _Job:
         self.target = _destination(self.dest, self.rank, self.node)
         if self.rank == self.root and _os.path.abspath(self.target) == _os.path.abspath(self.src):
             return  # root's copy is the source itself
-        if _os.path.isdir(self.target) and not _os.path.islink(self.target):
-            raise IsADirectoryError(f"DEST {self.target!r} is a directory")
-        folder = _os.path.dirname(_os.path.abspath(self.target))
-        _os.makedirs(folder, exist_ok=True)
-        # O_EXCL, and no symlink followed: a name planted in the folder cannot redirect the write.
-        self.fd, self.tmp = _tempfile.mkstemp(
-            prefix=f".{_os.path.basename(self.target)}.", suffix=".mpisync-tmp", dir=folder
-        )
-        _os.fchmod(self.fd, mode)
+        # a folder another user may write into, or a DEST that is a symlink: refused here
+        self.folder = Folder(self.target)
+        self.folder.check_final()
+        self.fd, self.tmp = self.folder.temporary(mode)
+        _os.fchmod(self.fd, mode & ~0o022)  # the source's bits, but nobody else may change it
 
     def _check_unchanged(self) -> None:
         """Root: SRC is the file it was when streaming began (inode, size, modification and change
@@ -376,8 +367,8 @@ class _Job:
         if self.tmp is not None:
             failure = self._local(self._rename)
         if _all_ok(self.world, not failure, self.call):
-            if self.backup is not None:
-                self._local(_os.unlink, self.backup)
+            if self.backup is not None and self.folder is not None:
+                self._local(self.folder.remove, self.backup)
                 self.backup = None
             return
         kept = ""
@@ -406,43 +397,43 @@ class _Job:
         )
 
     def _rename(self) -> None:
-        assert self.target is not None and self.tmp is not None  # made by _prepare
-        folder = _os.path.dirname(_os.path.abspath(self.target))
-        # lexists/islink: a DEST that is a symlink (to a directory too) is itself what gets
-        # replaced.
-        if _os.path.lexists(self.target) and (
-            _os.path.islink(self.target) or not _os.path.isdir(self.target)
-        ):
+        folder = self.folder
+        assert folder is not None and self.tmp is not None  # made by _prepare
+        folder.check_final()  # still no symlink, folder or other user's file at DEST
+        if folder.exists(folder.name):
             # the previous DEST stays reachable for a roll-back (a link fails rather than overwrite)
             try:
-                _os.link(self.target, f"{self.tmp}.previous", follow_symlinks=False)
+                folder.link(folder.name, f"{self.tmp}.previous")
                 self.backup = f"{self.tmp}.previous"
             except OSError:  # no hard links here: a roll-back can only remove the new DEST
                 self.backup, self.unkept = None, True
         _os.close(self.fd)
         self.fd = -1
-        _os.replace(self.tmp, self.target)
+        folder.replace(self.tmp)
         self.tmp, self.renamed = None, True
-        _fsync_directory(folder)
+        folder.sync()
 
     def _roll_back(self) -> None:
-        assert self.target is not None  # renamed into place
+        folder = self.folder
+        assert folder is not None  # renamed into place
         self.renamed = False
         if self.backup is not None:
-            _os.replace(self.backup, self.target)
+            folder.replace(self.backup, folder.name)
             self.backup = None
         else:
             # with self.unkept, the previous DEST goes too (said in the error)
-            _os.unlink(self.target)
-        _fsync_directory(_os.path.dirname(_os.path.abspath(self.target)))
+            folder.remove(folder.name)
+        folder.sync()
 
     def _clean_up(self) -> None:
         if self.fd >= 0:
             _os.close(self.fd)
         self.fd = -1
-        for leftover in (self.tmp, self.backup):
-            if leftover is not None and _os.path.lexists(leftover):
-                _os.unlink(leftover)
+        if self.folder is not None:
+            for leftover in (self.tmp, self.backup):
+                if leftover is not None:
+                    self.folder.remove(leftover)
+            self.folder.close()
         if self.source is not None:
             self.source.close()
         if self.writers is not None and self.writers != MPI.COMM_NULL:

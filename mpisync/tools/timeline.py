@@ -16,6 +16,9 @@ from __future__ import annotations
 import json as _json
 from collections.abc import Sequence
 
+from .._runtime import safefiles
+from .outputs import plot_format
+
 __all__ = ["load_trace", "render", "ORDER"]
 
 #: Rows in this order first; any other span name follows, sorted.
@@ -150,6 +153,7 @@ def render(paths: Sequence[str], out: str, sync: int = 0) -> int:
     ax.set_title("mpisync timeline (MPISYNC_TIMELINE): spans per rank")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    with safefiles.replacing(out, text=False) as f:  # never through a planted symlink
+        fig.savefig(f, dpi=110, format=plot_format(out))
     plt.close(fig)
     return drawn

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import argparse as _argparse
 import array as _array
-import contextlib as _contextlib
 import json as _json
-import os as _os
 import statistics as _statistics
 import sys as _sys
-import tempfile as _tempfile
 import time as _time
 
 from .. import config as _config
+from .._runtime import safefiles
 from ..errors import InvalidParamError
 from ..transports.tuning import FORMAT, identity, tuning_path
 from .outputs import prepare_output
@@ -131,20 +129,7 @@ def run(comm, opt) -> int:
 
 
 def write_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: into a fresh file of the target's folder
-    (created exclusively: a name planted there, a symlink say, is never followed), then renamed
-    over ``path`` (a symlink at ``path`` itself is replaced, not followed)."""
-    folder = _os.path.dirname(_os.path.abspath(path))
-    _os.makedirs(folder, exist_ok=True)
-    fd, temporary = _tempfile.mkstemp(prefix=f".{_os.path.basename(path)}.", dir=folder)
-    try:
-        with _os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = _os.umask(0)
-        _os.umask(umask)
-        _os.chmod(temporary, 0o666 & ~umask)  # as open() would have made it, not mkstemp's 0600
-        _os.replace(temporary, path)
-    except BaseException:
-        with _contextlib.suppress(OSError):
-            _os.unlink(temporary)
-        raise
+    """Write ``text`` to ``path`` whole or not at all, mode ``0644`` less the umask: into a fresh
+    file of the target's folder, renamed over ``path``; a folder another user owns or may write
+    into, or a symlink at ``path``, is refused (:mod:`mpisync._runtime.safefiles`)."""
+    safefiles.write(path, text, 0o644)

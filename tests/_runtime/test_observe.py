@@ -15,10 +15,11 @@ pytestmark = pytest.mark.mpi
 def test_unwritable_timeline_on_one_rank_still_syncs(comm):
     root = 0
     folder = tempfile.mkdtemp(prefix="mpisync-tl-")
-    # The last rank (a receiver when size > 1) gets a folder that does not exist.
-    target = os.path.join(
-        folder, "missing" if comm.rank == last_rank(comm) else "", "tl-{rank}.json"
-    )
+    # The last rank (a receiver when size > 1) gets a "folder" that is a file: it cannot write.
+    blocker = os.path.join(folder, "a-file")
+    with open(blocker, "w"):
+        pass
+    target = os.path.join(blocker if comm.rank == last_rank(comm) else folder, "tl-{rank}.json")
     params = {
         "w": values("w", comm.rank, (64,), "float32"),
         "b": values("b", comm.rank, (3,), "int16"),

@@ -115,7 +115,7 @@ def test_any_file_is_copied_as_bytes_with_its_permission_bits(installed, bounded
 
 
 @launcher
-def test_a_symlink_planted_at_dest_is_replaced_not_followed(installed, bounded_env, tmp_path):
+def test_a_symlink_planted_at_dest_is_refused_not_followed(installed, bounded_env, tmp_path):
     src = tmp_path / "ckpt.bin"
     src.write_bytes(os.urandom(100_000))
     victim = tmp_path / "victim.txt"
@@ -128,9 +128,12 @@ def test_a_symlink_planted_at_dest_is_replaced_not_followed(installed, bounded_e
     ]:
         (tmp_path / "out" / name).symlink_to(victim)  # the old, predictable temporary names
     proc = _stage(installed, bounded_env, 2, src, dest)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert f"refusing to write {dest}: it is a symbolic link" in proc.stderr, proc.stderr
+    assert "no DEST was written" in proc.stderr
     assert victim.read_text() == "must stay"
-    assert not dest.is_symlink() and dest.read_bytes() == src.read_bytes()
+    assert dest.is_symlink() and os.readlink(dest) == str(victim)
+    assert not list((tmp_path / "out").glob("*mpisync-tmp"))
 
 
 @launcher
@@ -230,7 +233,8 @@ def _a_rename_failing_on_the_last_rank(comm, monkeypatch, source_bytes: int, pre
     real_replace = os.replace
 
     def failing_replace(a, b, *args, **kwargs):
-        if comm.rank == bad and str(b) == str(mine):
+        # DEST's name in its folder (renames are relative to the folder opened)
+        if comm.rank == bad and str(b) in (str(mine), mine.name):
             raise OSError(28, "No space left on device (simulated)")
         return real_replace(a, b, *args, **kwargs)
 
@@ -354,3 +358,64 @@ def test_a_source_rewritten_while_it_streams_writes_no_dest(comm, monkeypatch):
     )
     assert mine.read_bytes() == b"previous %d" % comm.rank
     assert sorted(p.name for p in mine.parent.iterdir()) == ["ckpt.bin"]
+
+
+@pytest.mark.mpi
+def test_a_dest_folder_that_another_user_may_write_into_is_refused_everywhere(comm):
+    """``--to <shared>/ckpt/latest.bin`` where another user made ``ckpt/`` writable by all (no
+    sticky bit): that user could replace the staged checkpoint, so no rank writes it, and every
+    rank raises the same error naming the path and why. Tests run as root: "another user" is a
+    folder chown'ed to nobody."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder to another user")  # the same on every rank
+    from mpisync.tools.stage_checkpoint import stage_checkpoint
+
+    folder = _shared_folder(comm)
+    src = folder / "ckpt.bin"
+    shared = folder / "ckpt"
+    if comm.rank == 0:
+        src.write_bytes(os.urandom(50_000))
+        shared.mkdir()
+        os.chown(shared, 65534, 65534)
+        os.chmod(shared, 0o777)
+    comm.Barrier()
+    dest = shared / "latest.bin"
+    raises_everywhere(
+        comm,
+        __import__("mpisync").SyncError,
+        lambda: stage_checkpoint(str(src), str(dest), comm),
+        "checkpoint staging failed before streaming; no DEST was written",
+        f"refusing to write {dest}: its folder {shared} is not safe: it belongs to another user "
+        "(uid 65534",
+    )
+    comm.Barrier()
+    assert list(shared.iterdir()) == []
+
+
+@pytest.mark.mpi
+def test_a_dest_folder_of_ours_writable_by_all_is_refused_and_a_sticky_one_taken(comm):
+    from mpisync.tools.stage_checkpoint import stage_checkpoint
+
+    folder = _shared_folder(comm)
+    src = folder / "ckpt.bin"
+    shared = folder / "open"
+    if comm.rank == 0:
+        src.write_bytes(os.urandom(50_000))
+        os.chmod(src, 0o666)  # copied less write permission for others
+        shared.mkdir()
+        os.chmod(shared, 0o777)
+    comm.Barrier()
+    dest = shared / "latest.bin"
+    raises_everywhere(
+        comm,
+        __import__("mpisync").SyncError,
+        lambda: stage_checkpoint(str(src), str(dest), comm),
+        f"its folder {shared} is not safe: every user may write into it (mode 0777, no sticky bit)",
+    )
+    comm.Barrier()
+    if comm.rank == 0:
+        os.chmod(shared, 0o1777)  # as /tmp: nobody removes or renames another user's files
+    comm.Barrier()
+    stage_checkpoint(str(src), str(dest), comm)
+    comm.Barrier()
+    assert dest.read_bytes() == src.read_bytes() and dest.stat().st_mode & 0o777 == 0o644

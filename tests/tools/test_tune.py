@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from mpisync._runtime.safefiles import UnsafePathError
 from mpisync.tools import tune
 from mpisync.transports import tuning
 
@@ -24,19 +25,45 @@ def test_the_file_is_written_through_a_fresh_name_not_a_planted_one(tmp_path):
     tune.write_file(str(target), '{"format": 1}')
     assert victim.read_text() == "not yours"
     assert not target.is_symlink() and json.loads(target.read_text()) == {"format": 1}
-    assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    assert oct(target.stat().st_mode & 0o777) == oct(0o644 & ~_umask())
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".tmp")) == [
         "tuning.json",
         "victim",
     ]
 
 
-def test_a_symlink_at_the_target_is_replaced_not_followed(tmp_path):
+def test_a_symlink_at_the_target_is_refused_not_followed(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("not yours")
-    (tmp_path / "tuning.json").symlink_to(victim)
-    tune.write_file(str(tmp_path / "tuning.json"), "{}")
-    assert victim.read_text() == "not yours" and not (tmp_path / "tuning.json").is_symlink()
+    target = tmp_path / "tuning.json"
+    target.symlink_to(victim)
+    with pytest.raises(UnsafePathError) as info:
+        tune.write_file(str(target), "{}")
+    assert f"refusing to write {target}: it is a symbolic link" in str(info.value)
+    assert victim.read_text() == "not yours" and target.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuning.json", "victim"]
+
+
+def test_a_folder_another_user_may_write_into_is_refused(tmp_path):
+    """MPISYNC_TUNING in a folder another user made writable by all: that user could plant a
+    symlink or replace the file, so nothing is written (tests run as root: "another user" is a
+    folder chown'ed to nobody)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder to another user")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, 65534, 65534)
+    os.chmod(shared, 0o777)
+    victim = tmp_path / "victim"
+    victim.write_text("not yours")
+    (shared / "tuning.json").symlink_to(victim)
+    why = f"its folder {shared} is not safe: it belongs to another user (uid 65534"
+    with pytest.raises(UnsafePathError) as info:
+        tune.write_file(str(shared / "tuning.json"), "{}")
+    assert f"refusing to write {shared}/tuning.json: {why}" in str(info.value)
+    assert victim.read_text() == "not yours"
+    assert sorted(p.name for p in shared.iterdir()) == ["tuning.json"]
+    assert why in tune.problem(SimpleNamespace(rounds=1, output=str(shared / "tuning.json")))
 
 
 def _umask() -> int:

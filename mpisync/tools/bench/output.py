@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv as _csv
 import json as _json
 
+from ..._runtime import safefiles
+from ..outputs import plot_format
 from .text import DOCS, ratio_text
 
 __all__ = ["table", "write_json", "write_csv", "write_plot", "csv_rows", "NOISY", "osu_outliers"]
@@ -202,8 +204,8 @@ def _sweep_lines(rows: list) -> list:
 
 
 def write_json(results: dict, path: str) -> None:
-    """Everything, as JSON."""
-    with open(path, "w") as f:
+    """Everything, as JSON (written as every mpisync file is: :mod:`mpisync._runtime.safefiles`)."""
+    with safefiles.replacing(path) as f:
         _json.dump(results, f, indent=2)
 
 
@@ -341,7 +343,7 @@ def _timed_rows(section: str, workload: str, row: dict, names: tuple) -> list:
 def write_csv(results: dict, path: str) -> None:
     """Every measurement as one CSV row."""
     rows = csv_rows(results)
-    with open(path, "w", newline="") as f:
+    with safefiles.replacing(path, newline="") as f:
         writer = _csv.DictWriter(f, fieldnames=CSV_FIELDS, restval="")
         writer.writeheader()
         writer.writerows(rows)
@@ -418,7 +420,8 @@ def write_plot(results: dict, path: str) -> None:
         ]
         ax.legend(handles=handles, fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with safefiles.replacing(path, text=False) as f:
+        fig.savefig(f, dpi=110, format=plot_format(path))
     plt.close(fig)
 
 
