@@ -12,6 +12,13 @@ refused on any rank the same :class:`HorovodArgumentError`, and nothing moves. W
 waits and no name is pending on all of them, the ranks issued different operations: each gets
 the same error naming every rank's pending operations, instead of a wait that never ends.
 
+An exception other than an operation's own error (a ``KeyboardInterrupt``, a ``SystemExit`` from a
+signal handler) that leaves a run while its transfers may be in flight breaks the engine: the
+frames of that run, with every buffer MPI or a peer may still write into, are kept for the rest of
+the process, the exception reaches the caller that waited, and every operation of the set, pending
+or later, raises the same :class:`HorovodInternalError` (the set's collectives may no longer match
+the other ranks'); ``shutdown()`` abandons its communicator instead of freeing it.
+
 A rank inside ``join()`` has no operations; it takes part in the others' all-reduces with
 zeros, and the others' other operations fail (Horovod's rule). ``join()`` returns once every
 rank has joined, with the rank that joined last.
@@ -25,6 +32,7 @@ import threading as _threading
 from collections.abc import Callable
 from typing import Any
 
+from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired
 from ..params.agreement import merge_ranks
 from ..sync import ParamSync
@@ -101,11 +109,16 @@ class Engine:
         self.join_op: Op | None = None
         self.negotiations = 0  # rounds posted: the same count on every rank
         self.waiting = 0  # callers of this rank inside wait()
+        self.running: Op | None = None  # the operation whose transfers run now
+        self.broken = ""  # why the engine is unusable (an interrupted run), or ""
+        self._interrupt: BaseException | None = None  # to raise in the caller that waits
         timeout = self.syncer._settings.timeout.value
         self.rounds = Rounds(comm, timeout, self._say, self._settle)
 
     def close(self) -> None:
-        self.rounds.close()
+        """Stop the rounds and close the syncer; after an interrupted run, the set's
+        communicator is abandoned, not freed (requests on it may still be in flight)."""
+        self.rounds.close(abandon=bool(self.broken))
         self.syncer.close()
 
     def auto_name(self, kind: str) -> str:
@@ -116,8 +129,10 @@ class Engine:
 
     def submit(self, op: Op) -> Op:
         """Queue ``op`` (it may run from now on); a name in use on this rank (submitted, not yet
-        waited for) is refused here."""
+        waited for) is refused here; so is any operation once the engine is broken."""
         with self._lock:
+            if self.broken:
+                raise HorovodInternalError(self.broken)
             if op.name in self.reserved:
                 raise HorovodArgumentError(
                     f"mpisync.horovod: an operation named {op.name!r} is already in flight on "
@@ -141,6 +156,9 @@ class Engine:
             self.waiting += 1
         try:
             while not op.done:
+                if self.broken:  # failed since it was submitted (by another thread's run)
+                    op.finish(error=HorovodInternalError(self.broken))
+                    break
                 entry = self.rounds.kick()
                 if entry is not None:
                     self.rounds.wait(entry)
@@ -151,6 +169,9 @@ class Engine:
             with self._lock:
                 self.waiting -= 1
                 self.reserved.discard(op.name)
+                interrupt, self._interrupt = self._interrupt, None
+        if interrupt is not None:
+            raise interrupt  # once, in the caller that waited: the script's own handler
         if op.error is not None:
             raise op.error
         return op.result
@@ -179,7 +200,9 @@ class Engine:
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:
             ops = list(self.pending.values()) + ([self.join_op] if self.join_op else [])
+            ops += [self.running] if self.running is not None else []
             self.pending.clear()
+            self.running = None
         for op in ops:
             if not op.done:
                 op.finish(error=error)  # type: ignore[arg-type]
@@ -187,7 +210,7 @@ class Engine:
     def _say(self) -> tuple[bytes, list] | None:
         """This rank's message for the next round, and its pending names (None: nothing)."""
         with self._lock:
-            if not (self.pending or self.join_op is not None):
+            if self.broken or not (self.pending or self.join_op is not None):
                 return None
             self.negotiations += 1
             ops = [[n, op.desc] for n, op in self.pending.items()]
@@ -195,7 +218,36 @@ class Engine:
         return _json.dumps(mine).encode(), [n for n, _ in ops]
 
     def _settle(self, comm, call, messages: list) -> bool:
-        """Act on a round's messages; whether anything ran or failed."""
+        """Act on a round's messages; whether anything ran or failed. An exception that is no
+        operation's own error (an interrupt) breaks the engine (:meth:`_break`)."""
+        try:
+            return self._settle_round(comm, call, messages)
+        except Expired:
+            raise  # the round's timeout, reported by the round
+        except BaseException as exc:
+            # the round fails with the engine's error, an Exception that the progress engine
+            # hands to futures; the interrupt itself goes to the caller that waits
+            raise self._break(exc) from exc
+
+    def _break(self, exc: BaseException) -> HorovodInternalError:
+        """``exc`` left a run whose requests may be in flight: keep the frames it left (their
+        buffers, requests and arrays a peer may still write into by cross-memory) for the rest of
+        the process, and fail every operation of this engine, now and later, with the same
+        error (returned); ``exc`` itself goes to the caller that waits (:meth:`wait`)."""
+        keep_alive(exc.__traceback__)
+        what = type(exc).__name__
+        message = (
+            f"mpisync.horovod: a run of this process set was interrupted ({what}) while its "
+            "transfers may have been in flight; the set is "
+            "unusable (its collectives may no longer match the other ranks'): call "
+            "hvd.shutdown() and hvd.init() on every rank"
+        )
+        with self._lock:
+            self.broken, self._interrupt = message, exc
+        self._fail_all(HorovodInternalError(message))
+        return HorovodInternalError(message)
+
+    def _settle_round(self, comm, call, messages: list) -> bool:
         parts = [_json.loads(raw) for raw in messages]
         active = [r for r, p in enumerate(parts) if p["j"] < 0]
         if not active:
@@ -230,13 +282,17 @@ class Engine:
             with contextlib.suppress(RunError):  # the others raise it: this rank has no caller
                 guarded_run(zeros, comm, call, descs)
             return
+        # a timeout or an interrupt from here on fails it with the pending ones (_fail_all)
+        self.running = op
         try:
             result = guarded_run(op, comm, call, descs)
-        except Expired:
-            raise  # the round's timeout
-        except Exception as exc:  # noqa: BLE001 - agreed by the guard: the same on every rank
-            op.finish(error=exc)
+        except Exception as exc:
+            if isinstance(exc, Expired):
+                raise  # the round's timeout
+            self.running = None
+            op.finish(error=exc)  # agreed by the guard: the same on every rank
             return
+        self.running = None
         op.finish(result)
 
     def _stalled(self, parts: list, active: list, mine: list) -> None:

@@ -69,7 +69,9 @@ def _from_raw(raw, dtype, shape, device):
 
 
 def _row_bytes(tensor) -> int:
-    return tensor.element_size() * (tensor[0].numel() if tensor.dim() else 1)
+    """The bytes of one row of ``tensor`` (of a 0-d tensor, its one value): from the shape, so
+    that a tensor of no rows has rows of a size too."""
+    return tensor.element_size() * math.prod(tensor.shape[1:])
 
 
 def _reducible(tensor, prescale: float):

@@ -104,12 +104,13 @@ class Rounds:
             self._told = entry
             return entry.error
 
-    def close(self) -> None:
-        """Stop the progress engine; a round still in flight (peers that never answered) is
-        abandoned, its communicator kept (MPI may still use it)."""
+    def close(self, abandon: bool = False) -> None:
+        """Stop the progress engine; a round still in flight (peers that never answered), or
+        any where ``abandon`` (a run was interrupted), is abandoned, its communicator kept (MPI
+        may still use it)."""
         with self._lock:
             busy = self._busy and self._entry is not None and not self._entry.done
-        if busy or self._progress.broken:
+        if busy or abandon or self._progress.broken:
             self._progress.abort("mpisync.horovod was shut down")
             self._progress.close()
             keep_alive(self.comm)
