@@ -23,7 +23,16 @@ from mpi4py import MPI
 
 from ._runtime.clock import Deadline, Trace
 from ._runtime.keepalive import keep_alive
-from ._runtime.lifecycle import Reusable, check_comm
+from ._runtime.lifecycle import (
+    Reusable,
+    check_comm,
+    duplicate,
+    free_comm,
+    interrupted,
+    release_when_collected,
+    settled,
+    wait_duplicate,
+)
 from ._runtime.observe import configure_logging, logger, timeline_for
 from ._runtime.ring import Expired
 from ._runtime.timeouts import timed_out
@@ -96,7 +105,7 @@ class _Link:
     def post(self) -> None:
         """Post the duplication (and, the first time, the facts all-reduce), once."""
         if self.comm is None and self._dup is None:
-            self._dup = self.user.Idup()
+            self._dup = duplicate(self.user)
             if self.host.facts is None:
                 # Posted on the caller's communicator right after the Idup, in the same order on
                 # every rank.
@@ -107,20 +116,29 @@ class _Link:
         if self.comm is None:
             self.post()
             assert self._dup is not None  # posted just now, or before
-            dup, request = self._dup
-            call(request)
-            self.comm, self._dup = dup, None
-        if self._facts is not None:
-            self.host.facts, self._facts = self._facts.result(call), None
+            dup, self._dup = self._dup, None
+            try:
+                self.comm = wait_duplicate(dup, call)
+            except SyncError:  # on every rank; the facts, posted after the Idup, still complete
+                self._facts_ready(call)
+                raise
+        self._facts_ready(call)
         return self.comm
 
+    def _facts_ready(self, call) -> None:
+        if self._facts is not None:
+            self.host.facts, self._facts = self._facts.result(call), None
+
     def close(self, broken: bool) -> None:
-        """Free the duplicate; after a timeout (``broken``) keep what may still be pending."""
+        """Free the duplicate; after a call that did not finish (``broken``) keep what may still
+        be pending."""
         if broken:  # requests still pending may write into these
+            keep_alive(self._facts, self._dup, self.comm)
+        else:
+            # posted by a sync that raised an agreed error before waiting for them
             keep_alive(self._facts, self._dup)
-        elif self.comm is not None:
-            self.comm.Free()
-        self.comm = None
+            free_comm(self.comm)
+        self.comm = self._dup = self._facts = None
 
 
 class _Compiler:
@@ -243,6 +261,50 @@ class _Collective:
             )
 
 
+class _Holdings:
+    """What a :class:`ParamSync` holds between syncs: its duplicate (the link), host transports,
+    device transport and kept program. Released together by ``close()``, or once the syncer is
+    collected; a broken syncer's are kept instead (MPI may still write into them). Nothing here
+    refers to the syncer, so dropping it releases them at once."""
+
+    def __init__(self, link: _Link, host: HostTransports, values: SettingValues):
+        self.link, self.host, self.values = link, host, values
+        self.device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
+        self.device: DeviceTransport | None = None
+        self.prepared: Prepared | None = None
+        # why the syncer is unusable: a call ended with its collectives possibly still pending
+        self.broken: str | None = None
+
+    def device_transport(self) -> DeviceTransport:
+        """The device transport, made on first use."""
+        if self.device is None:
+            self.device = DeviceTransport(
+                self.values["max_concurrent"],
+                self.values["fusion_bytes"],
+                self.device_chunk_bytes,
+            )
+        return self.device
+
+    def keep(self, prepared: Prepared | None) -> None:
+        """Keep ``prepared`` for the next sync (``None``: nothing to recognise)."""
+        self.prepared = prepared
+
+    def release(self) -> None:
+        """Free everything (not collective); a broken syncer's buffers are kept out of use."""
+        broken = self.broken is not None
+        self.link.close(broken)
+        if broken:
+            keep_alive(self.prepared)
+        self.prepared = None
+        self.host.close(broken)
+        if self.device is not None:
+            if broken:  # its pinned and device buffers stay out of the allocators' reach
+                keep_alive(self.device)
+            else:
+                self.device.close()
+        self.device = None
+
+
 class ParamSync(Reusable):
     """A reusable parameter sync over ``comm``: the form to call again and again.
 
@@ -290,21 +352,41 @@ class ParamSync(Reusable):
     ) -> None:
         self._hold(comm, max_concurrent, fusion_bytes, gpu_transport, timeout)
         self._root = root
-        self._device_chunk_bytes = DEFAULT_DEVICE_CHUNK_BYTES
         self._host = HostTransports(
             root, self._values["max_concurrent"], self._values["fusion_bytes"]
         )
         self._link = _Link(self._user_comm, self._host)
-        self._compiler = _Compiler(self._host, self._device_transport, self._values)
+        self._held = held = _Holdings(self._link, self._host, self._values)
+        self._compiler = _Compiler(self._host, held.device_transport, self._values)
         self._collective = _Collective(
-            self._link, self._compiler, self._device_transport, root, self._values, self._keep
+            self._link, self._compiler, held.device_transport, root, self._values, held.keep
         )
-        self._device: DeviceTransport | None = None
-        self._prepared: Prepared | None = None
         self._closed = False
-        self._broken: str | None = None
+        # close(), or the syncer collected without it: frees the duplicate and the buffers
+        self._release = release_when_collected(self, held.release)
         # (rank, size, trace) of the caller's communicator, once it passed the check
         self._where: tuple[int, int, Trace] | None = None
+
+    @property
+    def _prepared(self) -> Prepared | None:
+        return self._held.prepared
+
+    @property
+    def _device(self) -> DeviceTransport | None:
+        return self._held.device
+
+    @property
+    def _broken(self) -> str | None:
+        return self._held.broken
+
+    @property
+    def _device_chunk_bytes(self) -> int:
+        return self._held.device_chunk_bytes
+
+    @_device_chunk_bytes.setter
+    def _device_chunk_bytes(self, nbytes: int) -> None:
+        # For tests: every rank sets the same value before the first sync.
+        self._held.device_chunk_bytes = nbytes
 
     def _prefer(self, channel: str) -> None:
         # For the bench and tests: host bytes take ``channel`` wherever every rank can use it.
@@ -331,21 +413,14 @@ class ParamSync(Reusable):
     def close(self) -> None:
         """Free the duplicated communicator and the cached buffers; further syncs raise.
 
-        Not collective: each rank closes its own. After a timed-out sync the
-        buffers are kept alive but never used again: collectives still pending
-        may write into them. Closing twice is harmless.
+        Not collective: each rank closes its own. After a sync that did not finish
+        (timed out, or interrupted by any exception while its collectives were in
+        flight) the buffers are kept alive but never used again: collectives still
+        pending may write into them. Closing twice is harmless; a syncer dropped
+        without ``close()`` is closed when it is collected.
         """
-        broken = self._broken is not None
-        self._link.close(broken)
-        self._prepared = None
-        self._host.close(broken)
-        if self._device is not None:
-            if broken:  # its pinned and device buffers stay out of the allocators' reach
-                keep_alive(self._device)
-            else:
-                self._device.close()
-        self._device = None
         self._closed = True
+        self._release()
 
     def sync(
         self,
@@ -381,7 +456,9 @@ class ParamSync(Reusable):
                 job is aborted after the diagnostic; ``MPISYNC_TIMEOUT_ABORT=0`` raises).
             PeerExitedError: A rank of the communicator ended its script while others waited.
             VerificationError: ``verify=True`` found a rank whose bytes differ from root's.
-            SyncError: This syncer is closed, or unusable after a timed-out sync.
+            SyncError: This syncer is closed, or unusable after a sync that did not finish (timed
+                out, or interrupted while its collectives were in flight), or MPI could not
+                duplicate ``comm`` (communicator context ids used up).
         """
         # A cold sync creates a few objects per tensor and no reference cycles; left on, the
         # cyclic collector walks the whole heap several times meanwhile.
@@ -389,9 +466,20 @@ class ParamSync(Reusable):
         _gc.disable()
         try:
             return self._sync(params, devices, verify)
+        except BaseException as exc:
+            self._interrupted(exc, self._collective.phase)
+            raise
         finally:
             if collecting:
                 _gc.enable()
+
+    def _interrupted(self, exc: BaseException, phase: str) -> None:
+        # Anything but an agreed refusal may leave collectives in flight: keep what they use, and
+        # refuse every later call before it posts anything that could match them.
+        if not settled(exc):
+            reason = interrupted(exc, "a sync", phase)
+            if self._held.broken is None:
+                self._held.broken = reason
 
     def _sync(self, params, devices, verify) -> SyncReport:
         if self._closed:
@@ -399,6 +487,7 @@ class ParamSync(Reusable):
         if self._broken:
             raise SyncError(f"mpisync: this ParamSync is unusable: {self._broken}")
         start = _time.perf_counter()
+        self._collective.phase = "validation"
         if self._where is None:  # until the caller's communicator passes the check
             comm = self._user_comm
             check_comm(comm)
@@ -432,7 +521,7 @@ class ParamSync(Reusable):
         )
         report = SyncReport.of(manifest, rank=rank, size=size, root=self._root)
         if size == 1:
-            _sync_alone(manifest, report, verify, trace, t_validate, self._device_transport())
+            _sync_alone(manifest, report, verify, trace, t_validate, self._held.device_transport())
         else:
             self._sync_collective(
                 params, devices_key, manifest, prepared, report, verify, trace, t_validate
@@ -442,15 +531,6 @@ class ParamSync(Reusable):
         if logger.isEnabledFor(_logging.INFO):
             logger.info(report.summary())
         return report
-
-    def _device_transport(self) -> DeviceTransport:
-        if self._device is None:
-            self._device = DeviceTransport(
-                self._values["max_concurrent"],
-                self._values["fusion_bytes"],
-                self._device_chunk_bytes,
-            )
-        return self._device
 
     @property
     def _device_slots(self):
@@ -469,9 +549,6 @@ class ParamSync(Reusable):
             pending = pending_names(expired, collective.ctx, manifest.names)
             self._timed_out(collective.phase, pending, self._values["timeout"])
 
-    def _keep(self, prepared: Prepared | None) -> None:
-        self._prepared = prepared
-
     def _collective_exchange(self, phase: str, pending: list, exchange):
         """Run ``exchange(comm, call)`` on the library's communicator under this sync's timeout.
 
@@ -485,9 +562,14 @@ class ParamSync(Reusable):
             return exchange(self._link.ready(deadline.wait), deadline.wait)
         except Expired:
             self._timed_out(phase, pending, deadline.timeout)
+        except BaseException as exc:
+            self._interrupted(exc, phase)
+            raise
 
     def _timed_out(self, phase: str, pending: list, timeout: float | None) -> None:
-        self._broken = f"a sync timed out during the {phase}; its collectives may still be pending"
+        self._held.broken = (
+            f"a sync timed out during the {phase}; its collectives may still be pending"
+        )
         what = "pending parameter(s)"
         timed_out(self._user_comm, phase, pending, timeout, pending_what=what, call="sync")
 

@@ -23,6 +23,10 @@ __all__ = ["RequestRing", "Expired", "wait_request"]
 _SPIN_SECONDS = 0.5
 _SLEEP_SECONDS = 0.001
 
+# Called once per poll of a request still in flight, where set: tests replace it to raise at a
+# chosen poll (an interrupt landing while MPI still owns the request's buffers).
+_poll_hook: _typing.Callable[[], None] | None = None
+
 
 class Expired(Exception):
     """A request's deadline passed before it completed."""
@@ -43,13 +47,25 @@ def wait_request(request, deadline: float | None, comm=None) -> None:
         return
     if request.Test():
         return
+    try:
+        _poll(request, deadline, comm)
+    except BaseException:
+        # A timeout, or anything else leaving the wait (an interrupt, SystemExit): MPI may still
+        # write into the request's buffers, which mpi4py holds for it; freeing the request would
+        # hand them back to the allocator.
+        keep_alive(request)
+        raise
+
+
+def _poll(request, deadline: float | None, comm) -> None:
     lookout = _failfast.Lookout(comm)
     stall_start = _time.monotonic()
     test, now, yield_ = request.Test, _time.monotonic, _os.sched_yield
     while not test():
+        if _poll_hook is not None:
+            _poll_hook()
         t = now()
         if (deadline is not None and t >= deadline) or lookout.gone(t):
-            keep_alive(request)  # with the buffers mpi4py holds for it
             raise Expired
         if t - stall_start < _SPIN_SECONDS:
             yield_()
@@ -172,8 +188,8 @@ class TrackedRing(RequestRing):
         request, deadline, on_complete, _ = self._pending[0]
         try:
             wait_request(request, deadline, self._comm)
-        except Expired:
-            # every one in flight may still write
+        except BaseException:
+            # every one in flight may still write, whatever ended the wait
             keep_alive(*(entry[0] for entry in self._pending))
             raise
         self._pending.popleft()

@@ -28,7 +28,16 @@ from mpi4py import MPI
 
 from .._runtime.clock import Deadline, Trace
 from .._runtime.keepalive import keep_alive
-from .._runtime.lifecycle import Reusable, check_comm
+from .._runtime.lifecycle import (
+    Reusable,
+    check_comm,
+    duplicate,
+    free_comm,
+    interrupted,
+    release_when_collected,
+    settled,
+    wait_duplicate,
+)
 from .._runtime.observe import Timeline, timeline_for
 from .._runtime.ring import Expired
 from .._runtime.timeouts import timed_out
@@ -55,6 +64,36 @@ class _Prepared(_typing.NamedTuple):
     manifest: BulkManifest | Manifest
     reduced: ReduceSet
     program: ReduceProgram
+
+
+class _Holdings:
+    """What a :class:`GradSync` holds between calls: mpisync's duplicate of the communicator (or
+    its ``Idup`` in flight), the transport and the kept program. Released together by
+    ``close()``, or once the object is collected; a broken object's are kept instead (MPI may
+    still write into them). Nothing here refers to the object, so dropping it releases them at
+    once."""
+
+    def __init__(self) -> None:
+        self.comm: MPI.Intracomm | None = None
+        # (communicator, request) of an Idup posted and not yet waited for
+        self.dup: tuple[MPI.Intracomm, MPI.Request] | None = None
+        self.prepared: _Prepared | None = None
+        # on mpisync's duplicate of ``comm`` (with one rank: ``comm`` itself, never used)
+        self.transport: ReduceTransport | None = None
+        # why the object is unusable: a call ended with its collectives possibly still pending
+        self.broken: str | None = None
+
+    def release(self) -> None:
+        """Free everything (not collective); a broken object's buffers are kept out of use."""
+        broken = self.broken is not None
+        if self.transport is not None:
+            self.transport.close(broken=broken)
+        if broken:
+            keep_alive(self.prepared, self.transport, self.comm, self.dup)
+        else:
+            keep_alive(self.dup)  # posted by a call that raised before waiting for it
+            free_comm(self.comm)  # the node paths it holds as attributes go with it
+        self.comm = self.dup = self.prepared = self.transport = None
 
 
 class GradSync(Reusable):
@@ -103,16 +142,29 @@ class GradSync(Reusable):
         self._hold(comm, max_concurrent, fusion_bytes, gpu_transport, timeout)
         if op not in _ops.OPS:
             self._settings_error = f"op must be one of {', '.join(map(repr, _ops.OPS))}, got {op!r}"
-        self._comm: MPI.Intracomm | None = None
-        self._dup: tuple[MPI.Intracomm, MPI.Request] | None = None
-        self._prepared: _Prepared | None = None
-        # on mpisync's duplicate of ``comm`` (with one rank: ``comm`` itself, never used)
-        self._transport: ReduceTransport | None = None
+        self._held = held = _Holdings()
+        # close(), or the object collected without it: frees the duplicate and the buffers
+        self._release = release_when_collected(self, held.release)
         self._node_segment = True  # False: every bucket through MPI (the bench's "MPI only" rows)
         self._closed = False
-        self._broken: str | None = None
         self._timeline: Timeline | None = None  # MPISYNC_TIMELINE's, read at the first call
         self._begun = False  # the first call passed the communicator's check
+
+    @property
+    def _comm(self) -> MPI.Intracomm | None:
+        return self._held.comm
+
+    @property
+    def _prepared(self) -> _Prepared | None:
+        return self._held.prepared
+
+    @property
+    def _transport(self) -> ReduceTransport | None:
+        return self._held.transport
+
+    @property
+    def _broken(self) -> str | None:
+        return self._held.broken
 
     @property
     def buffer_bytes(self) -> int:
@@ -127,16 +179,13 @@ class GradSync(Reusable):
     def close(self) -> None:
         """Free the duplicated communicator and cached buffers; further calls raise.
 
-        Not collective: each rank closes its own. Closing twice is harmless.
+        Not collective: each rank closes its own. Closing twice is harmless; an object
+        dropped without ``close()`` is closed when it is collected. After a call that did not
+        finish (timed out, or interrupted by any exception while its collectives were in
+        flight) the buffers are kept alive but never used again.
         """
-        if self._transport is not None:
-            self._transport.close(broken=self._broken is not None)
-        if self._comm is not None and self._broken is None:
-            self._comm.Free()
-        self._comm = None
-        self._prepared = None
-        self._transport = None
         self._closed = True
+        self._release()
 
     def allreduce(
         self, params: Mapping[str, _typing.Any], *, devices: Sequence[_typing.Any] | None = None
@@ -167,8 +216,24 @@ class GradSync(Reusable):
             SyncTimeoutError: A collective did not complete within ``timeout``; by default the job
                 is aborted after the diagnostic (``MPISYNC_TIMEOUT_ABORT=0`` raises instead).
             PeerExitedError: A rank of the communicator ended its script while others waited.
-            SyncError: This object is closed, or unusable after a timed-out call.
+            SyncError: This object is closed, or unusable after a call that did not finish (timed
+                out, or interrupted while its collectives were in flight), or MPI could not
+                duplicate ``comm`` (communicator context ids used up).
         """
+        phase = ["validation"]  # where an exception found the call
+        try:
+            return self._allreduce(params, devices, phase)
+        except BaseException as exc:
+            # Anything but an agreed refusal may leave collectives in flight: keep what they use,
+            # and refuse every later call before it posts anything that could match them.
+            if not settled(exc):
+                reason = interrupted(exc, "an all-reduce", phase[0])
+                if self._held.broken is None:
+                    self._held.broken = reason
+            raise
+
+    def _allreduce(self, params, devices, where: list) -> SyncReport:
+        held = self._held
         if self._closed:
             raise SyncError("mpisync: this GradSync is closed")
         if self._broken:
@@ -181,10 +246,10 @@ class GradSync(Reusable):
         begin = timeline.now() if timeline is not None else 0
         comm = self._user_comm
         rank, size = comm.rank, comm.size
-        if size > 1 and self._comm is None and self._dup is None:
-            self._dup = comm.Idup()  # overlaps this rank's manifest building
+        if size > 1 and held.comm is None and held.dup is None:
+            held.dup = duplicate(comm)  # overlaps this rank's manifest building
         params, skipped = without_none(params)
-        prepared = matching(self._prepared, params, devices_key_of(devices))
+        prepared = matching(held.prepared, params, devices_key_of(devices))
         if prepared is not None and prepared.manifest.settings.get(NO_GRADIENT, []) != skipped:
             prepared = None
         manifest = (
@@ -210,9 +275,9 @@ class GradSync(Reusable):
         try:
             prepared, ctx = self._agree(manifest, prepared, deadline, report)
             if prepared is None:
-                phase = "set-up"
+                phase = where[0] = "set-up"
                 prepared = self._prepare(params, devices, manifest, ctx)
-            phase = "collectives"
+            phase = where[0] = "collectives"
             if prepared.reduced.before():
                 report.transport = "staged"
             self._transport_of(ctx).run(prepared.program, ctx)
@@ -231,38 +296,39 @@ class GradSync(Reusable):
         agree on the manifests (collective), and the prepared set still to use: None when its
         fused buckets move onto the node's segment now (the same call on every rank). Alone, raise
         this rank's errors."""
-        comm = self._user_comm
+        comm, held = self._user_comm, self._held
         if comm.size > 1:
-            if self._comm is None:
-                assert self._dup is not None  # posted on the first call with size > 1
-                deadline.wait(self._dup[1])
-                self._comm, self._dup = self._dup[0], None
-            comm = self._comm
+            if held.comm is None:
+                assert held.dup is not None  # posted on the first call with size > 1
+                dup, held.dup = held.dup, None
+                held.comm = wait_duplicate(dup, deadline.wait)
+            comm = held.comm
             agree(comm, manifest, deadline.wait)
             report.collectives += 1
         elif manifest.errors:
             raise diagnose([_json_doc(manifest)])
-        if self._transport is None:
+        if held.transport is None:
             fusion = self._values["fusion_bytes"]
-            self._transport = ReduceTransport(comm, self._op, fusion, self._node_segment)
-        self._transport.agreed += 1
+            held.transport = ReduceTransport(comm, self._op, fusion, self._node_segment)
         ctx = Context(comm, 0, deadline, report, Trace(), self._values["max_concurrent"], False)
-        if prepared is not None and self._transport.moves_to_segment(prepared.program):
+        if prepared is not None and held.transport.moves_to_segment(prepared.program):
             return None, ctx
         return prepared, ctx
 
     def _transport_of(self, ctx) -> ReduceTransport:
-        assert self._transport is not None and self._transport.comm is ctx.comm  # made at _agree
-        return self._transport
+        transport = self._held.transport
+        assert transport is not None and transport.comm is ctx.comm  # made at _agree
+        return transport
 
     def _timed_out(self, pending: list, phase: str, prepared) -> None:
-        self._broken = (
+        held = self._held
+        held.broken = (
             f"an all-reduce timed out during the {phase}; its collectives may still be pending"
         )
         # MPI may still write into the fusion and staging buffers: they outlive this object.
-        keep_alive(prepared, self._comm)
-        if self._transport is not None:
-            self._transport.close(broken=True)
+        keep_alive(prepared, held.comm)
+        if held.transport is not None:
+            held.transport.close(broken=True)
         timed_out(self._user_comm, f"all-reduce {phase}", pending, self._values["timeout"])
 
     def _prepare(self, params, devices, manifest, ctx) -> _Prepared:
@@ -272,7 +338,7 @@ class GradSync(Reusable):
         kept = recognizer(params, manifest, devices_key_of(devices))  # None: replica lists
         prepared = _Prepared(kept, manifest, reduced, program)
         if kept is not None:  # a mapping of bare arrays: the same objects may come back
-            self._prepared = prepared
+            self._held.prepared = prepared
         return prepared
 
 
