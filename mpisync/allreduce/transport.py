@@ -4,10 +4,11 @@ transports (:class:`mpisync.transports.base.Transport`).
 Every step is an ``Iallreduce`` through the request ring (at most ``capacity`` in flight), large
 tensors in place in their own memory. On one node the tensors reduced in their own memory take
 the node's paths, one dtype at a time: by cross-memory from 16 MiB together
-(:mod:`mpisync.transports.crossreduce`), through the node's segment from 256 KiB to 2 MiB once a
-syncer's calls repeat (:mod:`mpisync.transports.sharedreduce`); and once they repeat the fused
-buckets move onto the node's shared regions (:class:`~mpisync.allreduce.segment.ReduceSegment`:
-two barriers, no MPI data movement). Figures: docs/allreduce.md.
+(:mod:`mpisync.transports.crossreduce`), through the node's segment from 256 KiB to 2 MiB
+(:mod:`mpisync.transports.sharedreduce`); and the fused buckets go through the node's shared
+regions (:class:`~mpisync.allreduce.segment.ReduceSegment`: two barriers, no MPI data movement).
+Each path is chosen from the first call on, by sizes alone: a path that changed after some calls
+would sum in another order, and a call repeated on the same inputs must give the same bytes.
 """
 
 from __future__ import annotations
@@ -59,8 +60,6 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         self.op, self.fusion = op, fusion_bytes
         self.segment: ReduceSegment | None = None
         self._segment_tried = not segment
-        # Calls whose agreement passed: the same count on every rank, whatever fails after.
-        self.agreed = 0
         self._ring: TrackedRing | None = None  # the ring of the run in progress
         self._node_collectives = 0  # posted by the last run's reductions on the node's paths
 
@@ -71,28 +70,20 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
 
     def moves_to_segment(self, program: ReduceProgram) -> bool:
         """Whether a program on a private arena is to be compiled again onto the node's segment:
-        the segment was never tried, this is not the first agreed call, and the program's fused
-        bytes suit the segment (the same answer on every rank)."""
-        return (
-            self.comm.size > 1
-            and not self._segment_tried
-            and self.agreed > 1
-            and self._fits(len(program.arena))
-        )
+        the segment was never tried and the program's fused bytes suit it (the same answer on
+        every rank)."""
+        return self.comm.size > 1 and not self._segment_tried and self._fits(len(program.arena))
 
     def _fits(self, nbytes: int) -> bool:
         return _SEGMENT_MIN_BYTES <= nbytes <= _SEGMENT_BUCKETS * self.fusion
 
     def _segment_arena(self, nbytes: int, call):
         """``(arena, base)`` of this rank's region of the node's segment for ``nbytes`` of fused
-        buckets, or None (a private arena, MPI). The first call goes through MPI: setting the
-        segment up and touching its pages costs more than one all-reduce of the buckets
-        (docs/allreduce.md), so a one-shot ``allreduce`` never opens it. The segment is opened
-        (collectively) at the first later call whose fused bytes are at least
-        ``_SEGMENT_MIN_BYTES`` and fit in ``_SEGMENT_BUCKETS`` buckets, the same call on every
-        rank: the agreed manifests and ``fusion_bytes`` fix ``nbytes`` and the bounds, and every
-        rank counts the same agreed calls."""
-        if self.comm.size == 1 or self.agreed < 2 or not self._fits(nbytes):
+        buckets, or None (a private arena, MPI). The segment is opened (collectively) at the first
+        call whose fused bytes are at least ``_SEGMENT_MIN_BYTES`` and fit in
+        ``_SEGMENT_BUCKETS`` buckets, the same call on every rank: the agreed manifests and
+        ``fusion_bytes`` fix ``nbytes`` and the bounds."""
+        if self.comm.size == 1 or not self._fits(nbytes):
             return None
         if not self._segment_tried:
             self._segment_tried = True
@@ -125,7 +116,7 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         fused = [step for step in steps if step.fused] if spans is not None else ()
         self._node_collectives = 0
         crossed = self._reduce_large(steps, ctx) if several else set()
-        mid = self._reduce_mid(steps, crossed, ctx) if several and self.agreed > 1 else set()
+        mid = self._reduce_mid(steps, crossed, ctx) if several else set()
         for step in steps:
             if (fused and step.fused) or id(step) in crossed or id(step) in mid:
                 continue  # through the segment, below, or done
@@ -168,9 +159,8 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
 
     def _reduce_mid(self, steps: list, crossed: set, ctx: Context) -> set:
         """Reduce through the node's segment (:mod:`mpisync.transports.sharedreduce`), one dtype
-        at a time, the direct steps of each dtype left to MPI that hold a mid size together, on
-        a call after the first agreed one (a one-shot ``allreduce`` never opens the segment);
-        the ids of the steps done. The plan is agreed, so every rank groups the same steps."""
+        at a time, the direct steps of each dtype left to MPI that hold a mid size together; the
+        ids of the steps done. The plan is agreed, so every rank groups the same steps."""
         done: set = set()
         for group in _direct_groups(steps, crossed):
             path, posted = drive(shared_opened(self.comm, _nbytes(group)), ctx.call)

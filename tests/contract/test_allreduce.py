@@ -96,7 +96,7 @@ def _bulk_beside_general(comm, op, dtype, other):
         pytest.skip("no ordering for complex values (refused: see test_refused_inputs)")
     # Odd ranks pass a dict subclass (kept and reused), or one-replica lists (prepared again at
     # every call): ranks on both paths must issue the same collectives on the same bucket layout
-    # (the node's shared regions line up from the second call on).
+    # (the node's shared regions line up from the first call on).
     from mpisync.allreduce.bulk import scan_for_reduce
 
     # Fused bytes within the node segment's bounds for every dtype (24 KiB to 16 buckets).
@@ -137,7 +137,7 @@ def _bulk_beside_general(comm, op, dtype, other):
             for name, n in sizes.items():
                 arrays[name][...] = _values(name, comm.rank, call, n, kinds[name])
             report = syncer.allreduce(params)
-            assert report.channel == ("shared memory" if segment and call else "mpi"), call
+            assert report.channel == ("shared memory" if segment else "mpi"), call
             for name, n in sizes.items():
                 expected = _expected(op, name, comm.size, 1, n, kinds[name], salt=call)
                 if np.dtype(kinds[name]).kind in "iu":
@@ -209,8 +209,8 @@ def test_gradsync_reuses_its_plan_and_sees_new_values(comm):
             assert all(np.allclose(a, mean) for a in params.values()), step
         assert report.fused_buckets >= 2 and report.transfers == report.fused_buckets + 1
         # One agreement, then one all-reduce per bucket (their 11 kB stay under the buckets'
-        # segment's floor), and for the large array (800 kB) one more, or on one node from the
-        # third call two through the node's segment for mid sizes (opened at the third).
+        # segment's floor), and for the large array (800 kB) one more, or on one node two through
+        # the node's segment for mid sizes.
         segment = _one_node_segment(comm)
         assert report.channel == ("shared memory" if segment else "mpi")
         per_call = 1 + report.fused_buckets + (2 if segment else 1)
@@ -245,20 +245,20 @@ def test_fused_buckets_go_through_the_node_segment_on_one_node(comm, op):
         a.nbytes * widened.get(a.dtype.name, 1) for n, a in params.items() if n != "float64.big"
     )
     with mpisync.GradSync(comm, op=op, fusion_bytes=4096) as syncer:
-        # the first call goes through MPI: the segment opens at the next
-        first = syncer.allreduce(params)
-        assert first.channel == "mpi"
-        assert fused <= syncer.buffer_bytes <= fused + 4096 or comm.size == 1
-        for name, array in params.items():
-            assert array.tobytes() == expected[name].tobytes(), name
-            array[...] = _values(name, comm.rank, 0, *shapes[name])
-        report = syncer.allreduce(params)
-        assert report.channel == ("shared memory" if segment else "mpi")
-        for name, array in params.items():
-            assert array.tobytes() == expected[name].tobytes(), name
+        # the segment opens at the first call (its opening: collectives of that call only)
+        for call in range(2):
+            report = syncer.allreduce(params)
+            assert report.channel == ("shared memory" if segment else "mpi")
+            for name, array in params.items():
+                assert array.tobytes() == expected[name].tobytes(), (call, name)
+                array[...] = _values(name, comm.rank, 0, *shapes[name])
         if segment:  # one region per rank of the fused bytes, nothing else kept
             assert fused * comm.size <= syncer.buffer_bytes <= (fused + 4096) * comm.size + 65536
-            assert report.collectives == 1 + 1 + 2  # agreement, the large tensor, two barriers
+            # the agreement, the large tensor (mid-size: two through the node's segment), two
+            # barriers
+            assert report.collectives == 1 + 2 + 2
+        else:
+            assert fused <= syncer.buffer_bytes <= fused + 4096 or comm.size == 1
 
 
 def test_a_larger_set_after_the_segment_was_sized_goes_through_mpi(comm):
@@ -267,8 +267,8 @@ def test_a_larger_set_after_the_segment_was_sized_goes_through_mpi(comm):
     # fused, in 5 buckets
     large = {f"s{i}": np.full(4000, comm.rank + i, np.float32) for i in range(20)}
     with mpisync.GradSync(comm, op="sum", fusion_bytes=1 << 16) as syncer:
-        first = syncer.allreduce(small)
-        sized = syncer.allreduce(small)  # the segment opens here, sized for this set
+        first = syncer.allreduce(small)  # the segment opens here, sized for this set
+        sized = syncer.allreduce(small)
         larger = syncer.allreduce(large)
         again = syncer.allreduce({k: np.full(400, comm.rank + 100.0, np.float32) for k in small})
     total = sum(range(comm.size))
@@ -277,7 +277,7 @@ def test_a_larger_set_after_the_segment_was_sized_goes_through_mpi(comm):
         assert large[f"s{i}"].tolist() == [float(total + comm.size * i)] * 4000
     segment = _one_node_segment(comm)
     assert (first.channel, sized.channel, larger.channel, again.channel) == (
-        ("mpi", "shared memory", "mpi", "shared memory") if segment else ("mpi",) * 4
+        ("shared memory", "shared memory", "mpi", "shared memory") if segment else ("mpi",) * 4
     )
 
 
@@ -493,8 +493,8 @@ _NAN_CASES = {
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("op", ["min", "max"])
 def test_nan_wins_min_and_max_with_the_same_bytes_on_every_rank_and_channel(comm, op, dtype):
-    # numpy's and torch's rule (NaN wins), whatever path a value takes: one-shot (MPI), and a
-    # reused GradSync, whose buckets move onto the node's segment from its second call.
+    # numpy's and torch's rule (NaN wins), whatever path a value takes: one-shot, and a reused
+    # GradSync (its buckets on the node's segment where it opens).
     torch = pytest.importorskip("torch") if dtype == "bfloat16" else None
     rows = _NAN_CASES[op]
     mine = rows[comm.rank % 2]
@@ -533,12 +533,12 @@ def test_nan_wins_min_and_max_with_the_same_bytes_on_every_rank_and_channel(comm
 @pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_mid_size_arrays_go_through_the_nodes_segment_from_the_third_call(
+def test_mid_size_arrays_go_through_the_nodes_segment_from_the_first_call(
     comm, op, dtype, replicas
 ):
     """The arrays reduced in their own memory, of one dtype, 256 KiB to 2 MiB together (float16
-    in float32 staging), go through the node's segment from the third call (the first two through
-    MPI: one-shot calls never open it), laid end to end in one reduction; every call exact."""
+    in float32 staging), go through the node's segment from the first call, laid end to end in
+    one reduction; every call exact."""
     from mpisync.transports.sharedreduce import MAX_BYTES as SHARED_MAX
 
     n = SHARED_MAX // 16 + 3  # int64: half the segment's largest, with b.mid two thirds of it
@@ -560,7 +560,7 @@ def test_mid_size_arrays_go_through_the_nodes_segment_from_the_third_call(
                 got = params[name]
                 for array in got if replicas > 1 else [got]:
                     assert array.tobytes() == want.tobytes(), (call, name)
-    assert channels == ["mpi", "mpi"] + ["shared memory" if segment else "mpi"] * 2
+    assert channels == ["shared memory" if segment else "mpi"] * 4
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -671,3 +671,22 @@ def test_none_on_some_ranks_raises_everywhere_and_writes_nothing(comm):
             lambda: reducer.allreduce({"w": w, "v": None if comm.rank == 0 else v}),
             "'v' is None on rank(s) 0, an array on rank(s) ",
         )
+
+
+def test_a_repeated_float_reduction_gives_the_same_bytes_on_every_call(comm):
+    """The same inputs give the same bytes on every call, one-shot or reused, whatever path the
+    sizes take (at three ranks and more, MPI sums in another order than the node's paths: a path
+    taken from some later call on would change the bytes)."""
+    rng = np.random.default_rng(comm.rank)
+    shapes = {"mid": 1 << 18, **{f"small.{i:02d}": 3000 for i in range(20)}}
+    base = {name: rng.standard_normal(n).astype(np.float32) for name, n in shapes.items()}
+    seen = set()
+    with mpisync.GradSync(comm, op="sum") as syncer:
+        for call in range(4):
+            params = {name: a.copy() for name, a in base.items()}
+            if call == 0:
+                mpisync.allreduce(params, comm, op="sum")
+            else:
+                syncer.allreduce(params)
+            seen.add(b"".join(params[name].tobytes() for name in sorted(params)))
+    assert len(seen) == 1
