@@ -47,6 +47,7 @@ JOBS = [
     ("Lightning ModelParallel, FSDP2", "lightning_strategies.py", "fsdp2", (2,), "lightning"),
     ("Lightning ModelParallel, TP", "lightning_strategies.py", "tp", (2,), "lightning"),
     ("Accelerate, group made first", "accelerate_ddp.py", "", (2,), "accelerate"),
+    ("Hugging Face Trainer, group made first", "hf_trainer.py", "", (2,), "transformers"),
 ]
 BACKENDS = ("gloo", "mpisync")
 # Relative difference accepted at more than two ranks (float32 sums in another order).
