@@ -21,7 +21,7 @@ from .._runtime.ring import Expired, wait_request
 from .._runtime.timeouts import timed_out
 from ..errors import InvalidParamError
 from .communicators import GroupTimeoutError, duplicates, members_communicator
-from .errors import ArgumentError
+from .errors import ArgumentError, MismatchError
 from .mixed import other_backends
 from .process_group import ProcessGroupMPISync
 from .store import LocalStore
@@ -67,26 +67,53 @@ def _create(options, _backend_options) -> ProcessGroupMPISync:
     base = _base_comm if _base_comm is not None else MPI.COMM_WORLD
     _creation_starts(base)
     timeout = _group_timeout(options)
-    limit = _config.resolve(timeout=timeout).timeout.value
+    # A refusal found here is agreed by the group's creation (every rank raises it), never raised
+    # on this rank alone while the others wait for it.
+    limit, refusal = _creation_limit(timeout)
     members = list(options.global_ranks_in_group or [])
     if not members:  # the default group: every rank of the base communicator
-        _check_place(base.rank, base.size, options)
+        refusal = refusal or _place_problem(base.rank, base.size, options)
         comm, p2p, parent = duplicates(base, 3, limit, "the default process group")
         others = _others_or_free(options, comm, limit, (comm, p2p, parent))
-        _parent = parent
-        return ProcessGroupMPISync(
+        made = _made(
             comm,
+            others,
+            (parent,),
             timeout=timeout,
             adopt=True,
             p2p=p2p,
             on_shutdown=lambda broken: _retire(parent, broken),
-            others=others,
+            _refusal=refusal,
         )
+        _parent = parent
+        return made
     parent = _parent if _parent is not None else MPI.COMM_WORLD
     comm = members_communicator(parent, members, f"'{options.group_id}'", limit)
-    _check_place(comm.rank, comm.size, options)
+    refusal = refusal or _place_problem(comm.rank, comm.size, options)
     others = _others_or_free(options, comm, limit, (comm,))
-    return ProcessGroupMPISync(comm, timeout=timeout, adopt=True, others=others)
+    return _made(comm, others, (), timeout=timeout, adopt=True, _refusal=refusal)
+
+
+def _made(comm, others: dict, extra: tuple, **kwargs) -> ProcessGroupMPISync:
+    """The group over ``comm``; where its creation is refused (on every rank), the other
+    backends made for it are shut down and the ``extra`` communicators freed."""
+    try:
+        return ProcessGroupMPISync(comm, others=others, **kwargs)
+    except (InvalidParamError, MismatchError):
+        for backend in others.values():
+            backend.shutdown()
+        for communicator in extra:
+            communicator.Free()
+        raise
+
+
+def _creation_limit(timeout: float | None) -> tuple:
+    """``(seconds, refusal)``: the group's creation timeout, and why this rank's settings cannot
+    be read (None if they can; the built-in timeout then bounds the creation)."""
+    try:
+        return _config.resolve(timeout=timeout).timeout.value, None
+    except InvalidParamError as exc:
+        return _config.BUILTIN_DEFAULTS["timeout"], str(exc)
 
 
 def _others_or_free(options, comm, limit: float | None, made: tuple) -> dict:
@@ -106,13 +133,14 @@ def _others_or_free(options, comm, limit: float | None, made: tuple) -> dict:
         raise
 
 
-def _check_place(rank: int, size: int, options) -> None:
+def _place_problem(rank: int, size: int, options) -> str | None:
     if (rank, size) != (options.group_rank, options.group_size):
-        raise InvalidParamError(
+        return (
             f"mpisync backend: torch expects rank {options.group_rank} of {options.group_size}, "
             f"but this process is rank {rank} of {size} in MPI; launch with mpiexec/srun and let "
             "mpisync.torch.init_process_group() take rank and size from MPI"
         )
+    return None
 
 
 def _retire(parent, broken: bool) -> None:

@@ -22,6 +22,9 @@ backend) it is ``MPI.COMM_WORLD``, whose ranks are torch's.
 
 from __future__ import annotations
 
+import hashlib as _hashlib
+import json as _json
+import struct as _struct
 import sys as _sys
 import threading as _threading
 import time as _time
@@ -33,11 +36,11 @@ from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired, wait_request
 from .._runtime.timeouts import abort_job, timed_out
 from ..config import wire_settings
-from ..errors import SyncTimeoutError
-from ..params.agreement import agree_settings
+from ..errors import InvalidParamError, SyncTimeoutError
+from ..params.agreement import agree_settings, allgather_bytes, max_and_min
 from .errors import MismatchError
 
-__all__ = ["GroupTimeoutError", "duplicates", "members_communicator"]
+__all__ = ["GroupTimeoutError", "agree_on_settings", "duplicates", "members_communicator"]
 
 # Tags of the handshake (the group's name picks one) stay in this range, within MPI's minimum
 # TAG_UB (32767).
@@ -76,21 +79,41 @@ def duplicates(comm, count: int, timeout: float | None, what: str) -> list:
     return made
 
 
-def agree_on_settings(comm, timeout: float | None, what: str) -> None:
+def agree_on_settings(comm, timeout: float | None, what: str, problem: str | None = None) -> None:
     """Every rank of ``comm`` has the same wire settings (:func:`mpisync.config.wire_settings`,
     ``MPISYNC_TORCH_CHECK`` among them), or every rank raises the same
     :class:`~mpisync.torch.errors.MismatchError` naming each setting and the ranks of each
-    value; within ``timeout`` seconds."""
+    value; within ``timeout`` seconds. ``problem``: why this rank refuses to create the group
+    (an invalid ``MPISYNC_*`` value, say); where any rank has one, every rank raises the same
+    :class:`~mpisync.InvalidParamError` naming each rank's (the same all-reduce carries it)."""
     deadline = None if timeout is None else _time.monotonic() + timeout
+
+    def call(request) -> None:
+        wait_request(request, deadline, comm)
+
     try:
-        agree_settings(
-            comm,
-            wire_settings(torch=True),
-            lambda request: wait_request(request, deadline, comm),
-            MismatchError,
-        )
+        settings = wire_settings(torch=True)
+        encoded = _json.dumps(settings, sort_keys=True).encode()
+        digest = _struct.unpack("=2q", _hashlib.blake2b(encoded, digest_size=16).digest())
+        high, low = max_and_min(comm, [int(problem is not None), *digest], call)
+        if high[0]:
+            raise _refused(comm, problem, what, call)
+        if high[1:] != low[1:]:
+            agree_settings(comm, settings, call, MismatchError)  # names each difference
     except Expired:
         timed_out(comm, f"settings agreement of {what}", [what], timeout, call="init_process_group")
+
+
+def _refused(comm, problem: str | None, what: str, call) -> InvalidParamError:
+    """The error every rank raises when some rank refused to create the group: each rank's
+    problem, gathered (the message is made of what every rank received, so it is the same on
+    every rank)."""
+    gathered = allgather_bytes(comm, _json.dumps(problem).encode(), call)
+    problems = [(rank, _json.loads(raw)) for rank, raw in enumerate(gathered)]
+    lines = "; ".join(f"rank {rank}: {text}" for rank, text in problems if text is not None)
+    return InvalidParamError(
+        f"mpisync: creating {what} was refused on every rank, nothing else was started: {lines}"
+    )
 
 
 def members_communicator(parent, members: list, name: str, timeout: float | None):

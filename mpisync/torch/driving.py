@@ -183,25 +183,61 @@ class Driver:
                 oldest = self._ledger.oldest().deadline  # type: ignore[union-attr]
                 deadline = oldest if end is None or (oldest is not None and oldest < end) else end
             self._in_mpi = True
-        index, status, error = self._mpi.waitany(requests, deadline)  # the one wait on MPI
-        with self._lock:
-            self._in_mpi = False
-            if self.threaded and index >= 0:
-                if index == 0:
-                    self._wake, self._woken = self._mpi.wake(), False
-                index -= 1
-            if index >= 0:  # one request of an entry: its bookkeeping, under the same lock
-                request, entry, position = pairs[index]
-                if self.waiting.pop(id(request), None) is None:
-                    return True  # abandoned meanwhile (the engine broke)
-                entry.outstanding -= 1
-                if entry.p2p:
-                    entry.statuses[position] = status
+        booked = None  # a completion booked and not yet reported to the engine
+        try:
+            index, status, error = self._mpi.waitany(requests, deadline)  # the one wait on MPI
+            with self._lock:
+                self._in_mpi = False
+                if self.threaded and index >= 0:
+                    if index == 0:
+                        self._wake, self._woken = self._mpi.wake(), False
+                    index -= 1
+                if index >= 0:  # one request of an entry: its bookkeeping, under the same lock
+                    request, entry, position = pairs[index]
+                    if not self._record(request, entry, position, status):
+                        return True  # abandoned meanwhile (the engine broke)
+                    booked = (entry, status, error)
+        except BaseException:
+            # An interrupt (KeyboardInterrupt, a signal handler's SystemExit) left the wait: what
+            # MPI completed meanwhile is booked and reported as if the wait had returned it, so
+            # that every operation still completes and its buffers stay held until it does; the
+            # caller sees the interrupt, the operations stay in flight.
+            self._recover(pairs, booked)
+            raise
         if index < 0:  # woken, or a deadline passed
             self._engine.overdue()
             return end is None or _time.monotonic() < end
-        self._engine.completed(entry, status, error)
+        self._engine.completed(*booked)  # type: ignore[misc]
         return True
+
+    def _record(self, request, entry: Entry, position: int, status) -> bool:
+        """Book one completed request of ``entry`` (the lock held); False if it was abandoned
+        meanwhile (the engine broke)."""
+        if self.waiting.pop(id(request), None) is None:
+            return False
+        entry.outstanding -= 1
+        if entry.p2p:
+            entry.statuses[position] = status
+        return True
+
+    def _recover(self, pairs: list, booked: tuple | None) -> None:
+        """After an exception left :meth:`_progress`: the wait is over; the completion it
+        ``booked``, and a request of ``pairs`` that MPI completed (freed) without its completion
+        being booked, are reported now; a completed wake request is replaced."""
+        finished = getattr(self._mpi, "finished", None)  # a fake MPI of the unit tests may lack it
+        found = [] if booked is None else [booked]
+        with self._lock:
+            self._in_mpi = False
+            if finished is not None:
+                if self._wake is not None and finished(self._wake):
+                    self._wake, self._woken = self._mpi.wake(), False
+                for request, entry, position in pairs:
+                    if id(request) in self.waiting and finished(request):
+                        status = self._mpi.status_of(request)
+                        if self._record(request, entry, position, status):
+                            found.append((entry, status, None))
+        for entry, status, error in found:
+            self._engine.completed(entry, status, error)
 
     # -- the worker -------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -31,6 +31,10 @@
   timeout (an operation older than ``timeout``) is reported by ``on_timeout``,
   which aborts the job by default; otherwise every pending operation fails with
   its message. Requests that may still be in flight keep their buffers alive.
+- **Interrupts**: an exception that leaves a wait (``KeyboardInterrupt``, a signal handler's
+  ``SystemExit``) leaves every operation in flight and the engine consistent (what MPI completed
+  meanwhile is booked as if the wait had returned it): waiting again completes them. A step that
+  raises while posting keeps what its frame held alive (MPI may use it).
 - **Futures** are settled on settler threads where a worker drives
   (:mod:`mpisync.torch.settling`): a future's callback may issue a collective and
   wait for it (PowerSGD), which the driver's own thread could never complete.
@@ -166,6 +170,12 @@ class Engine:
             self._failed_step(entry, value)
 
     def _failed_step(self, entry: Entry, exc: BaseException) -> None:
+        if not isinstance(exc, (AgreedError, CountError)):
+            # Raised while the step was posting, perhaps after some of its requests: those
+            # requests are lost with the step's frame, and MPI may still use their buffers (the
+            # frame's locals, held by the exception's traceback). mpisync's own refusals are
+            # raised where nothing of the step is posted.
+            keep_alive(exc, entry)
         if entry.p2p or entry.last_posted or isinstance(exc, AgreedError):
             with self._lock:
                 if self._queue and self._queue[0] is entry:
@@ -232,13 +242,15 @@ class Engine:
             settle(entry, future)
         return future
 
-    def drain(self) -> None:
-        """Wait until every operation submitted so far is done."""
+    def drain(self, collectives_only: bool = False) -> None:
+        """Wait until every operation submitted so far is done (``collectives_only``: every
+        collective; a point-to-point operation may wait for what its peer does later)."""
         with self._lock:
             self._ledger.draining += 1
             self._driver.call_worker()
+            pending = [e for e in self._ledger.entries.values() if not (collectives_only and e.p2p)]
         try:
-            for entry in list(self._ledger.entries.values()):
+            for entry in pending:
                 self.wait(entry)
         finally:
             with self._lock:

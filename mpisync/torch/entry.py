@@ -26,6 +26,16 @@ class MpiCalls:
 
     def __init__(self, comm=None):
         self.comm = comm
+        self._status = None  # the status the last wait filled in
+
+    def finished(self, request) -> bool:
+        """Whether MPI completed and freed ``request`` (a wait or test sets it to null)."""
+        return request == MPI.REQUEST_NULL
+
+    def status_of(self, request):
+        """The status of the request the last :meth:`waitany` completed (``request``), where an
+        interrupt left the wait before it returned it."""
+        return self._status
 
     def threaded(self) -> bool:
         """Whether a worker thread may wait while callers post (``MPI_THREAD_MULTIPLE``)."""
@@ -40,7 +50,7 @@ class MpiCalls:
         ``time.monotonic()`` passes ``deadline`` or a rank of ``comm`` has left. ``error``: the
         MPI error that request ended with (``MPI.Waitany`` raises it; the request it belonged to
         is the one MPI set to ``MPI.REQUEST_NULL``)."""
-        status = MPI.Status()
+        self._status = status = MPI.Status()
         watch = self.comm if self.comm is not None and _failfast.watching() else None
         try:
             if deadline is None and watch is None:

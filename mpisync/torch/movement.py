@@ -4,6 +4,7 @@ split sizes), barrier. Any dtype: they move bytes."""
 
 from __future__ import annotations
 
+import math as _math
 from collections.abc import Callable
 
 import numpy as _np
@@ -459,8 +460,7 @@ def all_to_all_single(rank: int, size: int, output, input, out_splits, in_splits
     peer between the tensors' pieces (:mod:`mpisync.transports.pairwise`), else by one
     ``Ialltoallv``."""
     out_splits, in_splits = list(out_splits or ()), list(in_splits or ())
-    row = input.numel() // input.shape[0] if input.dim() and input.shape[0] else 1
-    out_row = output.numel() // output.shape[0] if output.dim() and output.shape[0] else 1
+    row, out_row = _row(input), _row(output)
 
     def describe() -> str:
         return (
@@ -537,6 +537,12 @@ def _exchanged_in_place(comm, blocks: _np.ndarray):
         requests.append(comm.Isend(out, peer, _ALL_TO_ALL_TAG))
     yield requests, True
     SCRATCH.give(stage)
+
+
+def _row(tensor: torch.Tensor) -> int:
+    """Elements per row (dimension 0) of ``tensor``, from its shape: a tensor of no rows (a
+    mixture-of-experts rank that routes no tokens) has rows of the same length as any other."""
+    return _math.prod(tensor.shape[1:]) if tensor.dim() else 1
 
 
 def _equal_rows(tensor: torch.Tensor, size: int) -> list:

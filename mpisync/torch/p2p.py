@@ -7,7 +7,7 @@ from mpi4py import MPI
 
 from .errors import ArgumentError, CountError
 from .op import Op, host_bytes, shape_text
-from .refusals import tensor_problem
+from .refusals import resolving, tensor_problem
 
 __all__ = ["recv", "send"]
 
@@ -33,7 +33,12 @@ def _refuse(what: str, tensors, tag: int) -> None:
 
 
 def send(rank: int, size: int, tensors, dst: int, tag: int) -> Op:
-    """``tensors`` (their bytes) to ``dst`` with ``tag``."""
+    """``tensors`` (their values: a negative or conjugate view's resolved, as gloo sends them)
+    to ``dst`` with ``tag``."""
+    return resolving(_send, rank, size, tensors, dst, tag)
+
+
+def _send(rank: int, size: int, tensors, dst: int, tag: int) -> Op:
     _peer_problem("destination", dst, size)
     _refuse("send", tensors, tag)
     views = [host_bytes(t.contiguous())[0] for t in tensors]
@@ -48,6 +53,10 @@ def send(rank: int, size: int, tensors, dst: int, tag: int) -> Op:
 def recv(rank: int, size: int, tensors, src: int | None, tag: int, source: list) -> Op:
     """``tensors`` from ``src`` (``None``: any rank; the sender's rank lands in ``source[0]``)
     with ``tag``. A message of another size than the tensor is a :class:`CountError`."""
+    return resolving(_recv, rank, size, tensors, src, tag, source)
+
+
+def _recv(rank: int, size: int, tensors, src: int | None, tag: int, source: list) -> Op:
     if src is not None:
         _peer_problem("source", src, size)
     _refuse("recv", tensors, tag)

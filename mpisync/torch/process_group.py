@@ -24,7 +24,7 @@ from mpi4py import MPI
 from .. import config as _config
 from .._runtime.keepalive import keep_alive
 from .._runtime.timeouts import timed_out
-from ..errors import PeerExitedError, SyncTimeoutError
+from ..errors import InvalidParamError, PeerExitedError, SyncTimeoutError
 from .checks import checked, checking
 from .communicators import agree_on_settings, duplicates
 from .engine import Engine
@@ -36,6 +36,23 @@ from .operations import Operations
 from .work import Work, joint
 
 __all__ = ["ProcessGroupMPISync"]
+
+
+def _settings(max_concurrent, timeout) -> tuple:
+    """``(max_concurrent, timeout, refusal)`` of a group being created: the resolved values and
+    None, or, where this rank cannot resolve them (an invalid ``MPISYNC_*`` value here only),
+    the built-in values (the timeout given, if it is valid) and why, for the ranks to agree on
+    before any of them raises."""
+    try:
+        settings = _config.resolve(max_concurrent, None, None, timeout)
+        return settings.max_concurrent.value, settings.timeout.value, None
+    except InvalidParamError as exc:
+        refusal = str(exc)
+    try:
+        limit = _config.resolve(None, None, None, timeout, environment=False).timeout.value
+    except InvalidParamError:
+        limit = _config.BUILTIN_DEFAULTS["timeout"]
+    return _config.BUILTIN_DEFAULTS["max_concurrent"], limit, refusal
 
 
 # torch's stubs list its C++ overloads, which the operations' Python signatures do not repeat
@@ -64,8 +81,12 @@ class ProcessGroupMPISync(Identity, Operations, dist.ProcessGroup):  # type: ign
         on_shutdown: Called with whether the group broke when it shuts down.
         others: Device type -> torch backend, from a mixed backend string: those backends serve
             their devices' tensors instead.
+        _refusal: Why this rank refuses the group (its creator found it): raised on every rank
+            as an ``InvalidParamError`` naming each rank's reason.
 
     Raises:
+        InvalidParamError: At creation, on every rank: some rank's ``MPISYNC_*`` settings or
+            arguments cannot be read (the message names each such rank and why).
         MismatchError: The ranks' mpisync settings differ (at creation, on every rank); also an
             operation whose ranks passed different dtypes, sizes, ops or roots.
         ArgumentError: An operation's arguments are invalid or not supported (on every rank,
@@ -89,11 +110,11 @@ class ProcessGroupMPISync(Identity, Operations, dist.ProcessGroup):  # type: ign
         p2p: MPI.Intracomm | None = None,
         on_shutdown: Callable[[bool], None] | None = None,
         others: dict | None = None,
+        _refusal: str | None = None,
     ) -> None:
         # torch binds ProcessGroup(rank, size) too; its stubs list only (store, rank, size)
         super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
-        settings = _config.resolve(max_concurrent, None, None, timeout)
-        self._timeout = settings.timeout.value
+        capacity, self._timeout, refusal = _settings(max_concurrent, timeout)
         what = "the process group's communicators"
         if not adopt:
             comm, p2p = duplicates(comm, 2, self._timeout, what)
@@ -104,15 +125,17 @@ class ProcessGroupMPISync(Identity, Operations, dist.ProcessGroup):  # type: ign
         self._p2p: MPI.Intracomm | None = p2p
         self._rank, self._size = comm.rank, comm.size
         try:
-            agree_on_settings(comm, self._timeout, "the process group")
-        except MismatchError:
+            # a local refusal (the creator's, or a setting this rank cannot read) is agreed here,
+            # so that every rank raises it
+            agree_on_settings(comm, self._timeout, "the process group", _refusal or refusal)
+        except (MismatchError, InvalidParamError):
             comm.Free()
             p2p.Free()
             raise
         self._checking = checking()
         # DDP's module-state sync by sync_params (mpisync.torch.module_states), agreed above
         self._syncs_states = _config.env_switch("MPISYNC_TORCH_SYNC_PARAMS", True)
-        self._engine = Engine(comm, settings.max_concurrent.value, self._timeout, self._timed_out)
+        self._engine = Engine(comm, capacity, self._timeout, self._timed_out)
         self._on_shutdown = on_shutdown
         self._name, self._desc = "", ""
         self._coalesced: list | None = None  # entries since _start_coalescing
@@ -146,13 +169,21 @@ class ProcessGroupMPISync(Identity, Operations, dist.ProcessGroup):  # type: ign
 
     def _state_communicator(self) -> tuple:
         """``(communicator, timeout)`` for a sync of module state by :func:`mpisync.sync_params`
-        once every operation issued before it is done: the group's ``send``/``recv``
-        communicator, on which no collective of the engine travels (the sync's own run on its
-        duplicate), and the group's timeout."""
+        once every collective issued before it is done (they may write the module's tensors):
+        the group's ``send``/``recv`` communicator, on which no collective of the engine travels
+        (the sync's own run on its duplicate), and the group's timeout. Point-to-point operations
+        are not waited for: a receive may be matched only by a send its peer makes after the
+        sync."""
         if self._p2p is None:
             raise OperationError("mpisync: the process group is shut down")
-        self._engine.drain()
+        self._engine.drain(collectives_only=True)
         return self._p2p, self._timeout
+
+    def _break_states(self, reason: str) -> None:
+        """A module-state sync ended without completing on this rank (an interrupt, a timeout):
+        the ranks' sequences on the group's communicators may differ, so the group is unusable
+        (every later operation raises :class:`OperationError`)."""
+        self._engine.abort(reason)
 
     def abort(self) -> None:
         """Fail every pending operation and refuse later ones; the job goes on (MPI cannot cancel
