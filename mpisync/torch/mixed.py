@@ -25,7 +25,7 @@ from mpi4py import MPI
 from .._runtime.ring import wait_request
 from .errors import ArgumentError
 
-__all__ = ["other_backends", "routed"]
+__all__ = ["other_backends", "routed", "untraced"]
 
 _HELPER = "_new_process_group_helper"
 _TORCH_MODULE = "torch.distributed.distributed_c10d"
@@ -240,9 +240,20 @@ def _coalescing(method):
 
 def routed(cls):
     """Class decorator: each collective of ``cls`` goes to the backend of its tensors' device
-    when ``self._others`` holds one (a mixed backend string), else runs as written."""
+    when ``self._others`` holds one (a mixed backend string), else runs as written; and none is
+    traced by ``torch.compile`` (:func:`untraced`)."""
     for name, (target, single) in _ROUTES.items():
-        setattr(cls, name, _forward(getattr(cls, name), target, single))
+        setattr(cls, name, untraced(_forward(getattr(cls, name), target, single)))
     for name in ("_start_coalescing", "_end_coalescing"):
-        setattr(cls, name, _coalescing(getattr(cls, name)))
+        setattr(cls, name, untraced(_coalescing(getattr(cls, name))))
     return cls
+
+
+def untraced(method):
+    """``method``, never traced by ``torch.compile``: torch's C++ (DDP's reducer rebuilding its
+    buckets inside a compiled forward) calls the group's Python methods while Dynamo evaluates
+    frames, and Dynamo cannot follow a ``ProcessGroup`` subclass's own attributes. The
+    collective runs eagerly, as a C++ backend's does. Where torch has no ``torch.compiler``
+    (before 2.1), ``method`` as it is."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(method) if disable is not None else method
