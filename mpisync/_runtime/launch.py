@@ -63,7 +63,8 @@ _OTHER_SIZES = (
     (
         "HOROVOD_SIZE",
         "horovodrun with Gloo",
-        "mpisync needs MPI: use `horovodrun --mpi`, or " + _MPIEXEC_FIX,
+        "mpisync needs MPI: launch a Horovod script with `mpiexec -n {n} python -m "
+        "mpisync.horovod train.py` (or `srun --mpi=pmi2` under Slurm), or `horovodrun --mpi`",
     ),
     ("SLURM_STEP_NUM_TASKS", "srun without an MPI plugin", _SLURM_FIX),
     ("SLURM_NTASKS", "srun without an MPI plugin", _SLURM_FIX),

@@ -8,8 +8,10 @@
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
 Launched as any MPI program (``mpiexec -n 4 python train.py``, ``srun --mpi=pmi2``,
-``horovodrun --mpi``). Collectives (allreduce, allgather, broadcast, alltoall, reducescatter,
-their grouped and ``*_async`` forms, barrier, join) match by name across ranks as in Horovod
+``horovodrun --mpi``); a script that keeps ``import horovod.torch as hvd`` runs unchanged under
+``mpiexec -n 4 python -m mpisync.horovod train.py`` (:mod:`mpisync.horovod.runner`).
+Collectives (allreduce, allgather, broadcast, alltoall, reducescatter, their grouped and
+``*_async`` forms, barrier, join) match by name across ranks as in Horovod
 (:mod:`mpisync.horovod.engine`), run on process sets (MPI sub-communicators), and are
 differentiable with Horovod's gradients. Ranks that disagree get the same
 :class:`HorovodInternalError` (a ``RuntimeError`` and an :class:`mpisync.SyncError`); bad

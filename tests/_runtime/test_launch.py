@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
         (
             {"HOROVOD_SIZE": "2"},
             "horovodrun with Gloo started it as one of 2 processes (HOROVOD_SIZE=2)",
-            "`horovodrun --mpi`",
+            "launch a Horovod script with `mpiexec -n 2 python -m mpisync.horovod train.py`",
         ),
     ],
 )
