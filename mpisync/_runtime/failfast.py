@@ -70,6 +70,7 @@ __all__ = [
     "installed",
     "watching",
     "settle",
+    "mark_everywhere",
     "departed_in",
     "describe_departure",
     "Lookout",
@@ -300,10 +301,32 @@ def _world_ranks(comm) -> list:
         world.Free()
 
 
+def mark_everywhere(error: BaseException, comm) -> BaseException:
+    """Mark ``error`` as one that every rank of ``comm`` raises with the same message; returns
+    it. Uncaught, its traceback is then printed by ``comm``'s first rank only, and the others
+    print one line pointing there (mpiexec would interleave as many copies as there are ranks)."""
+    if comm is not None and comm.Get_size() > 1 and not MPI.Is_finalized():
+        try:
+            error.mpisync_printed_by = _world_ranks(comm)[0]  # type: ignore[attr-defined]
+        except MPI.Exception:  # the traceback stays on every rank
+            pass
+    return error
+
+
 def _excepthook(kind, value, traceback) -> None:
     hook = _previous_hook if _previous_hook is not None else _sys.__excepthook__
-    hook(kind, value, traceback)  # the traceback first
-    if not installed() or MPI.Is_finalized():
+    printer = getattr(value, "mpisync_printed_by", None)
+    alive = installed() and not MPI.Is_finalized()
+    rank = MPI.COMM_WORLD.Get_rank() if alive else None
+    pointer = printer is not None and rank is not None and printer != rank
+    if pointer:
+        _sys.stderr.write(
+            f"mpisync: rank {rank}: {kind.__name__}, the same error every rank raised: rank "
+            f"{printer} prints its message and traceback\n"
+        )
+    else:
+        hook(kind, value, traceback)  # the traceback first
+    if not alive:
         return
     world = MPI.COMM_WORLD
     _sys.stderr.write(
@@ -311,6 +334,8 @@ def _excepthook(kind, value, traceback) -> None:
         f"{kind.__name__}; aborting the job so that no other rank waits for it "
         f"({SETTING}=0 turns this off)\n"
     )
+    if pointer:  # the rank that prints the traceback raised the same: let it print first
+        _time.sleep(_GRACE_SECONDS * 2)
     if _sys.stderr is _sys.__stderr__:
         _abort_now()
     # A hook installed after this one (torch's, which prefixes each line with the rank) holds

@@ -17,6 +17,7 @@ import struct as _struct
 import numpy as _np
 from mpi4py import MPI
 
+from .._runtime.failfast import mark_everywhere
 from ..errors import InvalidParamError, ManifestMismatchError
 
 __all__ = [
@@ -89,7 +90,7 @@ def agree(comm, manifest, call, layout: bytes = bytes(8), fresh: bool = False) -
     if high[0] == 0 and high[1:3] == low[1:3]:
         return high[3] == low[3], bool(high[4])
     docs = [_json.loads(raw) for raw in allgather_bytes(comm, manifest.encode(), call)]
-    raise diagnose(docs)
+    raise mark_everywhere(diagnose(docs), comm)
 
 
 def agree_settings(comm, settings: dict, call, error=ManifestMismatchError) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as _np
 import xxhash as _xxhash
 
+from .._runtime.failfast import mark_everywhere
 from ..errors import VerificationError
 from .agreement import all_equal
 
@@ -87,6 +88,9 @@ def verify(comm, manifest, root: int, call, to_host=None) -> int:
     if not bad:
         return collectives
     shown = "; ".join(bad[:20]) + (f"; ... and {len(bad) - 20} more" if len(bad) > 20 else "")
-    raise VerificationError(
-        f"mpisync: verification failed, bytes differ from root rank {root}'s: {shown}"
+    raise mark_everywhere(
+        VerificationError(
+            f"mpisync: verification failed, bytes differ from root rank {root}'s: {shown}"
+        ),
+        comm,
     )

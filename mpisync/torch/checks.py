@@ -23,6 +23,7 @@ import json as _json
 import numpy as _np
 from mpi4py import MPI
 
+from .._runtime.failfast import mark_everywhere
 from ..config import env_switch
 from .errors import ArgumentError, MismatchError
 from .op import Op, fold, kind_code
@@ -51,7 +52,7 @@ def checked(comm, op: Op, rank: int):
     yield [comm.Iallreduce(send, recv, MPI.MAX)], False
     reduced = recv.tolist()
     if not _agreed(reduced, len(words), compared):
-        raise (yield from _diagnose(comm, op, rank))
+        raise mark_everywhere((yield from _diagnose(comm, op, rank)), comm)
     op.everywhere = bool(op.in_place) and reduced[compared] == 0
     if op.cross is not None:
         yield from _check_cross(comm, op, rank)
@@ -126,7 +127,10 @@ def _check_cross(comm, op: Op, rank: int):
             f"rank {r} expects {expected[r, j]} from rank {j}, which sends {sent[j, r]}"
             for r, j in wrong[:10]
         )
-        raise MismatchError(
-            f"mpisync: {op.kind}: the ranks' split sizes do not match; every rank raises this, "
-            f"nothing was posted: {shown}"
+        raise mark_everywhere(
+            MismatchError(
+                f"mpisync: {op.kind}: the ranks' split sizes do not match; every rank raises "
+                f"this, nothing was posted: {shown}"
+            ),
+            comm,
         )

@@ -43,6 +43,23 @@ def test_an_uncaught_exception_on_one_rank_ends_the_job_traceback_first(bounded_
     assert seconds < BOUND_SECONDS, f"the job ended {seconds:.1f} s after the failure:\n{out}"
 
 
+@pytest.mark.parametrize("kind", ["mismatch", "mismatch-torch"])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_an_error_raised_on_every_rank_prints_its_traceback_once(bounded_env, ranks, kind):
+    """The same uncaught ManifestMismatchError on every rank: rank 0 prints the traceback and
+    the message, every other rank one line pointing there; the job ends with it."""
+    proc, out, _ = _run(bounded_env, kind, ranks)
+    assert proc.returncode != 0, out
+    assert out.count("Traceback (most recent call last)") == 1, out
+    assert out.count("ManifestMismatchError: mpisync: parameters differ from root rank 0") == 1
+    for rank in range(1, ranks):
+        assert (
+            f"mpisync: rank {rank}: ManifestMismatchError, the same error every rank raised: "
+            "rank 0 prints its message and traceback" in out
+        ), out
+    assert "ended with an uncaught ManifestMismatchError; aborting the job" in out, out
+
+
 def test_ddp_with_a_shape_mismatch_ends_the_job_with_torchs_error(bounded_env):
     pytest.importorskip("torch")
     proc, out, seconds = _run(bounded_env, "ddp-shape")

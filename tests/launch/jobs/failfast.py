@@ -11,6 +11,9 @@ tests/launch/test_failfast.py).
 - ``exit-gradsync``: its script ends normally; the others wait in ``GradSync.allreduce``.
 - ``exit-unrelated``: its script ends normally while the others sync on a communicator without
   it, then end too: no error.
+- ``mismatch``: every rank calls ``sync_params``, the last with a parameter of another shape:
+  the same ``ManifestMismatchError`` on every rank, uncaught (``mismatch-torch``: the same with
+  torch's own uncaught-exception hook, after ``import mpisync.torch``).
 
 Every rank that gets past its collective prints ``rank R finished``; a rank whose collective
 raises (``MPISYNC_TIMEOUT_ABORT=0``) prints ``rank R raised NAME after S s: message``. The
@@ -94,5 +97,11 @@ elif kind == "exit-unrelated":
         sys.exit(0)
     time.sleep(1.0)  # the last rank's note has arrived
     _collective(lambda: mpisync.sync_params(params, others))
+elif kind in ("mismatch", "mismatch-torch"):
+    if kind == "mismatch-torch":
+        import mpisync.torch  # noqa: F401
+    if failing:
+        params["w"] = params["w"][:-1].copy()
+    mpisync.sync_params(params, comm)
 else:
     raise SystemExit(f"unknown kind {kind!r}")
