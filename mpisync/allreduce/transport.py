@@ -13,6 +13,7 @@ would sum in another order, and a call repeated on the same inputs must give the
 
 from __future__ import annotations
 
+import contextlib as _contextlib
 import typing as _typing
 
 from mpi4py import MPI
@@ -149,12 +150,14 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         large = [g for g in _direct_groups(steps) if _nbytes(g) >= MIN_BYTES]
         if not large:
             return set()
-        cross, posted = drive(opened(self.comm), ctx.call)
+        with _naming(large[0]):
+            cross, posted = drive(opened(self.comm), ctx.call)
         self._node_collectives += posted
         if cross is None:
             return set()
         for group in large:
-            self._reduce_group(cross, group, ctx)
+            with _naming(group):
+                self._reduce_group(cross, group, ctx)
         return {id(step) for group in large for step in group}
 
     def _reduce_mid(self, steps: list, crossed: set, ctx: Context) -> set:
@@ -163,11 +166,12 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         ids of the steps done. The plan is agreed, so every rank groups the same steps."""
         done: set = set()
         for group in _direct_groups(steps, crossed):
-            path, posted = drive(shared_opened(self.comm, _nbytes(group)), ctx.call)
-            self._node_collectives += posted
-            if path is not None:
-                self._reduce_group(path, group, ctx)
-                done.update(id(step) for step in group)
+            with _naming(group):
+                path, posted = drive(shared_opened(self.comm, _nbytes(group)), ctx.call)
+                self._node_collectives += posted
+                if path is not None:
+                    self._reduce_group(path, group, ctx)
+                    done.update(id(step) for step in group)
         return done
 
     def _reduce_group(self, path, group: list, ctx: Context) -> None:
@@ -205,6 +209,17 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         if broken:
             keep_alive(self._ring, self.segment)
         self.segment, self._ring = None, None
+
+
+@_contextlib.contextmanager
+def _naming(group: list):
+    """A wait that expires inside names ``group``'s tensors as the ones in flight (the node's
+    paths post their collectives outside the ring, whose labels name the others')."""
+    try:
+        yield
+    except Expired as expired:
+        expired.pending = [n for step in group for n in step.label]
+        raise
 
 
 def _direct_groups(steps: list, done=()) -> list:
