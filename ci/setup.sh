@@ -9,7 +9,10 @@
 # file: the project's tooling, not a published extra)
 # torch: MPISYNC_TORCH_VERSION (default 2.13.0); MPISYNC_TORCH_INDEX, the index of CPU builds
 # (default https://download.pytorch.org/whl/cpu), asked when pip's own sources (a local wheel, a
-# mirror) have no CPU build; MPISYNC_WITHOUT_TORCH=1 installs no torch (its tests are then skipped).
+# mirror) have no CPU build; MPISYNC_TORCH_BUILD=index takes the package index's own build of that
+# release instead (a CUDA build, which runs on the CPU: the releases with no CPU build on pip's
+# sources), whatever pip's configured constraints say of torch; MPISYNC_WITHOUT_TORCH=1 installs
+# no torch (its tests are then skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv}
@@ -17,6 +20,7 @@ mpi=${2:-mpich}
 extras=${3:-test,bench,plot,lint,package,docs}
 torch_version=${MPISYNC_TORCH_VERSION:-2.13.0}
 torch_index=${MPISYNC_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+torch_build=${MPISYNC_TORCH_BUILD:-cpu}
 python3 -m venv "$venv"
 py="$venv/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -41,6 +45,10 @@ pip_install() {
 # The CPU build of torch: from pip's own sources first (this machine's wheels, a mirror), else
 # from the CPU index. Linux wheels of CPU builds carry the "+cpu" local version; PyPI's do not.
 install_torch() {
+  if [ "$torch_build" = index ]; then
+    install_index_torch
+    return
+  fi
   local wanted="torch==$torch_version+cpu"
   if "$py" -c "import sys, torch; sys.exit(torch.__version__ != '$torch_version+cpu')" 2>/dev/null; then
     return 0
@@ -51,7 +59,23 @@ install_torch() {
   fi
 }
 
+# The index's build of the release: a constraint file of pip's configuration (one capping torch)
+# is set aside for this install only, by an empty one.
+install_index_torch() {
+  if "$py" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+    return 0
+  fi
+  local none
+  none=$(mktemp)
+  PIP_CONSTRAINT=$none pip_install "torch==$torch_version"
+  rm -f "$none"
+}
+
 check_torch_is_cpu() {
+  if [ "$torch_build" = index ]; then
+    "$py" -c "import torch; print('setup: torch', torch.__version__, '(the index build; CUDA', torch.version.cuda, 'unused: no GPU here)' if not torch.cuda.is_available() else '')"
+    return 0
+  fi
   "$py" -c "
 import sys, torch
 if torch.version.cuda is not None or torch.version.hip is not None:

@@ -50,6 +50,15 @@ MPISYNC_SPEEDUPS=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_py
 # The passes above ran with the C loops: fail if the optional extension was quietly not built here.
 python -c "import mpisync._runtime.speedups as s; assert s.enabled(), 'mpisync._speedups was not built'"
 
+if [ "${MPISYNC_SKIP_NEWEST_TORCH:-0}" != 1 ]; then
+  # The newest torch release (the package index's build: a CUDA build, run on the CPU) in a venv
+  # of its own: the torch and Horovod tests and torch's contract tests, at 2 ranks.
+  newest=${MPISYNC_NEWEST_TORCH:-2.15.0}
+  echo "== torch $newest: the torch and Horovod tests and torch's contract tests, 2 ranks"
+  MPISYNC_TORCH_VERSION=$newest MPISYNC_TORCH_BUILD=index timeout 1200 bash ci/setup.sh .venv-torch-newest mpich test
+  MPIEXEC_TIMEOUT=900 timeout 960 .venv-torch-newest/bin/mpiexec -n 2 .venv-torch-newest/bin/python ci/mpi_pytest.py -q tests/torch tests/horovod
+  PATH="$PWD/.venv-torch-newest/bin:$PATH" timeout 900 .venv-torch-newest/bin/python ci/torch_contract/compare.py --ranks 2 --out-dir "$MPISYNC_TEST_LOGS/torch-contract-newest"
+fi
 if [ "${MPISYNC_SKIP_FRAMEWORKS:-0}" != 1 ]; then
   # DeepSpeed, Lightning and Accelerate in a venv of their own, so they cannot change the one
   # every other pass uses.

@@ -129,6 +129,9 @@ def main(argv=None) -> int:
     skipped = not_admitted(runs, a.ranks)
     print(f"gloo passes torch skips for mpisync by name ({len(skipped)}): {', '.join(skipped)}")
     found = []
+    for (backend, n), verdict in runs.items():  # a run that ran nothing checks nothing
+        if not any(r["status"] == "pass" for r in verdict.values()):
+            found.append(f"{n} ranks: {backend}: no test passed (see its log in {a.out_dir})")
     for n in a.ranks:
         mine = runs[("mpisync", n)]
         only_mpi = {k for k, r in mine.items() if k.startswith(ADMITTED) and not r.get("gated")}

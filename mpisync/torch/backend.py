@@ -157,6 +157,20 @@ def _register() -> None:
         dist.Backend.register_backend(
             BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"]
         )
+    _without_flight_recorder()
+
+
+def _without_flight_recorder() -> None:
+    """torch 2.15 attaches its flight recorder's hook to every new group unless each of the
+    group's backends records by itself (the names in ``_FR_SELF_RECORDING_BACKENDS``); the hook
+    needs a C++ backend registered on the group, which a group written in Python has not, and the
+    group's creation fails. mpisync's groups keep their own record (``MPISYNC_TIMELINE``), so the
+    name goes in that set. Earlier releases have no such set and attach no hook."""
+    from torch.distributed import distributed_c10d as _c10d
+
+    recording = getattr(_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if isinstance(recording, set):
+        recording.add(BACKEND_NAME)
 
 
 def init_process_group(comm: MPI.Intracomm | None = None, **kwargs: Any) -> None:
