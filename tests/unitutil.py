@@ -35,3 +35,21 @@ def arena_path(path):
     if path == "compiled":
         speedups_or_skip()
     return ARENA_PATHS[path]
+
+
+#: "Another user" of the tests of files mpisync writes (they run as root): nobody.
+NOBODY = 65534
+
+
+def folder_of_another_user(parent, mode: int = 0o777):
+    """A folder ``parent/shared`` that another user (:data:`NOBODY`) owns, with ``mode``; skips
+    the test where this process cannot give a folder away (not root)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder to another user")
+    shared = parent / "shared"
+    shared.mkdir()
+    os.chown(shared, NOBODY, NOBODY)
+    os.chmod(shared, mode)
+    return shared

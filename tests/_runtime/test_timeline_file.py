@@ -7,9 +7,9 @@ import os
 import stat
 import time
 
-import pytest
-
 from mpisync._runtime import observe
+
+from unitutil import folder_of_another_user
 
 
 def _events(path) -> list:
@@ -63,12 +63,7 @@ def test_a_symlink_planted_in_a_shared_folder_is_never_written_through(
     """``MPISYNC_TIMELINE=<shared>/trace`` where another user (uid 65534; tests run as root)
     owns the folder, writable by all, and planted ``trace.rank0.json`` as a symlink: no trace, a
     warning naming the path and why, the symlink's target untouched."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to give a folder to another user")
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chown(shared, 65534, 65534)
-    os.chmod(shared, 0o777)
+    shared = folder_of_another_user(tmp_path)
     victim = tmp_path / "victim"
     victim.write_text("must stay")
     (shared / "trace.rank0.json").symlink_to(victim)

@@ -3,13 +3,14 @@ as every mpisync file is (mpisync._runtime.safefiles): never through a symlink, 
 another user may write into, and such a path is the command's usage error before any work."""
 
 import json
-import os
 
 import pytest
 
 from mpisync._runtime.safefiles import UnsafePathError
 from mpisync.tools.bench import output
 from mpisync.tools.outputs import prepare_output
+
+from unitutil import folder_of_another_user
 
 
 def test_bench_json_through_a_planted_symlink_is_refused(tmp_path):
@@ -25,12 +26,7 @@ def test_bench_json_through_a_planted_symlink_is_refused(tmp_path):
 
 
 def test_an_output_in_a_folder_another_user_may_write_into_is_a_usage_error(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to give a folder to another user")
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chown(shared, 65534, 65534)
-    os.chmod(shared, 0o777)
+    shared = folder_of_another_user(tmp_path)
     why = prepare_output(str(shared / "b.csv"), "--csv")
     assert why.startswith(f"--csv: mpisync: refusing to write {shared}/b.csv: its folder"), why
     assert "belongs to another user (uid 65534" in why

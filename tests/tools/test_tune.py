@@ -12,6 +12,8 @@ from mpisync._runtime.safefiles import UnsafePathError
 from mpisync.tools import tune
 from mpisync.transports import tuning
 
+from unitutil import folder_of_another_user
+
 launcher = pytest.mark.launcher
 
 
@@ -48,12 +50,7 @@ def test_a_folder_another_user_may_write_into_is_refused(tmp_path):
     """MPISYNC_TUNING in a folder another user made writable by all: that user could plant a
     symlink or replace the file, so nothing is written (tests run as root: "another user" is a
     folder chown'ed to nobody)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to give a folder to another user")
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chown(shared, 65534, 65534)
-    os.chmod(shared, 0o777)
+    shared = folder_of_another_user(tmp_path)
     victim = tmp_path / "victim"
     victim.write_text("not yours")
     (shared / "tuning.json").symlink_to(victim)
