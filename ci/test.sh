@@ -62,7 +62,7 @@ fi
 if [ "${MPISYNC_SKIP_FRAMEWORKS:-0}" != 1 ]; then
   # DeepSpeed, Lightning and Accelerate in a venv of their own, so they cannot change the one
   # every other pass uses.
-  echo "== frameworks: FSDP2, DCP, DeepSpeed ZeRO, Lightning, Accelerate, DDP hooks on gloo and mpisync (ci/frameworks/run.py)"
+  echo "== frameworks: FSDP2, DCP, DeepSpeed ZeRO, Lightning, Accelerate, the Transformers Trainer, DDP hooks on gloo and mpisync (ci/frameworks/run.py)"
   frameworks=0
   timeout 900 bash ci/setup.sh .venv-frameworks mpich frameworks || frameworks=$?
   if [ "$frameworks" = 0 ]; then
