@@ -299,6 +299,7 @@ def test_compare_gives_each_rows_ratio_and_calls_a_difference_only_beyond_the_sp
     assert "1.050  within spread" in text and "B is a --quick smoke test" in text
 
 
+@pytest.mark.launcher  # the installed command, run in the plain pass
 def test_the_bench_compares_two_files_without_mpi(installed, bounded_env, tmp_path):
     import json
 
