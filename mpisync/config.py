@@ -40,6 +40,7 @@ __all__ = [
     "LOG_LEVELS",
     "KNOWN_ENV",
     "PATHS",
+    "is_switch_value",
 ]
 
 GPU_TRANSPORTS = ("auto", "cuda-aware", "staged")
@@ -208,6 +209,11 @@ def resolve(
         gpu_transport=_resolve_one("gpu_transport", gpu_transport),
         timeout=_resolve_one("timeout", timeout),
     )
+
+
+def is_switch_value(raw: str) -> bool:
+    """Whether ``raw`` is a value an on/off switch takes (any case, spaces around ignored)."""
+    return raw.strip().lower() in _ON + _OFF
 
 
 def _parse_switch(name: str, raw: str) -> bool:

@@ -128,7 +128,7 @@ def settings_in_use() -> dict:
             "value": _config.switch(name),
             "source": "environment" if raw else "built-in",
         }
-        if raw and _config.switch(name) == default and raw.lower() not in _SWITCH_WORDS:
+        if raw and not _config.is_switch_value(raw):
             entry["invalid"] = raw
         if default is None and entry["value"] is None:
             entry["value"] = "auto"
@@ -137,9 +137,6 @@ def settings_in_use() -> dict:
         raw = _os.environ.get(name, "").strip()
         out[name] = {"value": raw or None, "source": "environment" if raw else "built-in"}
     return out
-
-
-_SWITCH_WORDS = ("0", "1", "true", "false", "yes", "no", "on", "off")
 
 
 def _fail_fast_line() -> str:
