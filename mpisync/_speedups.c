@@ -10,6 +10,10 @@
  * (mpisync/_runtime/speedups.py picks each loop; mpisync/_runtime/pyloops.py is
  * the Python form of every function here). Built against numpy's headers: arrays are read through
  * numpy's own accessors.
+ *
+ * Also the ordered loads and stores of the slot ring's counters in shared memory
+ * (load_acquire, store_release, min_acquire: C11 atomics): these have no Python form, and
+ * where they are not built the slot ring is not used (mpisync/transports/nodesegment.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -17,6 +21,14 @@
 #include <numpy/arrayobject.h>
 #include <stdint.h>
 #include <string.h>
+#if !defined(__STDC_NO_ATOMICS__)
+#include <stdatomic.h>
+#if ATOMIC_LLONG_LOCK_FREE == 2
+/* Lock-free 64-bit atomics: the same on every process mapping one file (a lock would live in
+ * one process's memory). Without them these functions are not built and the slot ring is off. */
+#define HAVE_COUNTER_ATOMICS 1
+#endif
+#endif
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -704,6 +716,102 @@ joined_names(PyObject *module, PyObject *items)
     return out;
 }
 
+#ifdef HAVE_COUNTER_ATOMICS
+/* The 64-bit counter at byte ``offset`` of a writable buffer (a shared file mapping), as an
+ * atomic: the offset must be 8-byte aligned in memory and the word inside the buffer. The
+ * buffer is held only for the call; the caller keeps the mapping alive. */
+static _Atomic unsigned long long *
+counter_at(Py_buffer *view, PyObject *buffer, Py_ssize_t offset)
+{
+    if (PyObject_GetBuffer(buffer, view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (offset < 0 || view->len < 8 || offset > view->len - 8) {
+        PyErr_Format(PyExc_IndexError, "counter offset %zd outside a buffer of %zd bytes", offset,
+                     view->len);
+        PyBuffer_Release(view);
+        return NULL;
+    }
+    char *at = (char *)view->buf + offset;
+    if (((uintptr_t)at) % 8 != 0) {
+        PyErr_Format(PyExc_ValueError, "counter offset %zd is not 8-byte aligned in memory",
+                     offset);
+        PyBuffer_Release(view);
+        return NULL;
+    }
+    return (_Atomic unsigned long long *)at;
+}
+
+static PyObject *
+load_acquire(PyObject *self, PyObject *args)
+{
+    PyObject *buffer;
+    Py_ssize_t offset;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "On", &buffer, &offset))
+        return NULL;
+    _Atomic unsigned long long *counter = counter_at(&view, buffer, offset);
+    if (counter == NULL)
+        return NULL;
+    unsigned long long value = atomic_load_explicit(counter, memory_order_acquire);
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong((long long)value);
+}
+
+static PyObject *
+store_release(PyObject *self, PyObject *args)
+{
+    PyObject *buffer;
+    Py_ssize_t offset;
+    long long value;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "OnL", &buffer, &offset, &value))
+        return NULL;
+    _Atomic unsigned long long *counter = counter_at(&view, buffer, offset);
+    if (counter == NULL)
+        return NULL;
+    atomic_store_explicit(counter, (unsigned long long)value, memory_order_release);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+min_acquire(PyObject *self, PyObject *args)
+{
+    PyObject *buffer, *offsets;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "OO", &buffer, &offsets))
+        return NULL;
+    PyObject *seq = PySequence_Fast(offsets, "offsets must be a sequence of ints");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n == 0) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "min_acquire of no counters");
+        return NULL;
+    }
+    long long least = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t offset = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (offset == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        _Atomic unsigned long long *counter = counter_at(&view, buffer, offset);
+        if (counter == NULL) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        long long value = (long long)atomic_load_explicit(counter, memory_order_acquire);
+        PyBuffer_Release(&view);
+        if (i == 0 || value < least)
+            least = value;
+    }
+    Py_DECREF(seq);
+    return PyLong_FromLongLong(least);
+}
+#endif
+
 static PyMethodDef methods[] = {
     {"sorted_names", sorted_names, METH_O,
      "sorted_names(dict) -> (names, in_order) or None: sorted(dict) and whether the dict held its keys in "
@@ -726,6 +834,17 @@ static PyMethodDef methods[] = {
      "-1 where the interpreter has no version tag (3.12 on)."},
     {"same_items", same_items, METH_VARARGS,
      "same_items(dict, keys, values) -> bool: the dict holds exactly these objects, in order."},
+#ifdef HAVE_COUNTER_ATOMICS
+    {"load_acquire", load_acquire, METH_VARARGS,
+     "load_acquire(buffer, offset) -> int: the signed 64-bit counter at byte offset of a writable "
+     "buffer, loaded with acquire order (8-byte aligned, inside the buffer)."},
+    {"store_release", store_release, METH_VARARGS,
+     "store_release(buffer, offset, value): store value into the 64-bit counter at byte offset of "
+     "a writable buffer with release order (8-byte aligned, inside the buffer)."},
+    {"min_acquire", min_acquire, METH_VARARGS,
+     "min_acquire(buffer, offsets) -> int: the least of the counters at offsets, each loaded with "
+     "acquire order."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

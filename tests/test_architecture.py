@@ -131,3 +131,45 @@ def test_the_graph_sees_lazy_imports():
     # The check itself: a function-level import is an edge (the info tool imports the device
     # detection lazily).
     assert "mpisync.devices.detect" in import_graph()["mpisync.tools.info"]
+
+
+#: The node's mechanisms: shared memory and cross-memory copies between a node's ranks.
+MECHANISMS = {
+    f"mpisync.transports.{name}"
+    for name in (
+        "cma",
+        "crossmemory",
+        "crossreduce",
+        "crossbcast",
+        "crossgather",
+        "sharedreduce",
+        "nodesegment",
+        "segment",
+    )
+} | {"mpisync.allreduce.segment"}
+#: Who may import a mechanism: the transports themselves, GradSync's transport layer, and the
+#: command line's reports. Every front end goes through mpisync.transports.node (the collectives)
+#: and mpisync.transports.policy (which mechanism), or ParamSync's selection.
+MECHANISM_USERS = ("mpisync.transports.", "mpisync.allreduce.transport", "mpisync.tools.")
+
+
+def test_front_ends_reach_the_nodes_mechanisms_through_the_core():
+    reached = {
+        (module, target)
+        for module, targets in import_graph().items()
+        for target in targets & MECHANISMS
+        if not module.startswith(MECHANISM_USERS) and module not in MECHANISMS
+    }
+    assert reached == set(), sorted(reached)
+
+
+def test_the_mechanism_rule_sees_a_direct_import(tmp_path, monkeypatch):
+    """The rule would catch a front end importing a mechanism (so the test above can fail)."""
+    graph = {"mpisync.torch.reductions": {"mpisync.transports.crossreduce"}}
+    reached = {
+        (m, t)
+        for m, ts in graph.items()
+        for t in ts & MECHANISMS
+        if not m.startswith(MECHANISM_USERS) and m not in MECHANISMS
+    }
+    assert reached == {("mpisync.torch.reductions", "mpisync.transports.crossreduce")}

@@ -14,14 +14,11 @@ import typing as _typing
 
 from . import failfast as _failfast
 from .keepalive import keep_alive
+from .spin import SLEEP_SECONDS, SPIN_SECONDS
 
 __all__ = ["RequestRing", "Expired", "wait_request"]
 
-# Python-level polling keeps the timeout enforceable. MPI nonblocking collectives
-# progress only inside MPI calls, so polling stays tight (yielding the core to
-# oversubscribed peers) and backs off to sleeping only after a long stall.
-_SPIN_SECONDS = 0.5
-_SLEEP_SECONDS = 0.001
+# Python-level polling keeps the timeout enforceable; how it spins, then sleeps: .spin.
 
 # Called once per poll of a request still in flight, where set: tests replace it to raise at a
 # chosen poll (an interrupt landing while MPI still owns the request's buffers).
@@ -67,10 +64,10 @@ def _poll(request, deadline: float | None, comm) -> None:
         t = now()
         if (deadline is not None and t >= deadline) or lookout.gone(t):
             raise Expired
-        if t - stall_start < _SPIN_SECONDS:
+        if t - stall_start < SPIN_SECONDS:
             yield_()
         else:
-            _time.sleep(_SLEEP_SECONDS)
+            _time.sleep(SLEEP_SECONDS)
 
 
 class RequestRing:

@@ -10,6 +10,9 @@ and after the second a rank reads only its own region, which nobody writes
 before the next call's first barrier: two barriers a call, no MPI data
 movement, one combine per value over the node. Large tensors stay on MPI,
 reduced in place in their own memory. Figures: docs/allreduce.md.
+
+No flag in shared memory orders the ranks' accesses: the two MPI barriers do,
+which order memory on any platform (this path needs no atomics of its own).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ transports (:class:`mpisync.transports.base.Transport`).
 
 Every step is an ``Iallreduce`` through the request ring (at most ``capacity`` in flight), large
 tensors in place in their own memory. On one node the tensors reduced in their own memory take
-the node's paths, one dtype at a time: by cross-memory from 16 MiB together
-(:mod:`mpisync.transports.crossreduce`), through the node's segment from 256 KiB to 2 MiB
+the node's paths, one dtype at a time, at the sizes :mod:`mpisync.transports.policy` gives: by
+cross-memory (:mod:`mpisync.transports.crossreduce`), through the node's segment
 (:mod:`mpisync.transports.sharedreduce`); and the fused buckets go through the node's shared
 regions (:class:`~mpisync.allreduce.segment.ReduceSegment`: two barriers, no MPI data movement).
 Each path is chosen from the first call on, by sizes alone: a path that changed after some calls
@@ -21,10 +21,11 @@ from mpi4py import MPI
 from .._runtime.keepalive import keep_alive
 from .._runtime.ring import Expired, TrackedRing
 from ..plan.arena import Arena
+from ..transports import policy as _policy
 from ..transports.base import Context, Transport
-from ..transports.crossreduce import MIN_BYTES, drive, opened
-from ..transports.selection import CROSS, SHARED
-from ..transports.selection import MPI as MPI_NAME
+from ..transports.crossreduce import drive, opened
+from ..transports.policy import CROSS, SHARED
+from ..transports.policy import MPI as MPI_NAME
 from ..transports.sharedreduce import opened as shared_opened
 from . import ops as _ops
 from .plan import ReducePlan, fused_arena
@@ -32,13 +33,6 @@ from .reduceset import ReduceSet
 from .segment import ReduceSegment
 
 __all__ = ["ReduceProgram", "ReduceTransport"]
-
-# The most fused bytes the node's segment takes, in buckets: each rank's region holds them all, so
-# the segment (ranks x regions) stays within what 16 buckets in flight per rank would hold.
-_SEGMENT_BUCKETS = 16
-# The fewest fused bytes the segment takes: below, one all-reduce of the bytes through MPI costs
-# less than the segment's two barriers (the crossover: docs/allreduce.md).
-_SEGMENT_MIN_BYTES = 24 << 10
 
 
 class ReduceProgram(_typing.NamedTuple):
@@ -76,13 +70,17 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
         return self.comm.size > 1 and not self._segment_tried and self._fits(len(program.arena))
 
     def _fits(self, nbytes: int) -> bool:
-        return _SEGMENT_MIN_BYTES <= nbytes <= _SEGMENT_BUCKETS * self.fusion
+        """Whether the policy sends ``nbytes`` of fused buckets through the node's segment."""
+        chosen = _policy.choose(
+            _policy.ALLREDUCE, nbytes, self.comm.size, _policy.BUCKETS, fusion_bytes=self.fusion
+        )
+        return chosen == SHARED
 
     def _segment_arena(self, nbytes: int, call):
         """``(arena, base)`` of this rank's region of the node's segment for ``nbytes`` of fused
         buckets, or None (a private arena, MPI). The segment is opened (collectively) at the first
-        call whose fused bytes are at least ``_SEGMENT_MIN_BYTES`` and fit in
-        ``_SEGMENT_BUCKETS`` buckets, the same call on every rank: the agreed manifests and
+        call whose fused bytes the policy sends there (:func:`~mpisync.transports.policy.choose`),
+        the same call on every rank: the agreed manifests and
         ``fusion_bytes`` fix ``nbytes`` and the bounds."""
         if self.comm.size == 1 or not self._fits(nbytes):
             return None
@@ -144,10 +142,10 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
 
     def _reduce_large(self, steps: list, ctx: Context) -> set:
         """Reduce by cross-memory, one dtype at a time, the direct steps (tensors reduced in their
-        own memory) of each dtype that hold at least ``MIN_BYTES`` together, where the node's
-        path is open; the ids of the steps done. The plan is agreed, so every rank groups the
+        own memory) of each dtype whose bytes together the policy sends by cross-memory, where the
+        node's path is open; the ids of the steps done. The plan is agreed, so every rank groups the
         same steps and posts the same collectives, before any of the ring's."""
-        large = [g for g in _direct_groups(steps) if _nbytes(g) >= MIN_BYTES]
+        large = [g for g in _direct_groups(steps) if _crossing(_nbytes(g), self.comm.size)]
         if not large:
             return set()
         with _naming(large[0]):
@@ -230,6 +228,11 @@ def _direct_groups(steps: list, done=()) -> list:
         if not step.fused and id(step) not in done:
             groups.setdefault(step.buffer.dtype, []).append(step)
     return list(groups.values())
+
+
+def _crossing(nbytes: int, ranks: int) -> bool:
+    """Whether the policy reduces ``nbytes`` of tensors in their own memory by cross-memory."""
+    return _policy.choose(_policy.ALLREDUCE, nbytes, ranks, _policy.LIST) == CROSS
 
 
 def _nbytes(group: list) -> int:

@@ -14,17 +14,15 @@ import math
 import numpy as _np
 from mpi4py import MPI
 
-from ..transports import pairwise
-from ..transports.crossreduce import MIN_BYTES, combine_of, drive, reduce_steps
-from ..transports.sharedreduce import shared_steps
+from ..transports import node, pairwise
+from ..transports import policy as _policy
+from ..transports.node import drive
 
 __all__ = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "scaled"]
 
 _MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
-# alltoall's messages on the set's communicator (no other point-to-point message travels there);
-# the most ranks it sends them for (tests lower it to reach the other path)
+# alltoall's messages on the set's communicator (no other point-to-point message travels there)
 _ALLTOALL_TAG = 3
-_PEER_TO_PEER_MAX_RANKS = pairwise.MAX_RANKS
 
 
 def scaled(tensor, factor: float):
@@ -106,17 +104,11 @@ def _postscaled(result, factor: float):
 
 
 def _reduce_in_place(comm, call, array, op: str) -> None:
-    """Reduce ``array`` over ``comm`` in place: by cross-memory on one node from
-    :data:`MIN_BYTES`, through the node's segment from its second mid-size call
-    (:mod:`mpisync.transports.sharedreduce`), else (or where those paths are not open)
-    ``MPI_Iallreduce``. Its size and dtype were agreed: every rank takes the same branch."""
-    done = False
-    if array.nbytes >= MIN_BYTES and comm.size > 1:
-        done, _ = drive(reduce_steps(comm, array, combine_of(_MPI_OPS[op])), call)
-    elif comm.size > 1:
-        done, _ = drive(shared_steps(comm, array, combine_of(_MPI_OPS[op])), call)
-    if array.size and not done:
-        call(comm.Iallreduce(MPI.IN_PLACE, array, op=_MPI_OPS[op]))
+    """Reduce ``array`` over ``comm`` in place by :func:`mpisync.transports.node.reduce_steps`
+    (the node's mechanism for its size, else ``MPI_Iallreduce``). Its size and dtype were
+    agreed: every rank takes the same branch."""
+    if array.size:
+        drive(node.reduce_steps(comm, [array], _MPI_OPS[op]), call)
 
 
 def allreduce(comm, call, tensors: list, op: str, prescale: float, postscale: float) -> list:
@@ -169,14 +161,14 @@ def broadcast(comm, call, tensor, root: int):
 
 def alltoall(comm, call, tensor, send_rows: list, recv_rows: list):
     """Rows ``send_rows[i]`` of ``tensor`` to rank i, ``recv_rows[i]`` rows from rank i: one
-    message each way per peer on a set of up to ``_PEER_TO_PEER_MAX_RANKS`` ranks
-    (:mod:`mpisync.transports.pairwise`), else one ``Ialltoallv``."""
+    message each way per peer where :mod:`mpisync.transports.policy` says so (a set of up to a
+    node's worth of ranks, :mod:`mpisync.transports.pairwise`), else one ``Ialltoallv``."""
     row = _row_bytes(tensor)
     send = [r * row for r in send_rows]
     recv_counts = [r * row for r in recv_rows]
     raw = _raw(tensor)
     recv = _np.empty(sum(recv_counts), dtype=_np.uint8)
-    if comm.size <= _PEER_TO_PEER_MAX_RANKS:
+    if _policy.choose(_policy.ALLTOALL, 0, comm.size, _policy.LIST) == _policy.PAIRWISE:
         posted = pairwise.post(
             comm, _ALLTOALL_TAG, pairwise.pieces(recv, recv_counts), pairwise.pieces(raw, send)
         )
@@ -200,9 +192,10 @@ def scatter_rows(first: int, size: int) -> list:
 
 def reducescatter(comm, call, tensor, op: str, prescale: float, postscale: float):
     """This rank's block of rows of the reduction of ``tensor`` (rows split as
-    :func:`scatter_rows`). On one node, from :data:`MIN_BYTES` with as many rows for every rank,
+    :func:`scatter_rows`). On one node, at the sizes :mod:`mpisync.transports.policy` sends by
+    cross-memory, with as many rows for every rank,
     each rank reads its block of its peers' tensors by cross-memory and reduces it
-    (:func:`~mpisync.transports.crossreduce.reduce_steps`); else, or where that path is not
+    (:func:`mpisync.transports.node.reduce_scatter_steps`); else, or where that path is not
     open, ``MPI_Ireduce_scatter``."""
     import torch
 
@@ -211,11 +204,10 @@ def reducescatter(comm, call, tensor, op: str, prescale: float, postscale: float
     per_row = math.prod(tensor.shape[1:])
     counts = [r * per_row for r in rows]
     out = _np.empty(counts[comm.rank], dtype=array.dtype)
-    done = False
-    if array.nbytes >= MIN_BYTES and comm.size > 1 and len(set(rows)) == 1:
-        # Shape and dtype were agreed, so every rank takes this branch together; with equal
-        # rows, the path's equal shares are the blocks of rows.
-        done, _ = drive(reduce_steps(comm, array, combine_of(_MPI_OPS[op]), out=out), call)
+    # Shape and dtype were agreed, so every rank takes the same path; with equal rows, the node
+    # mechanism's equal shares are the blocks of rows.
+    equal = len(set(rows)) == 1
+    done, _ = drive(node.reduce_scatter_steps(comm, array, out, _MPI_OPS[op], equal), call)
     if array.size and not done:
         call(comm.Ireduce_scatter(array, out, counts, op=_MPI_OPS[op]))
     # numpy's reshape, not torch's: the result is not a torch view (see _from_raw)

@@ -183,10 +183,13 @@ def _speedups_line() -> str:
 
 
 def _shared_memory_line() -> str:
-    from ..transports.nodesegment import available, setting
+    from ..transports.nodesegment import ring_available, setting
 
-    if not available():
-        return "not available here (needs x86-64, /dev/shm, preadv/pwritev)"
+    if not ring_available():
+        return (
+            "not available here (needs /dev/shm, preadv/pwritev and the C extension's atomics:"
+            " not with MPISYNC_SPEEDUPS=0 or without a C compiler)"
+        )
     wanted = setting()
     if wanted is None:
         return (

@@ -11,12 +11,12 @@ from mpi4py import MPI
 
 from .._runtime import failfast as _failfast
 
-__all__ = ["Entry", "MpiCalls", "settle"]
+# While a deadline is set (below MPI_THREAD_MULTIPLE, where the caller polls), it spins, then
+# sleeps between tests, as every polling wait does: MPI progresses only inside MPI calls.
+from .._runtime.spin import SLEEP_SECONDS as _SLEEP_SECONDS
+from .._runtime.spin import SPIN_SECONDS as _SPIN_SECONDS
 
-# While a deadline is set (below MPI_THREAD_MULTIPLE, where the caller polls), spin this long
-# yielding the core before sleeping between tests: MPI progresses only inside MPI calls.
-_SPIN_SECONDS = 0.5
-_SLEEP_SECONDS = 0.001
+__all__ = ["Entry", "MpiCalls", "settle"]
 
 
 class MpiCalls:

@@ -11,11 +11,8 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
-from ..transports import pairwise
-from ..transports.crossbcast import MIN_BYTES as BROADCAST_MIN_BYTES
-from ..transports.crossbcast import bcast_steps
-from ..transports.crossgather import gather_steps
-from ..transports.crossreduce import MIN_BYTES
+from ..transports import node, pairwise
+from ..transports import policy as _policy
 from .buffers import SCRATCH
 from .errors import MismatchError
 from .op import Op, dtype_code, flat_bytes, fold, host_bytes, joined, overlapping, shape_text
@@ -37,9 +34,6 @@ __all__ = [
 # The tags of the messages the collectives built of point-to-point messages send on the group's
 # communicator (no user message travels there: send and recv use the group's other one).
 _SCATTER_TAG, _GATHER_TAG, _ALL_TO_ALL_TAG, REDUCE_SCATTER_TAG = 1, 2, 3, 4
-# The most ranks an all_to_all (lists, or one tensor with split sizes) posts point-to-point
-# messages for (tests lower it to reach the other path).
-_PEER_TO_PEER_MAX_RANKS = pairwise.MAX_RANKS
 
 
 def _signature(tensors, *extra) -> list:
@@ -104,7 +98,7 @@ def barrier() -> Op:
 @refusing("broadcast")
 def broadcast(size: int, tensors, opts) -> Op:
     """``opts.rootRank``'s ``tensors`` into every rank's (one ``Ibcast`` each; one large tensor on
-    one node by cross-memory, :mod:`mpisync.transports.crossbcast`)."""
+    one node by the node's mechanism, :func:`mpisync.transports.node.broadcast_steps`)."""
     tensors, root = list(tensors), opts.rootRank
 
     def describe() -> str:
@@ -114,13 +108,10 @@ def broadcast(size: int, tensors, opts) -> Op:
     if problem is not None:
         return Op("broadcast", _signature(tensors, root), describe, None, tensors, problem)
     views = [host_bytes(t) for t in tensors]
-    # One large tensor on a group of one node: by cross-memory (the decision depends only on what
-    # the argument check compares, so it is the same on every rank).
-    crossing = len(views) == 1 and size > 1 and views[0][0].nbytes >= BROADCAST_MIN_BYTES
 
     def body(comm):
-        if not (crossing and (yield from bcast_steps(comm, views[0][0], root))):
-            yield [comm.Ibcast(view, root) for view, _ in views], True
+        # the node's mechanism or MPI's, by what the argument check compares: alike everywhere
+        yield from node.broadcast_steps(comm, [view for view, _ in views], root)
         for _, back in views:
             if back is not None:
                 back()
@@ -150,12 +141,12 @@ def all_gather(size: int, output_lists, inputs) -> Op:
         flat_bytes(d) if d is not None else _np.empty(s.nbytes * size, _np.uint8)
         for d, s in zip(direct, sends)
     ]
-    # One large input on a group of one node: by cross-memory (the decision depends only on what
-    # the argument check compares, so it is the same on every rank).
-    crossing = len(inputs) == 1 and size > 1 and sends[0].nbytes * size >= MIN_BYTES
+    # One input: by the node's mechanism where the policy gives one (it depends only on what the
+    # argument check compares, so it is the same on every rank).
+    single = len(inputs) == 1
 
     def body(comm):
-        if crossing and (yield from _gathered_across(comm, inputs[0], sends[0], output_lists[0])):
+        if single and (yield from _gathered_across(comm, inputs[0], sends[0], output_lists[0])):
             return
         yield [comm.Iallgather(s, r) for s, r in zip(sends, recvs)], True
         for recv, outputs, d in zip(recvs, output_lists, direct):
@@ -166,11 +157,12 @@ def all_gather(size: int, output_lists, inputs) -> Op:
 
 
 def _gathered_across(comm, input: torch.Tensor, send: _np.ndarray, outputs: list):
-    """The all-gather of ``send`` (``input``'s bytes) into ``outputs`` by cross-memory
-    (:mod:`mpisync.transports.crossgather`); returns whether it ran (the same on every rank). Each
-    peer's bytes land straight in this rank's output for it where the outputs are contiguous CPU
-    tensors that share no memory with each other or with the input (``outputs[rank]`` may be the
-    input itself); else in one buffer, sliced into the outputs afterwards, in rank order."""
+    """The all-gather of ``send`` (``input``'s bytes) into ``outputs`` by the node's mechanism
+    (:func:`mpisync.transports.node.allgather_steps`); returns whether it ran (the same on every
+    rank). Each peer's bytes land straight in this rank's output for it where the outputs are
+    contiguous CPU tensors that share no memory with each other or with the input
+    (``outputs[rank]`` may be the input itself); else in one buffer, sliced into the outputs
+    afterwards, in rank order."""
     rank, n = comm.rank, send.nbytes
     others = [o for r, o in enumerate(outputs) if r != rank]
     direct = (
@@ -178,13 +170,17 @@ def _gathered_across(comm, input: torch.Tensor, send: _np.ndarray, outputs: list
         and not overlapping(outputs)
         and not overlapping([input, *others])
     )
-    flat = None if direct else _np.empty(n * len(outputs), _np.uint8)
-    blocks = [
-        flat_bytes(o) if flat is None else flat[r * n : (r + 1) * n] for r, o in enumerate(outputs)
-    ]
-    done = yield from gather_steps(comm, send, blocks)
-    if done and flat is not None:
-        _copy_out(flat, outputs)
+    flat: list = []  # the one buffer, where the outputs cannot take the bytes
+
+    def blocks() -> list:
+        if direct:
+            return [flat_bytes(o) for o in outputs]
+        flat.append(_np.empty(n * len(outputs), _np.uint8))
+        return [flat[0][r * n : (r + 1) * n] for r in range(len(outputs))]
+
+    done = yield from node.allgather_steps(comm, send, blocks)
+    if done and flat:
+        _copy_out(flat[0], outputs)
     return done
 
 
@@ -354,7 +350,7 @@ def scatter(rank: int, size: int, outputs, inputs, opts) -> Op:
 def all_to_all(size: int, outputs, inputs) -> Op:
     """``inputs[j]`` to rank ``j``; ``outputs[j]`` from rank ``j`` (sizes may differ by pair).
 
-    On a group of up to ``_PEER_TO_PEER_MAX_RANKS`` ranks, one message each way per peer straight
+    On a group of up to ``policy.PAIRWISE_MAX_RANKS`` ranks, one message each way per peer straight
     between the tensors (:func:`_peer_to_peer`); on a larger one, MPI's ``Ialltoallv`` through
     reused buffers (:func:`_through_mpi`), one request where the engine would otherwise follow
     two per peer."""
@@ -373,7 +369,7 @@ def all_to_all(size: int, outputs, inputs) -> Op:
     cross = ([t.numel() for t in inputs], [t.numel() for t in outputs])
     if problem is not None:
         return Op("all_to_all", signature, describe, None, outputs, problem, cross=cross)
-    direct = size <= _PEER_TO_PEER_MAX_RANKS
+    direct = _policy.choose(_policy.ALLTOALL, 0, size, _policy.LIST) == _policy.PAIRWISE
     body = _peer_to_peer(outputs, inputs) if direct else _through_mpi(outputs, inputs)
     return Op("all_to_all", signature, describe, body, outputs, cross=cross)
 
@@ -456,7 +452,7 @@ def _counted(buffer: _np.ndarray, counts: list) -> list:
 def all_to_all_single(rank: int, size: int, output, input, out_splits, in_splits) -> Op:
     """Rows of ``input`` to each rank and of ``output`` from each (dimension 0): equal blocks, or
     the split sizes given (missing ones: equal). Equal blocks go by MPI's ``Ialltoall``; split
-    sizes, on a group of up to ``_PEER_TO_PEER_MAX_RANKS`` ranks, by one message each way per
+    sizes, on a group of up to ``policy.PAIRWISE_MAX_RANKS`` ranks, by one message each way per
     peer between the tensors' pieces (:mod:`mpisync.transports.pairwise`), else by one
     ``Ialltoallv``."""
     out_splits, in_splits = list(out_splits or ()), list(in_splits or ())
@@ -484,7 +480,8 @@ def all_to_all_single(rank: int, size: int, output, input, out_splits, in_splits
     item = input.element_size()
     send_counts = [r * row * item for r in rows_in]
     recv_counts = [r * out_row * item for r in rows_out]
-    direct = not equal and size <= _PEER_TO_PEER_MAX_RANKS
+    pieces = _policy.choose(_policy.ALLTOALL, 0, size, _policy.LIST) == _policy.PAIRWISE
+    direct = not equal and pieces
 
     def body(comm):
         if op.everywhere:  # every rank passed one tensor

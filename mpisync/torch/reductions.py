@@ -7,8 +7,8 @@ import numpy as _np
 import torch
 from mpi4py import MPI
 
-from ..transports.crossreduce import MIN_BYTES, combine_of, reduce_steps
-from ..transports.sharedreduce import shared_steps
+from ..transports.node import reduce_scatter_steps as node_reduce_scatter_steps
+from ..transports.node import reduce_steps as node_reduce_steps
 from .buffers import SCRATCH, ReduceBuffer, in_place_array, reduce_problem, reduction
 from .movement import REDUCE_SCATTER_TAG
 from .op import Once, Op, dtype_code, fold, joined, overlapping, shape_text
@@ -74,22 +74,12 @@ def all_reduce(size: int, tensors, opts, kind: str = "all_reduce", root=None) ->
 
     ready = Once(prepare)  # on the caller while the argument check is in flight
 
-    # One large tensor, on a group of one node: cross-memory; a mid-size one: the node's segment
-    # (the decision depends only on what the argument check compares, so it is the same on every
-    # rank).
-    combine = combine_of(mpi_op) if size > 1 and len(tensors) == 1 else None
-
     def body(comm):
         arrays, buffers = ready()
         if arrays is None:
             arrays = [b.start() for b in buffers]
-        done = False
-        if combine is not None and arrays[0].nbytes >= MIN_BYTES:
-            done = yield from reduce_steps(comm, arrays[0], combine, root=root)
-        elif combine is not None:
-            done = yield from shared_steps(comm, arrays[0], combine)
-        if not done:
-            yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
+        # the node's mechanism or MPI's, by what the argument check compares: alike everywhere
+        yield from node_reduce_steps(comm, arrays, mpi_op, root=root)
         for b in buffers:
             b.finish()
 
@@ -101,8 +91,8 @@ def reduce(rank: int, size: int, tensors, opts) -> Op:
     """``tensors`` reduced over the ranks into ``opts.rootRank``'s. The other ranks' tensors hold
     the result too (torch leaves them unspecified; gloo leaves partial sums there): an in-place
     all-reduce costs what the all-reduce does, where the others' results into scratch buffers
-    cost 1.4-3x (a copy, and new pages on every call) and MPICH's Ireduce of large messages
-    several times that (docs/allreduce.md, the backend's bench rows). A large tensor on one node
+    cost more (a copy, and new pages on every call) and MPICH's Ireduce of large messages
+    more still (docs/allreduce.md, the backend's bench rows). A large tensor on one node
     goes by cross-memory, to the root alone: the others' tensors then hold the result in their
     own share of it only."""
     # all_reduce itself, not its guard: this one's already looked at the tensors
@@ -152,15 +142,10 @@ def reduce_scatter_tensor(
 
 def _crossed(comm, size: int, whole, out, red):
     """The reduce-scatter of ``whole`` (an array, or equal pieces laid end to end) into ``out`` by
-    cross-memory where the input is large and the group one node
-    (:mod:`mpisync.transports.crossreduce`); returns whether it ran. The size and the reduction
-    are what the argument check compares, so every rank decides alike, whichever form of the
-    call each passed."""
-    combine = combine_of(red.mpi_op)
-    nbytes = sum(a.nbytes for a in whole) if isinstance(whole, list) else whole.nbytes
-    if size == 1 or combine is None or nbytes < MIN_BYTES:
-        return False
-    return (yield from reduce_steps(comm, whole, combine, out=out))
+    the node's mechanism where :mod:`mpisync.transports.node` gives one; returns whether it ran.
+    The size and the reduction are what the argument check compares, so every rank decides
+    alike, whichever form of the call each passed."""
+    return (yield from node_reduce_scatter_steps(comm, whole, out, red.mpi_op))
 
 
 def _into_block(rank, size, output, input, whole, red, signature, describe) -> Op:
@@ -216,8 +201,8 @@ def _swapped(comm, rank: int, theirs, into):
 def _exchanged(rank, output, whole, out, red, signature, describe) -> Op:
     """The plain form at 2 ranks, by the in-place form's exchange (:func:`_into_block`): the
     peer's block of the input sent, this rank's received into the output and combined with its
-    own block there. MPICH's nonblocking reduce-scatter of 1 MiB takes 8x its blocking form
-    (docs/allreduce.md); both forms post the same messages, so ranks may mix them.
+    own block there. MPICH's nonblocking reduce-scatter of 1 MiB is much slower than its
+    blocking form (docs/allreduce.md); both forms post the same messages, so ranks may mix them.
     A large input on one node goes by cross-memory first (:func:`_crossed`)."""
     count = out.size
     mine, theirs = whole[rank * count : (rank + 1) * count], whole[(1 - rank) * count :][:count]
@@ -280,13 +265,13 @@ def reduce_scatter(rank: int, size: int, output: torch.Tensor, pieces, opts) -> 
     buffers = [ReduceBuffer(t, red, stage=shared) for t in ([flat] if flat is not None else pieces)]
     result = ReduceBuffer(output, red, size)
     equal = len(set(counts)) == 1
-    # Equal pieces, large, on a group of one node: by cross-memory, read where they lie.
-    large = equal and sum(p.numel() * p.element_size() for p in pieces) >= MIN_BYTES
+    # Equal pieces, on a group of one node: by cross-memory where the policy says so
+    # (:func:`_crossed`), read where they lie.
 
     def body(comm):
         arrays = [b.start() for b in buffers]
         out = result.start()
-        if not (large and (yield from _crossed(comm, size, arrays, out, red))):
+        if not (equal and (yield from _crossed(comm, size, arrays, out, red))):
             whole = arrays[0] if len(arrays) == 1 else _np.concatenate(arrays)
             if equal:
                 yield [comm.Ireduce_scatter_block(whole, out, red.mpi_op)], True

@@ -3,7 +3,7 @@
 MPI's single-copy path between processes (CMA, ``process_vm_readv``) is run by
 the receiver alone; on memory in 4 KiB pages (tensors allocated one by one) it
 pins and copies page by page, slower than on the huge pages of one large
-allocation (figures: docs/performance.md, History). Here root writes the first share of every
+allocation (figures: docs/performance.md). Here root writes the first share of every
 receiver's large tensors (``process_vm_writev``) while each receiver reads the
 rest (``process_vm_readv``), straight from tensor to tensor: two cores share
 the work. Small tensors (the plan's fused ones) are read by the receivers
@@ -34,16 +34,31 @@ from mpi4py import MPI
 
 from ..config import env_switch
 
-__all__ = ["Copies", "CrossMemory", "enabled", "host_word"]
+__all__ = [
+    "BATCH",
+    "Copies",
+    "CrossMemory",
+    "Iovec",
+    "enabled",
+    "host_word",
+    "iovecs",
+    "iovecs_at",
+    "read_range",
+    "split_batches",
+    "system_calls",
+    "transfer",
+]
 
-_BATCH = 1024  # IOV_MAX on Linux: the most iovecs one call takes on either side
+BATCH = 1024  # IOV_MAX on Linux: the most iovecs one call takes on either side
 _PAGE = 4096  # the smallest page size: a shorter gap never spans an unmapped page
 #: Root's part of the copies, as a fraction of an even split between the ranks' cores: root also
 #: posts and waits, and finished last with an even split (docs/performance.md).
 ROOT_SHARE = 0.8
 
 
-class _Iovec(_ctypes.Structure):
+class Iovec(_ctypes.Structure):
+    """One ``struct iovec``: a range of memory, here or in a peer."""
+
     _fields_ = [("base", _ctypes.c_void_p), ("len", _ctypes.c_size_t)]
 
 
@@ -71,6 +86,36 @@ def _bind():
 _CALLS = _bind()
 
 
+def system_calls():
+    """``(process_vm_readv, process_vm_writev)`` (ctypes functions), or None where the OS lacks
+    them."""
+    return _CALLS
+
+
+def iovecs(arrays: list):
+    """The iovecs of ``arrays`` (contiguous)."""
+    return iovecs_at([(a.ctypes.data, a.nbytes) for a in arrays])
+
+
+def iovecs_at(ranges: list):
+    """The iovecs of ``(address, nbytes)`` ``ranges``."""
+    return (Iovec * len(ranges))(*ranges)
+
+
+def transfer(direction: int, pid: int, local, remote) -> int:
+    """``process_vm_readv`` (``direction`` 0) or ``process_vm_writev`` (1) between ``local`` and
+    ``remote`` iovecs: the bytes moved, or -1."""
+    assert _CALLS is not None  # enabled() was true on every rank
+    return _CALLS[direction](
+        pid, _ctypes.addressof(local), len(local), _ctypes.addressof(remote), len(remote), 0
+    )
+
+
+def read_range(pid: int, here: int, there: int, nbytes: int) -> int:
+    """``process_vm_readv`` of one range: the bytes read, or -1."""
+    return transfer(0, pid, iovecs_at([(here, nbytes)]), iovecs_at([(there, nbytes)]))
+
+
 def enabled(requested: bool | None = None) -> bool:
     """Whether this rank may use cross-memory copies: asked for (``requested``, else
     ``MPISYNC_CROSS_MEMORY``, on unless 0) and offered by the OS (Linux)."""
@@ -89,26 +134,26 @@ def host_word() -> int:
 
 def _batches(call, pid: int, pairs: list) -> list:
     """``(call, pid, local iovecs, local count, remote iovecs, remote count, bytes)`` for
-    ``(local, remote, nbytes)`` pairs, at most ``_BATCH`` on each side per call; pairs whose
+    ``(local, remote, nbytes)`` pairs, at most ``BATCH`` on each side per call; pairs whose
     remote bytes follow each other share one remote iovec (a region read in one piece)."""
     out = []
-    for start in range(0, len(pairs), _BATCH):
-        group = pairs[start : start + _BATCH]
+    for start in range(0, len(pairs), BATCH):
+        group = pairs[start : start + BATCH]
         remote: list[list[int]] = []
         for _, there, n in group:
             if remote and remote[-1][0] + remote[-1][1] == there:
                 remote[-1][1] += n
             else:
                 remote.append([there, n])
-        # ctypes makes each (base, len) tuple an _Iovec: the misc ignores
-        local = (_Iovec * len(group))(*[(here, n) for here, _, n in group])  # type: ignore[misc]
+        # ctypes makes each (base, len) tuple an Iovec: the misc ignores
+        local = (Iovec * len(group))(*[(here, n) for here, _, n in group])  # type: ignore[misc]
         out.append(
             (
                 call,
                 pid,
                 local,
                 len(group),
-                (_Iovec * len(remote))(*map(tuple, remote)),  # type: ignore[misc]
+                (Iovec * len(remote))(*map(tuple, remote)),  # type: ignore[misc]
                 len(remote),
                 sum(n for _, _, n in group),
             )
@@ -251,26 +296,12 @@ class Copies:
 
     def split(self) -> None:
         """(Re)build the system calls for the current split of the large-tensor bytes."""
-        cross, mine, table, total = self._cross, self._mine, self._table, self.direct_bytes
+        cross, total = self._cross, self.direct_bytes
         # bind set the fraction when there were direct bytes (total): the operator ignore
         share = int(round(cross.fraction * total)) if total else 0  # type: ignore[operator]
-        read, write = _CALLS
-        if cross.rank == cross.root:
-            self.batches = (
-                [
-                    batch
-                    for peer in range(len(cross.pids))
-                    if peer != cross.root
-                    for batch in _batches(
-                        write, cross.pids[peer], _byte_range(mine, table[peer], 0, share)
-                    )
-                ]
-                if total
-                else []
-            )
-        else:
-            pairs = _byte_range(mine, table[cross.root], share, total) if total else []
-            self.batches = _batches(read, cross.pids[cross.root], pairs + self._regions)
+        self.batches = split_batches(
+            cross.rank, cross.root, cross.pids, self._mine, self._table, share, self._regions
+        )
 
     def run(self) -> bool:
         """Carry out this rank's copies; False when any failed or fell short (or addresses did not
@@ -291,3 +322,28 @@ class Copies:
             ):
                 return False
         return True
+
+
+def split_batches(
+    rank: int, root: int, pids: list, mine, table, share: int, extra: tuple | list = ()
+) -> list:
+    """This rank's system calls for a broadcast from ``root`` of pieces laid end to end
+    (``mine``: this rank's ``(address, nbytes)`` rows; ``table``: every rank's): root writes the
+    first ``share`` bytes into every receiver, each receiver reads the rest from root, and its
+    ``extra`` ``(local, remote, nbytes)`` pairs too (root's small tensors). The one split both
+    cross-memory broadcasts use (the parameter sets' :class:`Copies` and
+    :mod:`mpisync.transports.crossbcast`)."""
+    assert _CALLS is not None  # enabled() was true on every rank
+    read, write = _CALLS
+    total = int(mine[:, 1].sum()) if len(mine) else 0
+    if rank == root:
+        if not total:
+            return []
+        return [
+            batch
+            for peer in range(len(pids))
+            if peer != root
+            for batch in _batches(write, pids[peer], _byte_range(mine, table[peer], 0, share))
+        ]
+    pairs = _byte_range(mine, table[root], share, total) if total else []
+    return _batches(read, pids[root], pairs + list(extra))

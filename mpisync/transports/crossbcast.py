@@ -7,7 +7,8 @@ part is :data:`~.cma.ROOT_SHARE` of an even split, as in the parameter broadcast
 copies (docs/performance.md). The second collective says every copy is done, so root's array is not
 handed back while a receiver still reads it, nor a receiver's while root still writes into it.
 Nobody writes root's array; root and a receiver write disjoint parts of the receiver's. Each
-byte crosses between processes once, with no MPI data movement.
+byte crosses between processes once, with no MPI data movement. The copies are the parameter
+broadcast's (:func:`~.cma.split_batches`), for one array.
 
 The probe and the switch are :mod:`.crossreduce`'s (one per communicator): sizes that differ
 raise :class:`~.crossreduce.CrossReduceError` on every rank before any byte is copied; a copy
@@ -19,15 +20,13 @@ from __future__ import annotations
 
 import typing as _typing
 
-from .cma import ROOT_SHARE
-from .crossreduce import _iovecs, _iovecs_at, _transfer, opened_published
+import numpy as _np
+
+from .cma import ROOT_SHARE, Copies, split_batches
+from .crossreduce import opened_published
 from .kept import Step
 
-__all__ = ["MIN_BYTES", "bcast_steps", "root_part"]
-
-#: The smallest array the torch backend's broadcast sends this way: from 8 MiB it beat the MPI
-#: path at 2 ranks in every launch, at 4 MiB in some (docs/allreduce.md).
-MIN_BYTES = 8 << 20
+__all__ = ["bcast_steps", "root_part"]
 
 
 def root_part(nbytes: int, size: int) -> int:
@@ -49,20 +48,10 @@ def bcast_steps(comm, array, root: int, last: bool = True) -> _typing.Generator[
         return False
     cross, addresses = opening
     rank, size, nbytes = comm.rank, comm.size, array.nbytes
-    split = root_part(nbytes, size)
-    whole = flat.view("u1")
-    ok = True
-    if rank == root:
-        for step in range(1, size if split else 0):
-            peer = (root + step) % size
-            there = _iovecs_at([(int(addresses[peer, 0]), split)])
-            if _transfer(1, cross.pids[peer], _iovecs([whole[:split]]), there) != split:
-                ok = False
-                break
-    elif nbytes > split:
-        rest = nbytes - split
-        there = _iovecs_at([(int(addresses[root, 0]) + split, rest)])
-        ok = _transfer(0, cross.pids[root], _iovecs([whole[split:]]), there) == rest
+    mine = _np.array([[flat.ctypes.data, nbytes]], dtype=_np.int64)
+    table = _np.stack([addresses, _np.full_like(addresses, nbytes)], axis=-1)
+    batches = split_batches(rank, root, cross.pids, mine, table, root_part(nbytes, size))
+    ok = Copies.run_batches(batches)
     yield from cross.settled(
         comm, ok, last, "broadcast", "the receivers' arrays hold partial bytes"
     )

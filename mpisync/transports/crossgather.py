@@ -21,7 +21,8 @@ import typing as _typing
 
 import numpy as _np
 
-from .crossreduce import _iovecs, _iovecs_at, _transfer, opened_published
+from .cma import iovecs, iovecs_at, transfer
+from .crossreduce import opened_published
 from .kept import Step
 
 __all__ = ["gather_steps"]
@@ -45,8 +46,8 @@ def gather_steps(
     ok = True
     for step in range(1, size):
         peer = (rank + step) % size
-        remote = _iovecs_at([(int(addresses[peer, 0]), nbytes)])
-        if nbytes and _transfer(0, cross.pids[peer], _iovecs([blocks[peer]]), remote) != nbytes:
+        remote = iovecs_at([(int(addresses[peer, 0]), nbytes)])
+        if nbytes and transfer(0, cross.pids[peer], iovecs([blocks[peer]]), remote) != nbytes:
             ok = False
             break
     own = blocks[rank]

@@ -36,13 +36,22 @@ import typing as _typing
 import numpy as _np
 from mpi4py import MPI
 
-from .cma import _BATCH, _CALLS, _Iovec, enabled, host_word
+from .cma import (
+    BATCH,
+    Iovec,
+    enabled,
+    host_word,
+    iovecs,
+    iovecs_at,
+    read_range,
+    system_calls,
+    transfer,
+)
 from .kept import Step, kept_on
 
 __all__ = [
     "CrossReduce",
     "CrossReduceError",
-    "MIN_BYTES",
     "combine_of",
     "drive",
     "opened",
@@ -51,10 +60,6 @@ __all__ = [
     "reduce_steps",
 ]
 
-# The smallest array it takes: from 16 MiB this path beat MPICH's all-reduce in every run at 2
-# ranks (1.1-1.5x); at 8 MiB and below it lost in some placements of the VM's two vCPUs.
-# Figures: docs/allreduce.md, "Large tensors by cross-memory reads".
-MIN_BYTES = 16 << 20
 # Bytes read from a peer per call before combining them: small enough to stay in cache, large
 # enough that the system call's cost vanishes (256 KiB-4 MiB measured; 1 MiB the best).
 _CHUNK = 1 << 20
@@ -112,7 +117,7 @@ class CrossReduce:
             if peer == rank:
                 continue
             try:
-                got = _read(int(table[peer, 0]), probe.ctypes.data, int(table[peer, 1]), 16)
+                got = read_range(int(table[peer, 0]), probe.ctypes.data, int(table[peer, 1]), 16)
             except Exception:  # noqa: BLE001 - any local failure: every rank learns it below
                 got = -1
             if got != 16 or not _np.array_equal(probe, table[peer, 2:4]):
@@ -180,9 +185,7 @@ class CrossReduce:
                     continue
                 for peer in peers:
                     if (
-                        _transfer(
-                            0, self.pids[peer], _iovecs([hot[:n]]), layout.remote(peer, pieces)
-                        )
+                        transfer(0, self.pids[peer], iovecs([hot[:n]]), layout.remote(peer, pieces))
                         != n * itemsize
                     ):
                         return False
@@ -200,7 +203,7 @@ class CrossReduce:
                             h += result.size
                 for peer in _pushed_to(peers, out, root):
                     if (
-                        _transfer(1, self.pids[peer], _iovecs(results), layout.remote(peer, pieces))
+                        transfer(1, self.pids[peer], iovecs(results), layout.remote(peer, pieces))
                         != n * itemsize
                     ):
                         return False
@@ -211,10 +214,11 @@ class CrossReduce:
         each side, without the general loop's per-chunk search and iovec building
         (docs/allreduce.md, "One array, one loop")."""
         flat, itemsize, lo = layout.flats[0], layout.itemsize, layout.lo
-        local, remote = _Iovec(), _Iovec()
+        local, remote = Iovec(), Iovec()
         here, there = _ctypes.addressof(local), _ctypes.addressof(remote)
-        assert _CALLS is not None  # enabled() was true on every rank
-        read, write = _CALLS
+        calls = system_calls()
+        assert calls is not None  # enabled() was true on every rank
+        read, write = calls
         hot_base = hot.ctypes.data
         bases = [int(layout.addresses[k][0]) for k in range(self.size)]
         with _np.errstate(all="ignore"):  # overflow is the operation's, as MPI's is
@@ -294,12 +298,12 @@ class _Layout:
     def chunks(self, step: int):
         """``(start, pieces)`` per chunk of this rank's share: ``start`` counted from the share's
         first value, ``pieces`` ``(array, offset, length)`` (values), at most ``step`` values and
-        ``_BATCH`` pieces a chunk."""
+        ``BATCH`` pieces a chunk."""
         ends, position = self.ends, self.lo
         while position < self.hi:
             pieces: list = []
             stop = min(self.hi, position + step)
-            while position < stop and len(pieces) < _BATCH:
+            while position < stop and len(pieces) < BATCH:
                 i = int(_np.searchsorted(ends, position, side="right"))
                 first = int(ends[i - 1]) if i else 0
                 length = min(stop, int(ends[i])) - position
@@ -310,7 +314,7 @@ class _Layout:
     def remote(self, peer: int, pieces: list):
         """The iovecs of ``pieces`` in ``peer``'s arrays."""
         row, itemsize = self.addresses[peer], self.itemsize
-        return _iovecs_at(
+        return iovecs_at(
             [(int(row[i]) + o * itemsize, length * itemsize) for i, o, length in pieces]
         )
 
@@ -375,26 +379,3 @@ def drive(steps: _typing.Generator[Step, None, _T], call) -> tuple[_T, int]:
         for request in requests:
             posted += 1
             call(request)
-
-
-def _iovecs(arrays: list):
-    """The iovecs of ``arrays`` (contiguous)."""
-    return _iovecs_at([(a.ctypes.data, a.nbytes) for a in arrays])
-
-
-def _iovecs_at(ranges: list):
-    return (_Iovec * len(ranges))(*ranges)
-
-
-def _transfer(direction: int, pid: int, local, remote) -> int:
-    """``process_vm_readv`` (``direction`` 0) or ``process_vm_writev`` (1) between ``local`` and
-    ``remote`` iovecs: the bytes moved, or -1."""
-    assert _CALLS is not None  # enabled() was true on every rank
-    return _CALLS[direction](
-        pid, _ctypes.addressof(local), len(local), _ctypes.addressof(remote), len(remote), 0
-    )
-
-
-def _read(pid: int, here: int, there: int, nbytes: int) -> int:
-    """``process_vm_readv`` of one range: the bytes read, or -1."""
-    return _transfer(0, pid, _iovecs_at([(here, nbytes)]), _iovecs_at([(there, nbytes)]))

@@ -3,7 +3,7 @@
 MPI's large-message path between processes (MPICH and Open MPI use CMA,
 ``process_vm_readv``) pins and copies page by page, so tensors allocated one by
 one, mostly on 4 KiB pages, move slower than the same bytes in one flat
-``Bcast`` (figures: docs/performance.md, History). Instead root copies the
+``Bcast`` (figures: docs/performance.md). Instead root copies the
 plan's transfers, in order, into a ring of ``slots`` slots of a file in
 ``/dev/shm`` that every rank has mapped, and the other ranks copy them out,
 each slot released when every receiver has acked it: one memory copy on each
@@ -17,17 +17,23 @@ while the others unpack the last; ``MPISYNC_SHARED_MEMORY=1`` puts every set
 through it (slots of at least :data:`SLOT_BYTES`), ``0`` never. Why large
 sets are not sent this way by default, with the figures: docs/performance.md.
 
-The slot handshake uses plain loads and stores of 64-bit counters in the
-mapping, which is correct where stores are seen in program order by other
-cores (x86-64's TSO); elsewhere, and when any rank cannot open the file (ranks
-on several nodes, another user, no ``/dev/shm``), every rank keeps MPI.
+The slot handshake is 64-bit counters in the mapping, each stored with
+release order once the slot's bytes are written (or read) and loaded with
+acquire order before they are read (or overwritten): C11 atomics of
+``mpisync._speedups`` (``store_release``, ``load_acquire``, ``min_acquire``),
+so one code path is correct on any memory model (x86-64, aarch64). Where the C
+extension is not built or is switched off (``MPISYNC_SPEEDUPS=0``), the slot
+ring is not used (:func:`ring_available`), and neither is it when any rank
+cannot open the file (ranks on several nodes, another user, no ``/dev/shm``):
+every rank keeps MPI. Other users of the mapping (:mod:`.sharedreduce`,
+:mod:`mpisync.allreduce.segment`) order their accesses by MPI collectives, not
+by these counters.
 """
 
 from __future__ import annotations
 
 import mmap as _mmap
 import os as _os
-import platform as _platform
 import secrets as _secrets
 import time as _time
 import typing as _typing
@@ -37,6 +43,8 @@ from mpi4py import MPI
 
 from .._runtime import failfast as _failfast
 from .._runtime.ring import Expired
+from .._runtime.speedups import speedups as _speedups
+from .._runtime.spin import SLEEP_SECONDS, SPIN_SECONDS
 from ..config import switch
 from ..params.columns import HostColumns
 from ..params.fanout import copy_host
@@ -50,6 +58,8 @@ __all__ = [
     "compile_chunks",
     "enabled",
     "available",
+    "ring_available",
+    "atomics",
     "setting",
     "SLOT_BYTES",
     "SMALL_SLOTS",
@@ -62,10 +72,7 @@ SLOT_BYTES = 1 << 20
 #: others unpack (the geometries compared are in docs/performance.md).
 SMALL_SLOTS = 4
 _LINE = 64  # each counter on its own cache line: no false sharing between ranks
-_WORD = _LINE // 8  # the same line, counted in 64-bit words
 _NAME_BYTES = 96
-_SPIN_SECONDS = 0.5
-_SLEEP_SECONDS = 0.001
 
 
 def setting() -> bool | None:
@@ -84,12 +91,23 @@ def enabled(requested: bool | None = None) -> bool:
 
 
 def available() -> bool:
-    """Whether this platform has what the segment needs (x86-64, ``/dev/shm``, preadv/pwritev)."""
-    return (
-        _platform.machine().lower() in ("x86_64", "amd64")
-        and vectored_io_available()
-        and _os.path.isdir("/dev/shm")
-    )
+    """Whether this platform has what the mapped segment needs (``/dev/shm``, preadv/pwritev)."""
+    return vectored_io_available() and _os.path.isdir("/dev/shm")
+
+
+def atomics():
+    """The C extension's ordered counter operations (``load_acquire``, ``store_release``,
+    ``min_acquire``), or None where it is not built, is switched off (``MPISYNC_SPEEDUPS=0``) or
+    lacks lock-free 64-bit atomics."""
+    if _speedups is None or not hasattr(_speedups, "store_release"):
+        return None
+    return _speedups
+
+
+def ring_available() -> bool:
+    """Whether the slot ring (:meth:`NodeSegment.run`) can run here: the segment
+    (:func:`available`) and the ordered counter operations (:func:`atomics`)."""
+    return available() and atomics() is not None
 
 
 _SHM = "/dev/shm"
@@ -171,13 +189,11 @@ class NodeSegment:
     ):
         header = _header_bytes(slots, size)
         self.slots, self.slot_bytes, self.rank, self.root = slots, slot_bytes, rank, root
-        # The counters as 64-bit words: plain int loads and stores, cheaper than numpy scalars in
-        # the
-        # handshake loop. Word (1 + k) * _WORD is slot k's sequence number, (1 + slots + r) * _WORD
-        # rank r's ack.
-        self._words = memoryview(mapping)[:header].cast("q")
-        self._seq = [(1 + k) * _WORD for k in range(slots)]
-        self._ack = [(1 + slots + r) * _WORD for r in range(size)]
+        # The counters, by byte offset in the header: slot k's sequence number at (1 + k) * _LINE,
+        # rank r's ack at (1 + slots + r) * _LINE; only ever touched by the ordered operations.
+        self._header = memoryview(mapping)[:header]
+        self._seq = [(1 + k) * _LINE for k in range(slots)]
+        self._ack = [(1 + slots + r) * _LINE for r in range(size)]
         self.arena = Arena.over(fd, mapping, header, slots * slot_bytes)
         self.nbytes = header + slots * slot_bytes
         self._others = [self._ack[r] for r in range(size) if r != root]
@@ -270,8 +286,13 @@ class NodeSegment:
         chunk's names) when a wait outlives its deadline. ``timeline`` gets a
         "pack" (root) or "unpack" span per chunk; ``log(k, chunk)`` is called first. A rank of
         ``comm`` that ended its script ends a wait too (:mod:`mpisync._runtime.failfast`).
+        Needs :func:`atomics` (RuntimeError without: :func:`ring_available` said no).
         """
-        start, slots, words = self.next_id, self.slots, self._words
+        ordered = atomics()
+        if ordered is None:
+            raise RuntimeError("the slot ring needs mpisync._speedups' atomics, not built here")
+        load, store, least = ordered.load_acquire, ordered.store_release, ordered.min_acquire
+        start, slots, header = self.next_id, self.slots, self._header
         arena = self.arena
         root = self.rank == self.root
         others, mine = self._others, self._ack[self.rank]
@@ -283,24 +304,29 @@ class NodeSegment:
                 # Slot k % slots is free once every receiver acked what was there:
                 # the chunk slots before this one, or (early in a sync) the last sync's.
                 need = start + k - slots + 1 if k >= slots else start
-                if min([words[a] for a in others]) < need:
+                if least(header, others) < need:
                     _wait(
-                        lambda need=need: min([words[a] for a in others]) >= need,
+                        lambda need=need: least(header, others) >= need,
                         deadline_after(),
                         chunk.label,
                         comm,
                     )
                 begin = timeline.now() if timeline is not None else 0
                 chunk.write(arena)
-                words[seq] = start + k + 1  # published after the bytes (stores stay in order)
+                store(header, seq, start + k + 1)  # release: after the slot's bytes
                 chunk.after_write(arena)
             else:
                 ident = start + k + 1
-                if words[seq] != ident:
-                    _wait(lambda s=seq, i=ident: words[s] == i, deadline_after(), chunk.label, comm)
+                if load(header, seq) != ident:
+                    _wait(
+                        lambda s=seq, i=ident: load(header, s) == i,
+                        deadline_after(),
+                        chunk.label,
+                        comm,
+                    )
                 begin = timeline.now() if timeline is not None else 0
                 chunk.read(arena)
-                words[mine] = ident  # released after the bytes were read
+                store(header, mine, ident)  # release: after the slot's bytes were read
             if timeline is not None:
                 timeline.span(
                     "pack" if root else "unpack",
@@ -328,10 +354,10 @@ def _wait(ready, deadline: float | None, label: tuple, comm=None) -> None:
             expired = Expired()
             expired.pending = list(label)
             raise expired
-        if now - stall_start < _SPIN_SECONDS:
+        if now - stall_start < SPIN_SECONDS:
             _os.sched_yield()
         else:
-            _time.sleep(_SLEEP_SECONDS)
+            _time.sleep(SLEEP_SECONDS)
 
 
 class Chunk:
@@ -360,7 +386,7 @@ class Chunk:
         Packed the usual way, a bucket sits in root's cache and every receiver then fetches each
         line from there; streamed, it goes to memory, which every receiver reads at the same cost.
         Large transfers are copied the usual way: streaming them did not pay (the figures:
-        docs/performance.md, History; ``MPISYNC_SHARED_MEMORY=1 mpisync bench`` puts them
+        docs/performance.md; ``MPISYNC_SHARED_MEMORY=1 mpisync bench`` puts them
         through the segment).
         """
         if self.pack:

@@ -3,18 +3,15 @@
 On one node MPICH's ``Ialltoallv`` is slower than its ``Ialltoall`` of the same bytes; one
 ``Irecv`` and one ``Isend`` per peer keep ``Ialltoall``'s pace with sizes that differ by pair and
 without packing pieces into one buffer (figures: docs/allreduce.md, "``all_to_all`` of tensor
-lists"). Each request is one more for the caller to wait on, so beyond :data:`MAX_RANKS` one
-``Ialltoallv`` is left to do it.
+lists"). Each request is one more for the caller to wait on, so beyond
+:data:`~mpisync.transports.policy.PAIRWISE_MAX_RANKS` one ``Ialltoallv`` is left to do it.
 """
 
 from __future__ import annotations
 
 import numpy as _np
 
-__all__ = ["MAX_RANKS", "pieces", "post"]
-
-# The most ranks an all-to-all posts point-to-point messages for (a node's worth).
-MAX_RANKS = 16
+__all__ = ["pieces", "post"]
 
 
 def pieces(buffer: _np.ndarray, counts: list) -> list:

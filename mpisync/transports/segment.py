@@ -1,6 +1,7 @@
 """The ``shared memory`` transport: the node's shared segment
 (:mod:`mpisync.transports.nodesegment`);
-root copies into slots, the others copy out, with no MPI data movement."""
+root copies into slots, the others copy out, with no MPI data movement; the slots' handshake is
+the ordered counters of :meth:`~mpisync.transports.nodesegment.NodeSegment.run` (C11 atomics)."""
 
 from __future__ import annotations
 

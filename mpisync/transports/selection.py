@@ -3,8 +3,9 @@
 No sync is spent trying transports. A syncer's first sync gathers a few
 facts in one small all-reduce (every rank on one node? may every rank use
 cross-memory copies and the node's shared segment?); each sync then applies
-:func:`choose` to those facts and to what validation already made common
-(every host tensor smaller than ``fusion_bytes``?). Every input is the same on
+:func:`choose` (whose rule is :func:`mpisync.transports.policy.parameter_set`) to
+those facts and to what validation already made common (every host tensor
+smaller than ``fusion_bytes``?). Every input is the same on
 every rank, so the choice is too. A tuning file that ``mpisync tune`` wrote
 on the same machine, MPI library and rank layout replaces the built-in rule
 (see :mod:`mpisync.transports.tuning`). The figures behind the rule are in
@@ -20,6 +21,7 @@ from mpi4py import MPI as _MPI
 
 from . import cma as _crossmemory
 from . import nodesegment as _intranode
+from .policy import CROSS, MPI, SHARED, parameter_set
 from .tuning import CLASSES, lookup
 
 __all__ = [
@@ -34,9 +36,6 @@ __all__ = [
     "CHANNELS",
 ]
 
-MPI = "mpi"
-CROSS = "cross-memory"
-SHARED = "shared memory"
 CHANNELS = (MPI, CROSS, SHARED)
 
 
@@ -46,7 +45,7 @@ class Facts(_typing.NamedTuple):
     size: int
     one_node: bool  # every rank on one node, as MPI names nodes
     cross: bool  # cross-memory copies permitted and possible on every rank
-    segment: bool  # the node's shared segment possible on every rank
+    segment: bool  # the slot ring of the node's shared segment possible on every rank
     shared_setting: bool | None  # MPISYNC_SHARED_MEMORY: True any set, False never, None small sets
     # the tuning file's channel for small sets and for the rest (mpisync.transports.tuning)
     tuned: tuple = (None, None)
@@ -74,7 +73,7 @@ def local_facts(size: int, spare: tuple = (0, 0)) -> tuple:
     return (
         _crossmemory.host_word(),
         int(_crossmemory.enabled()),
-        int(_intranode.available()),
+        int(_intranode.ring_available()),
         0 if setting is None else 1 if setting else 2,
         *tuned_words(f"{size}x1"),
         *spare,
@@ -151,10 +150,4 @@ def choose(
         return Choice(MPI, "ranks on several nodes")
     if tuned is not None and usable.get(tuned):
         return Choice(tuned, "tuning file")
-    if usable[SHARED] and facts.shared_setting is True:
-        return Choice(SHARED, "MPISYNC_SHARED_MEMORY=1, every rank on one node")
-    if small and usable[SHARED]:
-        return Choice(SHARED, "every rank on one node, every tensor smaller than fusion_bytes")
-    if not small and usable[CROSS]:
-        return Choice(CROSS, "every rank on one node, cross-memory copies permitted, large tensors")
-    return Choice(MPI, "no single-copy transport applies")
+    return Choice(*parameter_set(small, usable, facts.shared_setting))

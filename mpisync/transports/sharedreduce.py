@@ -1,7 +1,7 @@
 """All-reduces of mid-size host arrays between the ranks of one node, through a file every rank
 maps.
 
-Below :data:`mpisync.transports.crossreduce.MIN_BYTES`, pinning a peer's pages on every call
+Below :data:`mpisync.transports.policy.CROSS_REDUCE_MIN_BYTES`, pinning a peer's pages on every call
 costs more than cross-memory saves, and MPI's all-reduce pays its own hand-offs. Here every rank
 has a region of a segment every rank maps (:class:`~mpisync.transports.nodesegment.NodeSegment`,
 opened once per communicator), laid out as its array; rank ``r`` owns share ``r`` of the
@@ -20,7 +20,11 @@ either order).
 The result goes over the values the peer wrote and this rank read, not into this rank's own
 region for the peers to read: a write to memory whose last use by another core was a read must
 first invalidate that core's copy, which can cost many times a write to memory that core last
-wrote. Figures: docs/allreduce.md, "Mid-size tensors through the node's segment"."""
+wrote. Figures: docs/allreduce.md, "Mid-size tensors through the node's segment".
+
+No flag in shared memory orders the ranks' accesses: the MPI collectives between them do (an
+``Iallreduce``, then an ``Ibarrier``), which order memory on any platform, so this path needs no
+atomics of its own."""
 
 from __future__ import annotations
 
@@ -31,10 +35,9 @@ from mpi4py import MPI
 
 from .kept import Step, kept_on
 from .nodesegment import NodeSegment, setting
+from .policy import ALLREDUCE, SHARED, SHARED_REDUCE_MAX_BYTES, choose
 
 __all__ = [
-    "MAX_BYTES",
-    "MIN_BYTES",
     "SharedReduce",
     "SharedReduceError",
     "combine_share",
@@ -42,12 +45,8 @@ __all__ = [
     "shared_steps",
 ]
 
-#: The smallest array it takes: below, one MPI all-reduce costs less than two small collectives
-#: and two copies (docs/allreduce.md).
-MIN_BYTES = 256 << 10
-#: The largest: each rank's region holds it, and from a few MiB MPI's all-reduce (then
-#: cross-memory, from :data:`~mpisync.transports.crossreduce.MIN_BYTES`) moves fewer bytes.
-MAX_BYTES = 2 << 20
+# The sizes it takes are the policy's (:func:`mpisync.transports.policy.choose`); each rank's
+# region holds the largest, :data:`~mpisync.transports.policy.SHARED_REDUCE_MAX_BYTES`.
 
 
 class SharedReduceError(RuntimeError):
@@ -55,8 +54,9 @@ class SharedReduceError(RuntimeError):
 
 
 class SharedReduce:
-    """One region of :data:`MAX_BYTES` per rank in a segment every rank of a communicator maps;
-    :meth:`steps` reduces an array, or arrays of one dtype laid end to end."""
+    """One region of :data:`~mpisync.transports.policy.SHARED_REDUCE_MAX_BYTES` per rank in a
+    segment every rank of a communicator maps; :meth:`steps` reduces an array, or arrays of one
+    dtype laid end to end."""
 
     def __init__(self, segment: NodeSegment, rank: int, size: int):
         self.segment, self.rank, self.size = segment, rank, size
@@ -67,7 +67,7 @@ class SharedReduce:
         self, comm, arrays, combine, last: bool = True
     ) -> _typing.Generator[Step, None, None]:
         """The collective steps that reduce ``arrays`` (an array, or a list of them; C-contiguous,
-        this rank's, one dtype, at most :data:`MAX_BYTES` together, as many bytes on every rank)
+        this rank's, one dtype, at most a region's bytes together, as many bytes on every rank)
         with ``combine`` over ``comm``'s ranks, in place, as if they lay end to end; the closing
         step (no request) is yielded with ``last``. Raises :class:`SharedReduceError` on every
         rank, the arrays untouched, when their sizes differ."""
@@ -176,18 +176,20 @@ def _held(comm) -> _Held:
 def opened(comm, nbytes: int) -> _typing.Generator[Step, None, SharedReduce | None]:
     """The path for a reduction of ``nbytes`` on ``comm`` (opening the segment, collectively, on
     the first call that needs it), or None where it does not take them (the same answer on every
-    rank). It takes :data:`MIN_BYTES` to :data:`MAX_BYTES` from the first such call on ``comm``,
-    on ranks of one node unless ``MPISYNC_SHARED_MEMORY=0`` on any rank: a path that changed
-    after some calls would sum in another order, and a call repeated on the same inputs must give
-    the same bytes. Every rank calls it for as many bytes in the same order, so every rank decides
-    alike."""
-    if comm.size == 1 or not MIN_BYTES <= nbytes <= MAX_BYTES:
+    rank). It takes the sizes the policy gives it (:func:`~mpisync.transports.policy.choose`)
+    from the first such call on ``comm``, on ranks of one node unless ``MPISYNC_SHARED_MEMORY=0``
+    on any rank: a path that changed after some calls would sum in another order, and a call
+    repeated on the same inputs must give the same bytes. Every rank calls it for as many bytes in
+    the same order, so every rank decides alike."""
+    if choose(ALLREDUCE, nbytes, comm.size) != SHARED:
         return None
     held = _held(comm)
     if not held.tried:
         held.tried = True
         requested = setting() is not False
-        segment = yield from NodeSegment.open_steps(comm, 0, comm.size, MAX_BYTES, requested)
+        segment = yield from NodeSegment.open_steps(
+            comm, 0, comm.size, SHARED_REDUCE_MAX_BYTES, requested
+        )
         held.path = SharedReduce(segment, comm.rank, comm.size) if segment is not None else None
     return held.path
 

@@ -21,7 +21,7 @@ __all__ = ["tuning_path", "identity", "load", "lookup", "describe", "FORMAT", "C
 
 FORMAT = 1
 #: The largest tuning file read (one written by ``mpisync tune`` is about 1 KiB).
-MAX_BYTES = 1 << 20
+_FILE_LIMIT = 1 << 20
 #: The set classes a tuning file has an entry for: all tensors under ``fusion_bytes``, or not.
 CLASSES = ("small", "large")
 _cache: dict = {}  # path -> (mtime_ns, size, parsed file or None)
@@ -72,7 +72,7 @@ def load(path: str | None = None):
         return None
     if not _stat.S_ISREG(stat.st_mode):  # a FIFO would block open(), a directory fail it
         return None
-    if stat.st_size > MAX_BYTES:  # every rank reads it at start-up: never a large file
+    if stat.st_size > _FILE_LIMIT:  # every rank reads it at start-up: never a large file
         return None
     cached = _cache.get(path)
     if cached is not None and cached[:2] == (stat.st_mtime_ns, stat.st_size):

@@ -539,7 +539,7 @@ def test_mid_size_arrays_go_through_the_nodes_segment_from_the_first_call(
     """The arrays reduced in their own memory, of one dtype, 256 KiB to 2 MiB together (float16
     in float32 staging), go through the node's segment from the first call, laid end to end in
     one reduction; every call exact."""
-    from mpisync.transports.sharedreduce import MAX_BYTES as SHARED_MAX
+    from mpisync.transports.policy import SHARED_REDUCE_MAX_BYTES as SHARED_MAX
 
     n = SHARED_MAX // 16 + 3  # int64: half the segment's largest, with b.mid two thirds of it
     shapes = {"a.mid": n, "b.mid": n // 3, "c.small": 5}

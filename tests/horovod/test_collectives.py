@@ -6,7 +6,7 @@ import pytest
 hvd = pytest.importorskip("mpisync.horovod")
 torch = pytest.importorskip("torch")
 
-from mpisync.horovod import kernels  # noqa: E402
+from mpisync.transports import policy  # noqa: E402
 
 from mpiutil import taken  # noqa: E402
 
@@ -18,7 +18,7 @@ def alltoall_path(request, monkeypatch):
     """Each path of ``alltoall``: messages per peer, and the one for larger sets (forced on every
     rank alike)."""
     if request.param == "one Ialltoallv":
-        monkeypatch.setattr(kernels, "_PEER_TO_PEER_MAX_RANKS", 0)
+        monkeypatch.setattr(policy, "PAIRWISE_MAX_RANKS", 0)
     return request.param
 
 
@@ -183,7 +183,7 @@ def test_a_large_allreduce_has_mpis_bytes(started):
     import numpy as np
     from mpi4py import MPI
 
-    from mpisync.transports.crossreduce import MIN_BYTES
+    from mpisync.transports.policy import CROSS_REDUCE_MIN_BYTES as MIN_BYTES
 
     comm = started
     n, exact = MIN_BYTES // 4 + 3, comm.size > 2
@@ -202,7 +202,7 @@ def test_a_mid_size_allreduce_goes_through_the_nodes_segment_with_mpis_bytes(sta
     from mpi4py import MPI
 
     from mpisync.transports.nodesegment import setting
-    from mpisync.transports.sharedreduce import MAX_BYTES as SHARED_MAX
+    from mpisync.transports.policy import SHARED_REDUCE_MAX_BYTES as SHARED_MAX
 
     comm = started
     ran = _spied(monkeypatch, "shared_steps")
@@ -223,10 +223,11 @@ def test_a_mid_size_allreduce_goes_through_the_nodes_segment_with_mpis_bytes(sta
 
 
 def _spied(monkeypatch, name: str) -> list:
-    """Whether each call of ``kernels.<name>`` (a node path's step generator) ran its path."""
-    from mpisync.horovod import kernels
+    """Whether each call of a node mechanism's step generator (``reduce_steps``: cross-memory,
+    ``shared_steps``: the node's segment) ran its path."""
+    from mpisync.transports import crossreduce, sharedreduce
 
-    return taken(monkeypatch, kernels, name)
+    return taken(monkeypatch, crossreduce if name == "reduce_steps" else sharedreduce, name)
 
 
 @pytest.mark.parametrize("rows", ["equal", "uneven"])
@@ -237,7 +238,7 @@ def test_a_large_reducescatter_has_the_blocks_of_mpis_allreduce(started, monkeyp
     from mpi4py import MPI
 
     from mpisync.horovod.kernels import scatter_rows
-    from mpisync.transports.crossreduce import MIN_BYTES
+    from mpisync.transports.policy import CROSS_REDUCE_MIN_BYTES as MIN_BYTES
 
     comm = started
     width = 1000

@@ -132,7 +132,7 @@ def test_join_feeds_zeros_to_the_others_allreduces_and_returns_the_last(started)
 def test_join_feeds_zeros_to_a_fused_group_of_several_dtypes(started):
     """A joined rank posts the same fused buffers as the ranks that reduce the group: one per
     dtype, one of them from ``MIN_BYTES`` (cross-memory on one node)."""
-    from mpisync.transports.crossreduce import MIN_BYTES
+    from mpisync.transports.policy import CROSS_REDUCE_MIN_BYTES as MIN_BYTES
 
     comm = started
     if comm.rank == 0:

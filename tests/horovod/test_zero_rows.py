@@ -7,7 +7,7 @@ import pytest
 hvd = pytest.importorskip("mpisync.horovod")
 torch = pytest.importorskip("torch")
 
-from mpisync.horovod import kernels  # noqa: E402
+from mpisync.transports import policy  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mpi
 def alltoall_path(request, monkeypatch):
     """Each path of ``alltoall``, forced on every rank alike."""
     if request.param == "one Ialltoallv":
-        monkeypatch.setattr(kernels, "_PEER_TO_PEER_MAX_RANKS", 0)
+        monkeypatch.setattr(policy, "PAIRWISE_MAX_RANKS", 0)
     return request.param
 
 

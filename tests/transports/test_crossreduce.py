@@ -9,7 +9,6 @@ from mpi4py import MPI
 
 from mpisync import GradSync
 from mpisync.transports.crossreduce import (
-    MIN_BYTES,
     CrossReduce,
     CrossReduceError,
     _held,
@@ -17,6 +16,7 @@ from mpisync.transports.crossreduce import (
     drive,
     reduce_steps,
 )
+from mpisync.transports.policy import CROSS_REDUCE_MIN_BYTES as MIN_BYTES
 
 from mpiutil import wait
 

@@ -73,7 +73,7 @@ def test_the_setting_decides_the_segment_from_the_first_sync(
     comm, fusion_bytes, asked, monkeypatch
 ):
     _peers_with_shared_memory(comm, monkeypatch, asked)  # on every rank
-    shared = everyone(comm, intranode.enabled()) and _one_node(comm)
+    shared = everyone(comm, intranode.enabled() and intranode.ring_available()) and _one_node(comm)
     before = _segments()
     params = {n: [np.zeros(s, d), np.zeros(s, d)] for n, (s, d) in SHAPES.items()}
     channels = []
@@ -103,7 +103,7 @@ def test_by_default_the_segment_carries_sets_of_small_tensors_only(comm, sizes, 
     if sizes == "one large":
         # not smaller than fusion_bytes: a direct transfer
         shapes["large"] = ((fusion_bytes,), "uint8")
-    shared = everyone(comm, intranode.available()) and _one_node(comm) and sizes == "all small"
+    shared = everyone(comm, intranode.ring_available()) and _one_node(comm) and sizes == "all small"
     params = {n: np.zeros(s, d) for n, (s, d) in shapes.items()}
     channels = []
     with mpisync.ParamSync(comm, fusion_bytes=fusion_bytes) as syncer:
@@ -121,7 +121,7 @@ def test_one_shot_sync_params_takes_the_segment_too(comm, monkeypatch):
     if comm.size == 1:
         pytest.skip("no peers")
     monkeypatch.delenv("MPISYNC_SHARED_MEMORY", raising=False)
-    shared = everyone(comm, intranode.available()) and _one_node(comm)
+    shared = everyone(comm, intranode.ring_available()) and _one_node(comm)
     shapes = {f"s{i:04d}": ((100,), "float32") for i in range(2000)}
     before = _segments()
     for step in range(3):

@@ -10,9 +10,9 @@ from mpi4py import MPI
 
 from mpisync.transports import sharedreduce
 from mpisync.transports.crossreduce import drive
+from mpisync.transports.policy import SHARED_REDUCE_MAX_BYTES as MAX_BYTES
+from mpisync.transports.policy import SHARED_REDUCE_MIN_BYTES as MIN_BYTES
 from mpisync.transports.sharedreduce import (
-    MAX_BYTES,
-    MIN_BYTES,
     SharedReduceError,
     _held,
     shared_steps,
