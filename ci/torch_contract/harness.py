@@ -173,7 +173,7 @@ def run_one(env, idx: int, name: str) -> dict:
             timeout=timeout,
         )
         case._barrier()
-        common_utils.set_rng_seed()
+        common_utils.set_rng_seed(common_utils.SEED)  # the default of releases that have one
         getattr(case, name)()
     except unittest.SkipTest as exc:
         outcome = {"status": "skip", "reason": str(exc) or "unittest.SkipTest"}

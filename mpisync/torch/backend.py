@@ -21,6 +21,7 @@ from .._runtime.ring import Expired, wait_request
 from .._runtime.timeouts import timed_out
 from ..errors import InvalidParamError
 from .communicators import GroupTimeoutError, duplicates, members_communicator
+from .compat import require
 from .errors import ArgumentError, MismatchError
 from .mixed import other_backends
 from .process_group import ProcessGroupMPISync
@@ -153,11 +154,21 @@ def _retire(parent, broken: bool) -> None:
 
 
 def _register() -> None:
-    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+    require()
+    if not _registered(dist.Backend):
         dist.Backend.register_backend(
             BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"]
         )
     _without_flight_recorder()
+
+
+def _registered(backend) -> bool:
+    """Whether ``"mpisync"`` is registered with torch: in its table of plugins, or, where torch
+    has none of that name, among the names it knows."""
+    plugins = getattr(backend, "_plugins", None)
+    if isinstance(plugins, dict):
+        return BACKEND_NAME.upper() in plugins
+    return BACKEND_NAME in getattr(backend, "backend_list", ())
 
 
 def _without_flight_recorder() -> None:
@@ -290,9 +301,13 @@ def _mpi_rendezvous(timeout: _datetime.timedelta, comm) -> tuple:
 def _extend_env_rendezvous() -> None:
     import importlib
 
-    handlers = importlib.import_module(
-        "torch.distributed.rendezvous"
-    )._rendezvous_handlers  # torch's table of rendezvous schemes
+    # torch's table of rendezvous schemes; without it (or its env:// handler), env:// needs
+    # RANK and WORLD_SIZE as on any backend
+    handlers = getattr(
+        importlib.import_module("torch.distributed.rendezvous"), "_rendezvous_handlers", None
+    )
+    if not isinstance(handlers, dict):
+        return
     env = handlers.get("env")
     if env is not None and not getattr(env, "mpisync", False):
         handlers["env"] = _env_with_mpi(env)

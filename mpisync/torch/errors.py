@@ -50,7 +50,7 @@ class MismatchError(ManifestMismatchError, RuntimeError, AgreedError):
 
     An :class:`mpisync.ManifestMismatchError` too. Raised on every rank before
     anything is posted, naming the ranks of each value; the group stays usable.
-    The argument check behind it is ``MPISYNC_TORCH_CHECK`` (on by default).
+    The argument check behind it is ``MPISYNC_TORCH_CHECK`` (opt-in: ``=1``).
     """
 
 

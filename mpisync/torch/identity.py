@@ -44,6 +44,31 @@ class Identity:
         """:meta private: the name torch gave the group (``group_name``) (torch calls it)."""
         return self._name
 
+    # torch's group creation names a group through ``_set_group_name``/``_set_group_desc``, and
+    # reads ``group_name``/``group_desc``. Where C++ forwards those to the accessors above (2.13)
+    # the overrides below change nothing; where it reads the name from the group's C++ backends
+    # instead (2.4, 2.5: "ProcessGroup name not set"; a Python group has none), they keep the
+    # name here. ``_set_*`` still runs torch's own, which names a mixed string's backends.
+    def _set_group_name(self, name) -> None:
+        """:meta private: torch calls it when it registers the group."""
+        _also_in_torch(self, "_set_group_name", name)
+        self.setGroupName(str(name))
+
+    def _set_group_desc(self, desc) -> None:
+        """:meta private: torch calls it when it registers the group."""
+        _also_in_torch(self, "_set_group_desc", desc)
+        self.setGroupDesc(str(desc))
+
+    @property
+    def group_name(self) -> str:
+        """:meta private: the name torch gave the group (torch reads it)."""
+        return self._name
+
+    @property
+    def group_desc(self) -> str:
+        """:meta private: the description torch gave the group (torch reads it)."""
+        return self._desc
+
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         """:meta private: torch calls it when it registers the group."""
         self._desc = desc
@@ -81,6 +106,13 @@ class Identity:
 
     def __repr__(self) -> str:
         return f"ProcessGroupMPISync(rank={self._rank}, size={self._size}, name={self._name!r})"
+
+
+def _also_in_torch(group, name: str, value) -> None:
+    """torch's own ``ProcessGroup`` method ``name`` on ``group``, where this torch has it."""
+    method = getattr(dist.ProcessGroup, name, None)
+    if method is not None:
+        method(group, value)
 
 
 def backend_type(backend) -> dist.ProcessGroup.BackendType:

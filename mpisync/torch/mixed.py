@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from .._runtime.ring import wait_request
 from .errors import ArgumentError
+from .work import hold, release
 
 __all__ = ["other_backends", "routed", "untraced"]
 
@@ -105,9 +106,8 @@ def _create(name: str, device: str, store, options):
     ranks, group = list(options.global_ranks_in_group or []), options.group_id
     if name == Backend.GLOO:
         backend = dist.ProcessGroupGloo(prefixed, rank, size, timeout=timeout)
-        backend.options.global_ranks_in_group = ranks
-        backend.options.group_name = group
-        backend._set_sequence_number_for_group()
+        _describe(backend.options, ranks, group)
+        _number(backend)
         return backend
     if name == Backend.NCCL:
         from torch.distributed import ProcessGroupNCCL
@@ -115,10 +115,9 @@ def _create(name: str, device: str, store, options):
         nccl_options = ProcessGroupNCCL.Options()
         nccl_options.is_high_priority_stream = False
         nccl_options._timeout = timeout
-        nccl_options.global_ranks_in_group = ranks
-        nccl_options.group_name = group
+        _describe(nccl_options, ranks, group)
         nccl = ProcessGroupNCCL(prefixed, rank, size, nccl_options)
-        nccl._set_sequence_number_for_group()
+        _number(nccl)
         return nccl
     plugin = Backend._plugins[name.upper()]  # _agree_available saw it registered
     if not plugin.extended_api:
@@ -127,6 +126,23 @@ def _create(name: str, device: str, store, options):
     given.store, given.group_rank, given.group_size = prefixed, rank, size
     given.timeout, given.group_id, given.global_ranks_in_group = timeout, group, ranks
     return plugin.creator_fn(given, None)
+
+
+def _describe(options, ranks: list, group: str) -> None:
+    """The group's ranks and name on a torch backend's options, as torch's own creation sets
+    them, where this torch's options have those fields (2.4's and 2.5's gloo options have
+    neither)."""
+    for field, value in (("global_ranks_in_group", ranks), ("group_name", group)):
+        if hasattr(options, field):
+            setattr(options, field, value)
+
+
+def _number(backend) -> None:
+    """Set the backend's sequence number for the group, as torch's creation does, where this
+    torch's backend has that method."""
+    number = getattr(backend, "_set_sequence_number_for_group", None)
+    if number is not None:
+        number()
 
 
 # -- routing: the group's method -> (the same operation on torch's Backend, or the single form
@@ -182,11 +198,12 @@ def _pairwise(backend, single: str, outputs, inputs, opts=None):
 
 class _Joined(dist._Work):
     """One torch work that completes when every one of ``works`` has (torch's gloo works carry
-    no future to collect)."""
+    no future to collect); held for torch's C++ as :class:`~mpisync.torch.work.Work` is."""
 
     def __init__(self, works: list):
         super().__init__()
         self._works = works
+        hold(self)
 
     def wait(self, timeout=None) -> bool:
         for work in self._works:
@@ -194,7 +211,11 @@ class _Joined(dist._Work):
                 work.wait()
             else:
                 work.wait(timeout)
+        release(self)
         return True
+
+    def _finished(self) -> bool:
+        return self.is_completed()
 
     def is_completed(self) -> bool:
         return all(work.is_completed() for work in self._works)

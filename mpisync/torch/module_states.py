@@ -39,17 +39,34 @@ from .process_group import ProcessGroupMPISync
 
 __all__ = ["install"]
 
-_torch_sync = _utils._sync_params_and_buffers
+# torch's own sync; None where this torch has none of that name (nothing is then replaced)
+_torch_sync = getattr(_utils, "_sync_params_and_buffers", None)
 
 
 def install() -> None:
     """Route torch's module-state sync through :func:`_sync_module_states` and
-    :func:`_sync_params_and_buffers` (idempotent)."""
+    :func:`_sync_params_and_buffers` (idempotent). Where torch has not both names (in
+    ``torch.distributed.utils`` and DDP's module), nothing is replaced: DDP then syncs through
+    the group's broadcasts, as on any backend."""
     import torch.nn.parallel.distributed as _ddp  # DDP calls the name it imported
 
+    if not replaceable(_utils, _ddp):
+        return
     _utils._sync_params_and_buffers = _sync_params_and_buffers
     _utils._sync_module_states = _sync_module_states
     _ddp._sync_module_states = _sync_module_states
+
+
+def replaceable(utils, ddp) -> bool:
+    """Whether torch's module-state sync has the names :func:`install` replaces."""
+    return all(
+        callable(getattr(module, name, None))
+        for module, name in (
+            (utils, "_sync_params_and_buffers"),
+            (utils, "_sync_module_states"),
+            (ddp, "_sync_module_states"),
+        )
+    )
 
 
 def _sync_module_states(
@@ -100,6 +117,7 @@ def _sync(process_group, module_states: list, broadcast_bucket_size, src, names:
         if not takes:
             group = None
     if group is None:
+        assert _torch_sync is not None  # install() replaced nothing otherwise
         _torch_sync(process_group, module_states, broadcast_bucket_size, src)
         return
     try:

@@ -140,8 +140,10 @@ class ProcessGroupMPISync(Identity, Operations, dist.ProcessGroup):  # type: ign
         self._name, self._desc = "", ""
         self._coalesced: list | None = None  # entries since _start_coalescing
         self._others = dict(others or {})
+        register = getattr(self, "_register_backend", None)  # absent: C++ asks no group
         for kind, backend in self._others.items():  # torch's C++ callers ask the group too
-            self._register_backend(torch.device(kind), backend_type(backend), backend)
+            if register is not None:
+                register(torch.device(kind), backend_type(backend), backend)
 
     @property
     def threaded(self) -> bool:

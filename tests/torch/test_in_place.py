@@ -16,7 +16,7 @@ dist = pytest.importorskip("torch.distributed")
 from torchutil import rank_values, tensor_bytes  # noqa: E402
 
 import mpisync.torch  # noqa: E402  (registers the backend)
-from mpisync.torch import movement  # noqa: E402
+from mpisync.transports import policy  # noqa: E402
 
 # elements per rank's block: one, odd, and over MPI's eager limit
 _COUNTS = (1, 7, 65537)
@@ -205,16 +205,17 @@ def list_path(request, monkeypatch):
     """Each path of ``all_to_all`` and of ``all_to_all_single`` with split sizes: the one for
     groups of a node's size, and the one for larger groups (forced on every rank alike)."""
     if request.param == "one Ialltoallv":
-        monkeypatch.setattr(movement, "_PEER_TO_PEER_MAX_RANKS", 0)
+        monkeypatch.setattr(policy, "PAIRWISE_MAX_RANKS", 0)
     return request.param
 
 
 @pytest.mark.parametrize("form", _LIST_FORMS)
 @pytest.mark.parametrize("count", [1, 70001])
-def test_all_to_all_lists_have_gloos_bytes(comm, groups, form, count, list_path):
+def test_all_to_all_lists_have_gloos_bytes(comm, groups, form, count, list_path, need_gloo):
     """One message each way per peer straight between the tensors, or through copies where the
     outputs share memory or are not contiguous; or one ``Ialltoallv``: gloo's bytes, each rank's
     values where they belong."""
+    need_gloo("alltoall")
     size, rank = comm.size, comm.rank
     ours = _all_to_all_list(None, rank, size, count, form)
     assert ours == _all_to_all_list(groups[1], rank, size, count, form)

@@ -15,10 +15,10 @@ dist = pytest.importorskip("torch.distributed")
 from torchutil import rank_values, tensor_bytes  # noqa: E402
 
 import mpisync.torch  # noqa: E402  (registers the backend)
-from mpisync.torch import reductions  # noqa: E402
-from mpisync.transports.crossreduce import MIN_BYTES  # noqa: E402
+from mpisync.transports import crossbcast, sharedreduce  # noqa: E402
 from mpisync.transports.nodesegment import setting  # noqa: E402
-from mpisync.transports.sharedreduce import MAX_BYTES as SHARED_MAX  # noqa: E402
+from mpisync.transports.policy import CROSS_REDUCE_MIN_BYTES as MIN_BYTES  # noqa: E402
+from mpisync.transports.policy import SHARED_REDUCE_MAX_BYTES as SHARED_MAX  # noqa: E402
 
 from mpiutil import taken  # noqa: E402
 
@@ -35,9 +35,11 @@ def groups():
 
 @pytest.mark.parametrize("op", ["SUM", "MAX", "MIN", "AVG"])
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce to 0", "reduce to the last rank"])
-def test_a_large_all_reduce_has_gloos_bytes(comm, groups, op, kind):
+def test_a_large_all_reduce_has_gloos_bytes(comm, groups, op, kind, need_gloo):
     """Every rank's all_reduce, and the root's reduce, hold gloo's bytes (the other ranks of a
     reduce hold values torch leaves unspecified)."""
+    if op == "AVG":
+        need_gloo("AVG")
     size, rank = comm.size, comm.rank
     n = MIN_BYTES // 4 + 5  # float32: just over the cross-memory threshold
     data = rank_values(rank, n, torch.float32, exact=size > 2)
@@ -108,14 +110,16 @@ def test_the_plain_form_beside_the_in_place_form_and_a_staged_dtype(comm):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64], ids=str)
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce to the last rank"])
 def test_a_mid_size_all_reduce_goes_through_the_nodes_segment_with_gloos_bytes(
-    comm, groups, monkeypatch, op, dtype, kind
+    comm, groups, monkeypatch, op, dtype, kind, need_gloo
 ):
     """From its first call on a group, a tensor of 256 KiB to 2 MiB (as reduced: float16 in
     float32) goes through the node's segment: every call holds gloo's bytes (small integers at
     more than two ranks, where gloo sums in another order), every rank the same."""
     if dtype == torch.int64 and op == "AVG":
         pytest.skip("gloo has no AVG of integers")
-    ran = taken(monkeypatch, reductions, "shared_steps")
+    if op == "AVG":
+        need_gloo("AVG")
+    ran = taken(monkeypatch, sharedreduce, "shared_steps")
     size, rank = comm.size, comm.rank
     n = SHARED_MAX // 16 + 3
     sub = dist.new_group(backend="mpisync")  # a new group: the segment opens at its first call
@@ -229,10 +233,13 @@ def test_a_large_all_gather_has_every_ranks_bytes(comm, outputs):
     "pieces", ["separate", "one tensor's chunks", "one twice", "the output among them"]
 )
 @pytest.mark.parametrize("op", ["SUM", "MAX", "AVG"])
-def test_a_large_reduce_scatter_has_mpis_bytes(comm, groups, pieces, op):
+def test_a_large_reduce_scatter_has_mpis_bytes(comm, groups, pieces, op, need_gloo):
     """The list form with pieces of at least the cross-memory threshold in all: gloo's bytes
     (the exact result at more than two ranks), the pieces untouched where the output is not
     among them."""
+    need_gloo("reduce_scatter")
+    if op == "AVG":
+        need_gloo("AVG")
     size, rank = comm.size, comm.rank
     n = MIN_BYTES // 4 // size + 3
     data = rank_values(rank, n * size, torch.float32, exact=size > 2)
@@ -259,11 +266,10 @@ def test_a_large_broadcast_has_roots_bytes_by_cross_memory(comm, monkeypatch, wh
     """One tensor of at least the broadcast's threshold: root's bytes on every rank, through the
     cross-memory broadcast where every rank shares one node (a strided tensor through its
     contiguous copy); a small one through MPI."""
-    from mpisync.torch import movement
     from mpisync.transports.cma import enabled
-    from mpisync.transports.crossbcast import MIN_BYTES as BROADCAST_MIN
+    from mpisync.transports.policy import CROSS_BROADCAST_MIN_BYTES as BROADCAST_MIN
 
-    ran = taken(monkeypatch, movement, "bcast_steps")
+    ran = taken(monkeypatch, crossbcast, "bcast_steps")
     size, rank = comm.size, comm.rank
     root = 0 if where == "first" else size - 1
     n = BROADCAST_MIN // (1 if form == "bool" else 4) + 7  # just over the threshold
