@@ -17,7 +17,7 @@ else:
     _mpilib.require()
     from ._runtime import failfast as _failfast
     from ._runtime.ring import RequestRing
-    from .allreduce import GradSync, allreduce
+    from .allreduce import GradOverlap, GradSync, allreduce
     from .errors import (
         InvalidParamError,
         ManifestMismatchError,
@@ -40,6 +40,7 @@ else:
         "sync_state",
         "allreduce",
         "GradSync",
+        "GradOverlap",
         "broadcast_parameters",
         "broadcast_optimizer_state",
         "ParamSync",

@@ -1,15 +1,23 @@
-"""Horovod's ``DistributedOptimizer``: the wrapped optimizer's own class, whose ``step()`` first
-averages (or sums) every dense gradient over the ranks through one :class:`~mpisync.GradSync`
-call (sparse ones as Horovod does: an allgather of indices and values, or reduced dense and given
-back sparse with ``sparse_as_dense=True``), over the ranks of ``process_set`` (a rank outside it
-steps with its own gradients).
+"""Horovod's ``DistributedOptimizer``: the wrapped optimizer's own class, whose gradients are
+averaged (or summed) over the ranks of ``process_set`` before its ``step()`` (a rank outside the
+set steps with its own gradients). Sparse ones go as Horovod's: an allgather of indices and
+values, or reduced dense and given back sparse with ``sparse_as_dense=True``.
+
+By default the reduction overlaps backward: the dense gradients are laid into fused buckets of
+``fusion_bytes`` (:mod:`mpisync.allreduce.buckets`), each bucket's all-reduce starting from
+torch's post-accumulate-grad hooks as soon as its gradients are ready on the last of
+``backward_passes_per_step`` passes; ``step()`` (or ``synchronize()``) reduces what no hook gave
+and waits for the rest. The first step lays the buckets out and reduces them all at ``step()``.
+With ``overlap=False`` every dense gradient goes through one :class:`~mpisync.GradSync` call at
+``step()``. Both give the same bytes on one or two ranks; with more, the order of the additions
+is the transport's.
 
 The object returned is an instance of a subclass of the optimizer's class that shares the
 optimizer's state and parameter groups, so learning-rate schedulers, ``state_dict()`` and
 ``broadcast_optimizer_state`` treat it as the optimizer itself. A parameter whose gradient is
 ``None`` on some ranks counts as zeros there; ``None`` on every rank stays ``None`` (the
 optimizer skips it, as without Horovod). ``backward_passes_per_step`` backward passes before a
-step accumulate in ``.grad`` as torch does; the reduction happens once, at ``step()``.
+step accumulate in ``.grad`` as torch does.
 """
 
 from __future__ import annotations
@@ -20,9 +28,12 @@ import zlib as _zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .. import config as _config
+from ..allreduce.buckets import Buckets, densified
 from .compression import Compression, Compressor
 from .context import default_comm, require
-from .ops import Average, Sum, in_engine, reduce_op
+from .naming import named_parameters_of
+from .ops import Adasum, Average, Sum, in_engine, reduce_op
 from .process_sets import resolve
 
 if TYPE_CHECKING:
@@ -35,20 +46,11 @@ __all__ = ["DistributedOptimizer"]
 _FLAGS = "mpisync.horovod.has_grad"  # rides in the same all-reduce: who has which gradient
 
 
-def _densified(sparse):
-    """``sparse.to_dense()``, summed by index (``to_dense`` of a hybrid sparse tensor, as an
-    embedding's gradient is, gives zeros in some torch builds)."""
-    import torch
-
-    dense = torch.zeros(sparse.shape, dtype=sparse.dtype, device=sparse.device)
-    indices = sparse._indices()
-    return dense.index_put_(tuple(indices), sparse._values(), accumulate=True)
-
-
 class _Reduction:
-    """The reduction state of one distributed optimizer: its own :class:`~mpisync.GradSync`."""
+    """The reduction state of one distributed optimizer: its buckets (overlap), else its own
+    :class:`~mpisync.GradSync`."""
 
-    def __init__(self, process_set, named, compression, op, predivide, sparse_as_dense):
+    def __init__(self, process_set, named, compression, op, predivide, sparse_as_dense, overlap):
         import torch
 
         # a rank outside the process set steps with its own gradients, as in Horovod
@@ -68,11 +70,58 @@ class _Reduction:
         self.flag_values = self.flags.numpy()
         self.synchronized = False
         self.skip = False
+        self.contexts: list = [None] * len(named)  # each gradient's compression context
+        self.buckets: Buckets | None = None
+        if overlap is not None and self.comm is not None:
+            fusion_bytes, passes = overlap
+            self.buckets = Buckets(
+                self.comm,
+                len(named),
+                self._pack,
+                self._unpack,
+                op=self.op,
+                fusion_bytes=fusion_bytes,
+                timeout=_config.resolve().timeout.value,
+                passes=passes,
+            )
+            self.buckets.attach([p for _, p in named])
 
     def close(self) -> None:
         if self.reducer is not None:
             self.reducer.close()
             self.reducer = None
+        if self.buckets is not None:
+            self.buckets.close()
+            self.buckets = None
+
+    def _pack(self, index: int):
+        """Gradient ``index`` as it travels (compressed, predivided) and whether this rank has
+        one; ``None`` for a sparse gradient (Horovod's allgather takes it)."""
+        name, p = self.named[index]
+        if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
+            return None
+        has = p.grad is not None
+        sent, self.contexts[index] = self.compression.compress(self._gradient(name, p))
+        if self.predivide != 1.0:
+            sent = sent / self.predivide
+        return sent, has
+
+    def _unpack(self, index: int, reduced) -> None:
+        """Give parameter ``index`` its reduced gradient (``reduced`` is the bucket's memory)."""
+        result = self.compression.decompress(reduced, self.contexts[index])
+        if self.scale_after != 1.0:
+            result = result * self.scale_after
+        self._store(self.named[index][1], result, reduced)
+
+    @staticmethod
+    def _store(p, result, borrowed=None) -> None:
+        """Write ``result`` into ``p.grad`` (a copy where it is ``borrowed`` memory)."""
+        if p.grad is None:
+            p.grad = result.to(p.device, copy=result is borrowed)
+        elif p.grad.is_sparse:
+            p.grad = result.to(p.device).to_sparse(p.grad.sparse_dim())
+        elif result is not p.grad:
+            p.grad.copy_(result)
 
     def _gradient(self, name, p):
         """``p.grad`` as a dense contiguous tensor, or zeros where it is ``None``."""
@@ -82,7 +131,7 @@ class _Reduction:
         if grad is None:
             return torch.zeros_like(p, memory_format=torch.contiguous_format)
         if grad.is_sparse:  # sparse_as_dense: reduced dense, given back sparse
-            grad = _densified(grad)
+            grad = densified(grad)
         if not grad.is_contiguous():
             grad = p.grad = grad.contiguous()
         return grad
@@ -98,13 +147,35 @@ class _Reduction:
             if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense
         ]
 
-    def reduce(self) -> None:
-        """Reduce every gradient over the ranks: the dense ones in one call."""
-        from ..allreduce import GradSync
+    def _match(self) -> tuple:
+        """The operation's name and what the ranks must agree on (Horovod names a gradient by
+        its parameter: here the first)."""
+        name = self.named[0][0] if self.named else "none"
+        names = _zlib.crc32("\0".join(n for n, _ in self.named).encode())
+        return name, [self.horovod_op, self.predivide, len(self.named), names]
 
+    def reduce(self) -> None:
+        """Reduce every gradient over the ranks: the dense ones in buckets (overlap) or in one
+        call."""
         if self.comm is None:
             self.synchronized = True
             return
+        if self.buckets is None:
+            self._reduce_at_once()
+        else:
+            if self.buckets.too_many:  # Horovod's AssertionError, not inside an operation
+                self.buckets.finish()
+            sparse = self._sparse()
+            name, match = self._match()
+            in_engine(self.process_set, "gradients", name, match, self.buckets.finish)
+            for p, handle in sparse:
+                p.grad = handle()
+        self.synchronized = True
+
+    def _reduce_at_once(self) -> None:
+        """The dense gradients through one :class:`~mpisync.GradSync` call, at ``step()``."""
+        from ..allreduce import GradSync
+
         if self.reducer is None:
             self.reducer = GradSync(self.comm, op=self.op)
         sparse = self._sparse()
@@ -123,10 +194,7 @@ class _Reduction:
             kept.append((i, p, sent, ctx))
         sending[_FLAGS] = self.flags
         reducer = self.reducer
-        # named by its first gradient, as Horovod names a gradient: the parameter's name
-        name = self.named[0][0] if self.named else "none"
-        names = _zlib.crc32("\0".join(n for n, _ in self.named).encode())
-        match = [self.horovod_op, self.predivide, len(self.named), names]
+        name, match = self._match()
         in_engine(self.process_set, "gradients", name, match, lambda: reducer.allreduce(sending))
         for p, handle in sparse:
             p.grad = handle()
@@ -136,13 +204,7 @@ class _Reduction:
             result = self.compression.decompress(sent, ctx)
             if self.scale_after != 1.0:
                 result = result * self.scale_after
-            if p.grad is None:
-                p.grad = result
-            elif p.grad.is_sparse:
-                p.grad = result.to_sparse(p.grad.sparse_dim())
-            elif result is not p.grad:
-                p.grad.copy_(result)
-        self.synchronized = True
+            self._store(p, result)
 
 
 class _DistributedOptimizer:
@@ -217,26 +279,6 @@ class _DistributedOptimizer:
         return self._mpisync_base.step(self, closure)
 
 
-def _named(optimizer, named_parameters) -> list:
-    """``[(name, parameter)]`` for every parameter of the optimizer, in its order."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    if named_parameters is None:
-        return [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
-    named = list(named_parameters)
-    names = [n for n, _ in named]
-    if len(set(names)) != len(names):
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"named_parameters holds duplicate names: {duplicates}")
-    by_id = {id(p): n for n, p in named}
-    unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
-    if unnamed:
-        raise ValueError(
-            f"named_parameters was given, but {len(unnamed)} of the optimizer's parameters are "
-            "not in it (indices " + ", ".join(map(str, unnamed[:10])) + ")"
-        )
-    return [(by_id[id(p)], p) for p in params]
-
-
 def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning the wrapper)
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
@@ -247,6 +289,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
     groups: int | list[list[torch.Tensor]] | None = None,
     sparse_as_dense: bool = False,
     process_set: ProcessSet | None = None,
+    overlap: bool = True,
+    fusion_bytes: int | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap a torch optimizer so that ``step()`` first averages (``op=Sum``: sums) every
     gradient over the ranks of ``process_set``.
@@ -255,10 +299,12 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
     parameter groups, so schedulers, ``state_dict()`` and :func:`broadcast_optimizer_state`
     treat it as the optimizer. As in Horovod, ``synchronize()`` reduces early (to clip the
     gradients), and ``step()`` inside ``skip_synchronize()`` then does not reduce again.
-    Unlike Horovod, which reduces each gradient by name from backward hooks, the dense
-    gradients are reduced together through one :class:`mpisync.GradSync` call that
-    ``step()`` (or ``synchronize()``) completes; a gradient that is ``None`` on some ranks
-    counts as zeros there, and stays ``None`` where every rank has none. Sparse gradients
+    As in Horovod, the dense gradients are reduced in fused buckets whose all-reduces start
+    from backward hooks once their gradients are ready (the first step reduces them all at
+    ``step()``); ``step()`` (or ``synchronize()``) waits for them. Gradients changed after
+    backward (clipped, say) must go through ``synchronize()`` first, as in Horovod. A gradient
+    that is ``None`` on some ranks counts as zeros there, and stays ``None`` where every rank
+    has none. Sparse gradients
     travel as Horovod's (an allgather of indices and values). A rank outside
     ``process_set`` steps with its own gradients. Horovod's deprecated ``num_groups`` is not
     a parameter.
@@ -272,34 +318,52 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
             float16).
         backward_passes_per_step: Backward passes per ``step()``; gradients accumulate in
             ``.grad`` as torch does and are reduced once per step.
-        op: ``Average`` (default) or ``Sum``.
+        op: ``Average`` (default), ``Sum``, or ``Adasum`` (Horovod's Adasum optimizer: each
+            rank steps on its own gradients and the parameters' changes are combined).
         gradient_predivide_factor: With ``Average``: gradients are divided by it before the
             sum and multiplied by ``factor / size`` after, as Horovod's.
         groups: Horovod's explicit grouping; accepted and not needed (mpisync fuses small
             gradients by itself).
         sparse_as_dense: Reduce sparse gradients as dense tensors and give them back sparse.
         process_set: The ranks whose gradients are averaged (default: every rank).
+        overlap: ``False``: no hooks; every dense gradient goes through one
+            :class:`mpisync.GradSync` call at ``step()``.
+        fusion_bytes: The most bytes of gradients per bucket (a larger gradient has its own);
+            default ``MPISYNC_FUSION_BYTES``, as for :class:`mpisync.GradSync`. Unlike
+            ``HOROVOD_FUSION_THRESHOLD`` (a cap on what each cycle fuses), a bucket starts once
+            full, so smaller buckets start sooner.
 
     Returns:
         The wrapped optimizer, to use in place of ``optimizer``.
 
     Raises:
-        ValueError: :func:`init` has not been called; ``op`` is not ``Average`` or ``Sum``;
+        ValueError: :func:`init` has not been called; ``op`` is not ``Average``, ``Sum`` or
+            ``Adasum``;
             ``backward_passes_per_step`` < 1; ``gradient_predivide_factor`` <= 0, or not 1
-            with ``Sum``; ``named_parameters`` repeats a name or misses a parameter.
-        NotImplementedError: ``op=Adasum``.
+            with ``Sum``; ``named_parameters`` repeats a name or misses a parameter;
+            ``fusion_bytes`` < 0 (:class:`mpisync.InvalidParamError`).
+        NotImplementedError: ``op=Adasum`` with a process set other than the global one.
     """
     context = require()
-    reduce_op(None, op)  # Adasum and unknown ops are refused here, before any step
-    if op not in (Average, Sum):
-        raise ValueError("DistributedOptimizer reduces gradients with hvd.Average or hvd.Sum")
+    reduce_op(None, op)  # unknown ops are refused here, before any step
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if not gradient_predivide_factor > 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor applies to op=hvd.Average only")
-    named = _named(optimizer, named_parameters)
+    if op == Adasum:  # Horovod's own optimizer for it: each rank steps, the changes are combined
+        from .adasum_optimizer import adasum_distributed_optimizer
+
+        return adasum_distributed_optimizer(
+            optimizer, named_parameters, compression, backward_passes_per_step, process_set
+        )
+    if op not in (Average, Sum):
+        raise ValueError(
+            "DistributedOptimizer reduces gradients with hvd.Average, hvd.Sum or hvd.Adasum"
+        )
+    named = named_parameters_of(optimizer, named_parameters)
+    fusion = _config.resolve(fusion_bytes=fusion_bytes).fusion_bytes.value
     base = type(optimizer)
     methods = {k: v for k, v in vars(_DistributedOptimizer).items() if not k.startswith("__")}
     cls = type(base.__name__, (base,), {**methods, "_mpisync_base": base, "__doc__": base.__doc__})
@@ -313,6 +377,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
         op,
         float(gradient_predivide_factor),
         sparse_as_dense,
+        (fusion, backward_passes_per_step) if overlap else None,
     )
     context.optimizers.add(wrapped)
     return wrapped
