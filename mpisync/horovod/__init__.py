@@ -13,14 +13,16 @@ Launched as any MPI program (``mpiexec -n 4 python train.py``, ``srun --mpi=pmi2
 Collectives (allreduce, allgather, broadcast, alltoall, reducescatter, their grouped and
 ``*_async`` forms, barrier, join) match by name across ranks as in Horovod
 (:mod:`mpisync.horovod.engine`), run on process sets (MPI sub-communicators), and are
-differentiable with Horovod's gradients. Ranks that disagree get the same
+differentiable with Horovod's gradients. ``op=Adasum`` is Horovod's adaptive summation, with
+its algorithm and its restrictions (:mod:`mpisync.horovod.adasum`; ``DistributedOptimizer``'s
+Adasum form is :mod:`mpisync.horovod.adasum_optimizer`). Ranks that disagree get the same
 :class:`HorovodInternalError` (a ``RuntimeError`` and an :class:`mpisync.SyncError`); bad
 arguments the same :class:`HorovodArgumentError` (a ``ValueError``). What Horovod has and this
-module does not (Adasum, elastic training, the timeline API, TensorFlow, Keras, MXNet) is an
-error naming it. docs/horovod.md lists every name.
+module does not (elastic training, the timeline API, TensorFlow, Keras, MXNet) is an error
+naming it. docs/horovod.md lists every name.
 
-Besides the functions and classes below: ``Average``, ``Sum``, ``Min``, ``Max`` and ``Product``
-are the ``op`` values, with Horovod's numbers (``Adasum`` is refused); ``global_process_set``
+Besides the functions and classes below: ``Average``, ``Sum``, ``Adasum``, ``Min``, ``Max`` and
+``Product`` are the ``op`` values, with Horovod's numbers; ``global_process_set``
 is the :class:`ProcessSet` of every rank of :func:`init`'s communicator, the default
 ``process_set``.
 """

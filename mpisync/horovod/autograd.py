@@ -61,7 +61,8 @@ def grouped_allreduce(
         name: The name ranks match the operation by (default: automatic).
         compression: ``Compression.none`` or ``Compression.fp16`` (float tensors travel as
             float16, the results are cast back).
-        op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        op: ``Average`` (default), ``Sum``, ``Adasum`` (Horovod's adaptive summation, float
+            tensors only), ``Min``, ``Max`` or ``Product``.
         prescale_factor: Applied to each tensor before the reduction.
         postscale_factor: Applied to each result.
         process_set: The ranks to reduce over (default: all; ``None`` too).
@@ -72,7 +73,8 @@ def grouped_allreduce(
     Raises:
         ValueError: :func:`init` has not been called, or ``op`` is unknown or given with
             ``average``.
-        NotImplementedError: ``op=Adasum``.
+        NotImplementedError: ``op=Adasum`` on a process set other than the global one, or
+            on a number of ranks that is not a power of two (as Horovod).
         HorovodInternalError: The ranks' dtypes, shapes, op or factors differ, or they
             called different operations (on every rank).
         HorovodArgumentError: A sparse or meta tensor on some rank (on every rank); a name
@@ -116,7 +118,8 @@ def allreduce(
             ``op``.
         name: The operation's name, matched across ranks; automatic if ``None``.
         compression: How the tensor travels: ``Compression.none`` or ``Compression.fp16``.
-        op: The reduction: ``Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product``.
+        op: The reduction: ``Average`` (default), ``Sum``, ``Adasum``, ``Min``, ``Max``,
+            ``Product``.
         prescale_factor: ``tensor`` is multiplied by it first.
         postscale_factor: The result is multiplied by it.
         process_set: Which ranks take part (default: every rank).
@@ -126,7 +129,8 @@ def allreduce(
 
     Raises:
         ValueError: No :func:`init` yet; ``op`` unknown, or both ``op`` and ``average``.
-        NotImplementedError: Asked for ``Adasum``.
+        NotImplementedError: Asked for ``Adasum`` on a non-global process set or a number of
+            ranks that is not a power of two.
         HorovodInternalError: Ranks passed different dtypes, shapes, ops or factors under
             this name, or waited for different operations: raised on every rank.
         HorovodArgumentError: A rank passed a sparse or meta tensor (every rank hears of
@@ -163,7 +167,8 @@ def grouped_allreduce_(
         tensors: The tensors to reduce; each is overwritten with its result.
         average: Older form of ``op`` (``True``: Average, ``False``: Sum).
         name: Matched across ranks; automatic when not given.
-        op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        op: ``Average`` (default), ``Sum``, ``Adasum`` (Horovod's adaptive summation, float
+            tensors only), ``Min``, ``Max`` or ``Product``.
         prescale_factor: Scales each tensor before the reduction.
         postscale_factor: Scales each result.
         process_set: The ranks to reduce over (default: global).
@@ -173,7 +178,7 @@ def grouped_allreduce_(
 
     Raises:
         ValueError: :func:`init` is missing, or the ``op``/``average`` pair is invalid.
-        NotImplementedError: For ``Adasum``.
+        NotImplementedError: For ``Adasum`` on a non-global set or a size not a power of two.
         HorovodInternalError: The ranks disagree about the group (on every rank).
         HorovodArgumentError: A rank's tensors cannot travel (every rank); a pending name
             or an unusable set (this rank).
@@ -212,7 +217,8 @@ def allreduce_(
 
     Raises:
         ValueError: Before :func:`init`; an unknown ``op``, or ``op`` with ``average``.
-        NotImplementedError: ``op`` is ``Adasum``.
+        NotImplementedError: ``op`` is ``Adasum`` and Horovod would refuse it (a non-global
+            process set, a number of ranks not a power of two).
         HorovodInternalError: Another rank passed another dtype, shape, op or factor, or
             waits for another operation.
         HorovodArgumentError: Some rank's tensor is sparse or meta, or here: a name already
@@ -483,9 +489,8 @@ def grouped_reducescatter(
 
     Raises:
         ValueError: :func:`init` was not called, or ``op`` is unknown.
-        NotImplementedError: ``op=Adasum``.
-        HorovodArgumentError: ``Min``/``Max``/``Product``, or a 0-d, sparse or meta tensor
-            on a rank (every rank); a pending name or unusable set (this rank).
+        HorovodArgumentError: ``Adasum``/``Min``/``Max``/``Product``, or a 0-d, sparse or
+            meta tensor on a rank (every rank); a pending name or unusable set (this rank).
         HorovodInternalError: The ranks' dtypes, shapes, op or factors differ, or they wait
             for other operations.
         mpisync.SyncTimeoutError: The reduction did not complete in ``MPISYNC_TIMEOUT``.
@@ -530,7 +535,6 @@ def reducescatter(
 
     Raises:
         ValueError: No :func:`init`, or an unknown ``op``.
-        NotImplementedError: For ``Adasum``.
         HorovodArgumentError: An op other than Average/Sum, a 0-d or unsupported tensor
             (on every rank); this rank's pending name or unusable set.
         HorovodInternalError: Ranks differ in dtype, shape, op or factors, or in the

@@ -324,4 +324,9 @@ def _zero_allreduce(comm, call, desc: dict) -> None:
         torch.zeros(shape, dtype=getattr(torch, dtype))
         for dtype, shape in zip(desc["m"][-2], desc["s"])
     ]
+    if op == "adasum":  # a joined rank takes part with zeros, as in Horovod
+        from . import adasum
+
+        adasum.allreduce(comm, call, zeros, prescale, postscale)
+        return
     kernels.allreduce(comm, call, zeros, op, prescale, postscale)

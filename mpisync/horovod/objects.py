@@ -59,7 +59,7 @@ def _encode(obj, depth: int):
         return _tensor(obj, torch)
     raise TypeError(
         f"an object of type {type(obj).__module__}.{type(obj).__qualname__}: mpisync sends "
-        "numbers, strings, None, lists, tuples, dicts, numpy arrays and torch tensors, never "
+        "numbers, strings, None, lists, tuples, sets, dicts, numpy arrays and torch tensors, never "
         "pickles"
     )
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import kernels
+from . import adasum, kernels
+from .context import size
 from .engine import Engine, Op
 from .process_sets import ProcessSet, global_process_set, resolve
 
@@ -62,7 +63,8 @@ DIFFERENTIABLE = (
 )
 
 #: Horovod's reduction ops (``op=``), with Horovod's values: ``Average`` (the default),
-#: ``Sum``, ``Min``, ``Max``, ``Product``; ``Adasum`` is refused (NotImplementedError).
+#: ``Sum``, ``Adasum`` (all-reduce only: :mod:`mpisync.horovod.adasum`), ``Min``, ``Max``,
+#: ``Product``.
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _OPS = {Sum: "sum", Min: "min", Max: "max", Product: "prod"}
 
@@ -73,13 +75,10 @@ def reduce_op(average=None, op=None) -> int:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
     if op is None:
         op = Sum if average is False else Average
-    if op == Adasum:
-        raise NotImplementedError(
-            "mpisync.horovod does not provide Adasum (Horovod's adaptive summation): use "
-            "op=hvd.Average or hvd.Sum"
+    if op not in (Average, Adasum, *_OPS):
+        raise ValueError(
+            f"unknown reduction op {op!r}: use hvd.Average, Sum, Adasum, Min, Max or Product"
         )
-    if op not in (Average, *_OPS):
-        raise ValueError(f"unknown reduction op {op!r}: use hvd.Average, Sum, Min, Max or Product")
     return op
 
 
@@ -87,6 +86,8 @@ def _mpi_op(op: int, postscale: float, process_set) -> tuple[str, float]:
     """mpisync's reduction and the postscale factor: an average is a sum scaled after."""
     if op == Average:
         return "sum", postscale / process_set.size()
+    if op == Adasum:
+        return "adasum", postscale
     return _OPS[op], postscale
 
 
@@ -201,7 +202,9 @@ def grouped_allreduce_async(
     same dtypes and shapes, in the same order. The group is fused, as Horovod fuses tensors:
     the tensors reduced in one dtype are copied end to end into one CPU buffer and reduced by
     one collective (a CUDA tensor comes back on its device); float16 and bfloat16 are reduced
-    in float32. The inputs are not modified.
+    in float32. The inputs are not modified. ``Adasum`` is Horovod's algorithm
+    (:mod:`mpisync.horovod.adasum`): float16 (in its own dtype), float32 and float64 only, on
+    the global process set of a power-of-two size, as in Horovod.
 
     Args:
         tensors: The tensors to reduce (any dtype torch and MPI share, any device).
@@ -209,7 +212,7 @@ def grouped_allreduce_async(
             ``Sum``. Pass ``op`` instead.
         name: The operation's name; ranks match operations by name (default: an automatic
             ``allreduce.noname.N``, counted on each rank).
-        op: ``Average`` (the default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        op: ``Average`` (the default), ``Sum``, ``Adasum``, ``Min``, ``Max`` or ``Product``.
         prescale_factor: Each tensor is multiplied by it before the reduction (integers in
             float64, then truncated, as Horovod).
         postscale_factor: The result is multiplied by it (an average divides by the set's
@@ -221,14 +224,20 @@ def grouped_allreduce_async(
 
     Raises:
         ValueError: :func:`init` has not been called; or ``op`` and ``average`` are both
-            given, or ``op`` is not a known reduction.
-        NotImplementedError: ``op`` is ``Adasum``.
+            given, or ``op`` is not a known reduction; or ``op=Adasum`` with a bfloat16
+            tensor (as Horovod).
+        NotImplementedError: ``op=Adasum`` on a process set other than the global one, or
+            with a number of ranks that is not a power of two (Horovod's messages).
         HorovodArgumentError: ``name`` is already pending on this rank, or ``process_set``
             was not added or does not hold this rank (this rank only). Errors that depend
-            on other ranks come from :func:`synchronize`.
+            on other ranks come from :func:`synchronize`, where ``Adasum`` of a dtype other
+            than float16, float32 or float64 raises HorovodInternalError (Horovod's
+            "Unsupported data type").
     """
     tensors, process_set = list(tensors), resolve(process_set)
     horovod_op = reduce_op(average, op)
+    if horovod_op == Adasum:
+        adasum.check(process_set == global_process_set, size(), tensors)
     mpi_op, post = _mpi_op(horovod_op, float(postscale_factor), process_set)
     pre = float(prescale_factor)
     shapes = [list(t.shape) for t in tensors]
@@ -242,6 +251,8 @@ def grouped_allreduce_async(
     )
 
     def run(comm, call, descs):
+        if mpi_op == "adasum":
+            return adasum.allreduce(comm, call, tensors, pre, post)
         return kernels.allreduce(comm, call, tensors, mpi_op, pre, post)
 
     return Handle(*_submit(process_set, "allreduce", name, desc, run))
@@ -274,7 +285,7 @@ def grouped_allreduce_async_(tensors: Iterable[torch.Tensor], *args: Any, **kwar
     Raises:
         ValueError: Before :func:`init`, or for ``op``/``average`` as in
             :func:`grouped_allreduce_async`.
-        NotImplementedError: ``op=Adasum``.
+        NotImplementedError: ``op=Adasum`` on a non-global set or a size not a power of two.
         HorovodArgumentError: The name is pending already, or the set is not usable on this
             rank.
     """
@@ -301,7 +312,8 @@ def allreduce_async(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Handle:
 
     Raises:
         ValueError: No :func:`init` yet; both ``op`` and ``average``, or an unknown ``op``.
-        NotImplementedError: ``Adasum`` was asked for.
+        NotImplementedError: ``Adasum`` was asked for on a non-global process set or a
+            number of ranks that is not a power of two.
         HorovodArgumentError: A pending operation has this name on this rank, or the
             process set was not added or lacks this rank.
     """
@@ -325,7 +337,8 @@ def allreduce_async_(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Handle:
     Raises:
         ValueError: Called before :func:`init`, or ``op`` is invalid or given with
             ``average``.
-        NotImplementedError: For ``op=Adasum``.
+        NotImplementedError: For ``op=Adasum`` where Horovod refuses it (a non-global set,
+            a size not a power of two).
         HorovodArgumentError: Its name is in flight here already, or its process set cannot
             be used by this rank.
     """
@@ -569,10 +582,9 @@ def grouped_reducescatter_async(
 
     Raises:
         ValueError: :func:`init` has not been called, or ``op`` is not a known reduction.
-        NotImplementedError: ``op=Adasum``.
         HorovodArgumentError: A pending operation already has ``name`` here, or the set
-            cannot be used by this rank. ``Min``, ``Max`` or ``Product``, and 0-d tensors,
-            are reported by :func:`synchronize`, on every rank.
+            cannot be used by this rank. ``Adasum``, ``Min``, ``Max`` or ``Product``, and
+            0-d tensors, are reported by :func:`synchronize`, on every rank.
     """
     tensors = list(tensors)
     process_set = resolve(process_set)
@@ -616,7 +628,8 @@ def reducescatter_async(
 
     Raises:
         ValueError: Before :func:`init`, or an unknown ``op``.
-        NotImplementedError: Adasum asked for.
+        HorovodArgumentError: ``Adasum`` (or ``Min``, ``Max``, ``Product``), from
+            :func:`synchronize` on every rank.
         HorovodArgumentError: Its name is pending here already, or the set is not usable on
             this rank.
     """
