@@ -45,7 +45,7 @@ __all__ = [
 
 GPU_TRANSPORTS = ("auto", "cuda-aware", "staged")
 
-#: Built-in defaults; the README's Performance section says how they were chosen.
+#: Built-in defaults; docs/performance.md, "The defaults" says how they were chosen.
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "max_concurrent": 16,
     "fusion_bytes": 256 << 10,
@@ -67,7 +67,7 @@ SWITCHES: dict[str, bool | None] = {
     "MPISYNC_SPEEDUPS": True,
     "MPISYNC_TIMEOUT_ABORT": True,
     "MPISYNC_ALLOW_SINGLETON": False,
-    "MPISYNC_TORCH_CHECK": True,
+    "MPISYNC_TORCH_CHECK": False,
     "MPISYNC_TORCH_SYNC_PARAMS": True,
     "MPISYNC_FAIL_FAST": True,
 }
@@ -93,12 +93,15 @@ _TOOLING = (
     "MPISYNC_TORCH_BUILD",
     "MPISYNC_NEWEST_TORCH",
     "MPISYNC_SKIP_NEWEST_TORCH",
+    "MPISYNC_OLDEST_TORCH",
+    "MPISYNC_SKIP_OLDEST_TORCH",
     "MPISYNC_WITHOUT_TORCH",
     "MPISYNC_GPU_CHECK_SECONDS",
     "MPISYNC_GPU_PYTHON",
     "MPISYNC_REQUIRE_GPU",
     "MPISYNC_CHECK_LIBDIR",
     "MPISYNC_EXPECT_NODES",
+    "MPISYNC_LINK_RATE",
 )
 #: Every ``MPISYNC_*`` name that means something; any other is reported as unknown.
 KNOWN_ENV = frozenset([*ENV_NAMES.values(), *SWITCHES, "MPISYNC_LOG", *PATHS, *_BENCH, *_TOOLING])

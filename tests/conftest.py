@@ -27,6 +27,11 @@ def _hide_the_torch_test_folder() -> None:
 
 _hide_the_torch_test_folder()
 
+# The torch backend's argument check is opt-in for users (MPISYNC_TORCH_CHECK=1); the suite runs
+# with it on, so that every refusal test sees the error agreed on every rank.
+# tests/torch/test_argument_check.py covers the default, without it.
+os.environ.setdefault("MPISYNC_TORCH_CHECK", "1")
+
 
 def _world_size() -> int:
     if "mpi4py.MPI" not in sys.modules:

@@ -253,12 +253,12 @@ def run(comm, args) -> dict:
         out["collectives"] = _every_collective(comm, groups, args)
     if "check" in args.rows:
         assert groups is not None
-        unchecked = _collectives.unchecked_group()
+        checked = _collectives.group_with_check(True)
+        unchecked = _collectives.group_with_check(False)
         sizes = [s for s in (1 << 10, 1 << 20) if s <= max(args.max_bytes, 1 << 10)]
-        out["check"] = _collectives.check_cost(
-            comm, groups["mpisync"], unchecked, args.iterations, sizes
-        )
+        out["check"] = _collectives.check_cost(comm, checked, unchecked, args.iterations, sizes)
         _destroy(unchecked)
+        _destroy(checked)
     if groups is not None:
         import torch.distributed as dist
 

@@ -10,7 +10,7 @@ the backend's argument check.
   (:func:`~mpisync.tools.bench.timing.measure_interleaved`: medians of the slowest rank's time);
   ``gloo/mpisync`` above 1 means mpisync is faster, ``of limit`` is the limit's time / mpisync's.
 - ``check``: ``all_reduce`` on two mpisync groups, one with the argument check
-  (``MPISYNC_TORCH_CHECK``, the default) and one without, side by side: what the check
+  (``MPISYNC_TORCH_CHECK=1``) and one without (the default), side by side: what the check
   costs.
 """
 
@@ -223,12 +223,13 @@ def cells(sizes, ranks: int) -> int:
     return len(_cells(sizes, ranks))
 
 
-def unchecked_group():
-    """A new mpisync group over every rank without the argument check (a collective call)."""
+def group_with_check(on: bool):
+    """A new mpisync group over every rank with the argument check on or off (a collective
+    call), whatever ``MPISYNC_TORCH_CHECK`` says."""
     import torch.distributed as dist
 
     before = _os.environ.get("MPISYNC_TORCH_CHECK")
-    _os.environ["MPISYNC_TORCH_CHECK"] = "0"
+    _os.environ["MPISYNC_TORCH_CHECK"] = "1" if on else "0"
     try:
         return dist.new_group(backend="mpisync")
     finally:
@@ -305,6 +306,6 @@ def table(result: dict) -> list:
             )
         lines.append(
             "  us: median time per call of the slowest rank, microseconds, with the check "
-            "(MPISYNC_TORCH_CHECK, the default) and without; cost: checked / unchecked - 1"
+            "(MPISYNC_TORCH_CHECK=1) and without (the default); cost: checked / unchecked - 1"
         )
     return lines
