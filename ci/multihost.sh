@@ -12,6 +12,9 @@
 #   bash ci/multihost.sh HOSTS RANKS_PER_HOST [pytest args...]     (as root; default: 2 1)
 #   bash ci/multihost.sh HOSTS RANKS_PER_HOST --bench [bench args...]  (benchmarks/multihost_bench.py)
 #   bash ci/multihost.sh HOSTS RANKS_PER_HOST --run COMMAND...         (any command)
+#
+# MPISYNC_LINK_RATE (a tc rate: 1gbit, 10gbit) shapes each host's link with a token bucket, as a
+# cluster's slower network would: then communication costs what it costs between real nodes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hosts=${1:-2}; per_host=${2:-1}; shift $(( $# > 2 ? 2 : $# )) || true
@@ -66,6 +69,9 @@ for i in $(seq 1 "$hosts") 254; do
   ip -n "$ns" addr add "10.77.0.$i/24" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
+  if [ -n "${MPISYNC_LINK_RATE:-}" ] && [ "$i" != 254 ]; then
+    ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$MPISYNC_LINK_RATE" burst 256kb latency 20ms
+  fi
   mkdir -p "/etc/netns/$ns"   # ip netns exec bind-mounts this over /etc/hosts (and remounts /sys for the namespace)
   { echo "127.0.0.1 localhost"; echo "10.77.0.254 $prefix-head"
     for j in $(seq 1 "$hosts"); do echo "10.77.0.$j $prefix-h$j"; done; } > "/etc/netns/$ns/hosts"
@@ -98,7 +104,7 @@ chmod +x "$state/ssh"
 
 host_list=$(IFS=,; echo "${names[*]/%/:$per_host}")
 n=$((hosts * per_host))
-echo "== multihost: $hosts hosts x $per_host ranks over TCP ($host_list)"
+echo "== multihost: $hosts hosts x $per_host ranks over TCP ($host_list)${MPISYNC_LINK_RATE:+, links shaped to $MPISYNC_LINK_RATE}"
 # mpiexec runs on a head node of its own on the bridge (network and hostname only): every host is
 # then remote to hydra and started through the stand-in (a host of its own would be forked directly).
 timeout 900 ip netns exec "$prefix-head" unshare --uts sh -c "hostname $prefix-head && \
