@@ -43,7 +43,7 @@ def max_and_min(comm, words, call) -> tuple:
 
     ``call(request)`` waits for the request (with the caller's deadline). Plain Python: a repeated
     sync runs this with its caches cold, where a numpy call's fixed overhead outweighs the work on
-    a few integers (docs/performance.md, History).
+    a few integers.
     """
     words = [int(w) for w in words]
     n = len(words)

@@ -1,5 +1,5 @@
-"""The ``mpisync`` command: ``info``, ``stage-checkpoint``, ``bench``, ``tune``, ``timeline`` and
-``--version``.
+"""The ``mpisync`` command: ``info``, ``stage-checkpoint``, ``bench``, ``tune``, ``timeline``,
+``docs`` and ``--version``.
 
 Options are checked before any work: a missing optional package (matplotlib
 for ``--plot`` and ``timeline``), a folder that does not exist for an output
@@ -7,8 +7,8 @@ file, a bad number, each ends the command at once with status 2 and one line
 saying what to do. Under ``mpiexec`` only rank 0 prints tables and messages.
 
 Without an MPI library, ``--version``, ``--help``, ``info`` (which then says in one line what to
-install, and exits with status 1) and ``timeline`` still run; the other commands print that line
-and exit with status 1.
+install, and exits with status 1), ``docs`` and ``timeline`` still run; the other commands print
+that line and exit with status 1.
 """
 
 from __future__ import annotations
@@ -33,7 +33,11 @@ def plural(count: int, word: str, many: str | None = None) -> str:
     return f"{count} {word if count == 1 else many or word + 's'}"
 
 
-_NEEDS_NO_MPI = ("info", "timeline")
+_NEEDS_NO_MPI = ("info", "timeline", "docs")
+
+#: Where the manual is published: setup.cfg's ``project_urls`` Documentation entry, which an
+#: installed package's metadata carries; this copy serves a checkout installed before it had one.
+DOCS_URL = "https://github.com/mpisync/mpisync/tree/main/docs"
 
 
 def _world():
@@ -346,6 +350,41 @@ def _timeline(args) -> int:
     return 0
 
 
+def docs_url() -> str:
+    """The manual's address: the installed package's ``Documentation`` URL, else
+    :data:`DOCS_URL`."""
+    from importlib import metadata
+
+    try:
+        entries = metadata.metadata("mpisync").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        entries = []
+    for entry in entries:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() == "documentation" and url.strip():
+            return url.strip()
+    return DOCS_URL
+
+
+def docs_folder() -> str | None:
+    """The docs/ folder of the source checkout this mpisync runs from, or ``None`` (installed)."""
+    root = _os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))
+    folder = _os.path.join(root, "docs")
+    if _os.path.isfile(_os.path.join(folder, "index.md")) and _os.path.isfile(
+        _os.path.join(root, "setup.cfg")
+    ):
+        return folder
+    return None
+
+
+def _docs(args) -> int:
+    print(f"documentation: {docs_url()}")
+    folder = docs_folder()
+    if folder is not None:
+        print(f"this checkout's copy: {folder} (start at index.md)")
+    return 0
+
+
 def _version() -> str:
     from .. import __version__
 
@@ -354,7 +393,9 @@ def _version() -> str:
 
 def _parser() -> _argparse.ArgumentParser:
     parser = _argparse.ArgumentParser(
-        prog="mpisync", description="Keep model parameters identical across MPI ranks."
+        prog="mpisync",
+        description="Keep model parameters identical across MPI ranks.",
+        epilog=f"Documentation: {docs_url()} (`mpisync docs` prints where it is).",
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -406,6 +447,8 @@ def _parser() -> _argparse.ArgumentParser:
     timeline.add_argument("--out", required=True, help="the PNG to write")
     timeline.add_argument("--sync", type=int, default=0, help="only the N-th sync (from 1); 0: all")
     timeline.set_defaults(func=_timeline)
+    docs = sub.add_parser("docs", help="print where the documentation is")
+    docs.set_defaults(func=_docs)
     return parser
 
 

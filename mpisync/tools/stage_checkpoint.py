@@ -74,7 +74,10 @@ def _check_safetensors(path: str, size: int) -> None:
             raise ValueError("too short for a safetensors file")
         (header_len,) = _struct.unpack("<Q", head)
         if header_len > min(size - 8, _HEADER_LIMIT):
-            raise ValueError(f"header length {header_len} does not fit the file ({size} bytes)")
+            raise ValueError(
+                f"header length {header_len} does not fit the file ({size} bytes): "
+                "not a safetensors file?"
+            )
         raw = f.read(header_len)
     try:
         header = _json.loads(raw)

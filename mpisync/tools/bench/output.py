@@ -99,7 +99,7 @@ def _osu_lines(op: str, rows: list, meta: dict) -> list:
             else ""
         )
         + f"; ! outlier: a mean over {_OSU_SPIKE:g}x both neighbours' (noise: run again) "
-        + f"({DOCS}, Raw MPI rows)"
+        + "(docs/performance.md, Raw MPI rows)"
     )
     return lines
 
