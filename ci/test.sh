@@ -18,9 +18,10 @@ timeout 600 mypy
 echo "== the package: sdist and wheel by python -m build, twine check --strict (ci/package_check.py)"
 timeout 900 python ci/package_check.py
 
-echo "== the manual: Sphinx, warnings as errors; every public name's Args, Returns, Raises (ci/doc_coverage.py)"
+echo "== the manual: Sphinx, warnings as errors; every public name's Args, Returns, Raises (ci/doc_coverage.py); links, no dates or hashes (ci/check_docs.py)"
 timeout 600 python -m sphinx -W --keep-going -q -b html docs "$MPISYNC_TEST_LOGS/manual"
 timeout 300 python ci/doc_coverage.py --inventory "$MPISYNC_TEST_LOGS/manual/objects.inv"
+timeout 300 python ci/check_docs.py
 
 echo "== GPU check, dry run: ci/gpu-check.sh's wheel install and preflight, without a GPU"
 timeout 300 bash ci/gpu-wheels.sh
@@ -40,13 +41,17 @@ done
 # fails if a test gloo passes does not pass on mpisync (see docs/allreduce.md).
 echo "== torch's contract tests (_DistTestBase): mpisync beside gloo, 2 and 3 ranks"
 timeout 900 python ci/torch_contract/compare.py --ranks 2 3 --out-dir "$MPISYNC_TEST_LOGS/torch-contract"
-# Every test once more with the shared segment offered for every set (by default: sets of small tensors only).
-echo "== 3 ranks, MPISYNC_SHARED_MEMORY=1"
-MPISYNC_SHARED_MEMORY=1 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 3 python ci/mpi_pytest.py -q
-echo "== 2 ranks, MPISYNC_CROSS_MEMORY=0 MPISYNC_SHARED_MEMORY=0 (repeated syncs stay on MPI collectives)"
-MPISYNC_CROSS_MEMORY=0 MPISYNC_SHARED_MEMORY=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q
-echo "== 2 ranks, MPISYNC_SPEEDUPS=0 (the Python form of every C loop: the same program, as without a compiler)"
-MPISYNC_SPEEDUPS=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q
+# The node's mechanisms under their other settings: the tests that reach them (the transports,
+# GradSync, ParamSync's contract, the torch backend's and mpisync.horovod's node paths), not the
+# whole suite again.
+node_tests=(tests/transports tests/allreduce tests/params tests/plan tests/contract
+  tests/torch/test_node_paths.py tests/horovod/test_collectives.py)
+echo "== the node's mechanisms, 3 ranks, MPISYNC_SHARED_MEMORY=1 (the segment offered for every set)"
+MPISYNC_SHARED_MEMORY=1 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 3 python ci/mpi_pytest.py -q "${node_tests[@]}"
+echo "== the node's mechanisms, 2 ranks, MPISYNC_CROSS_MEMORY=0 MPISYNC_SHARED_MEMORY=0 (MPI's collectives only)"
+MPISYNC_CROSS_MEMORY=0 MPISYNC_SHARED_MEMORY=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q "${node_tests[@]}"
+echo "== the node's mechanisms, 2 ranks, MPISYNC_SPEEDUPS=0 (the Python form of every C loop, as without a compiler)"
+MPISYNC_SPEEDUPS=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q "${node_tests[@]}"
 # The passes above ran with the C loops: fail if the optional extension was quietly not built here.
 python -c "import mpisync._runtime.speedups as s; assert s.enabled(), 'mpisync._speedups was not built'"
 
@@ -58,6 +63,16 @@ if [ "${MPISYNC_SKIP_NEWEST_TORCH:-0}" != 1 ]; then
   MPISYNC_TORCH_VERSION=$newest MPISYNC_TORCH_BUILD=index timeout 1200 bash ci/setup.sh .venv-torch-newest mpich test
   MPIEXEC_TIMEOUT=900 timeout 960 .venv-torch-newest/bin/mpiexec -n 2 .venv-torch-newest/bin/python ci/mpi_pytest.py -q tests/torch tests/horovod
   PATH="$PWD/.venv-torch-newest/bin:$PATH" timeout 900 .venv-torch-newest/bin/python ci/torch_contract/compare.py --ranks 2 --out-dir "$MPISYNC_TEST_LOGS/torch-contract-newest"
+fi
+if [ "${MPISYNC_SKIP_OLDEST_TORCH:-0}" != 1 ]; then
+  # The oldest supported torch release (docs/compatibility.md; the index's build, run on the
+  # CPU) in a venv of its own, kept between runs: the torch and Horovod tests and torch's
+  # contract tests, at 2 ranks.
+  oldest=${MPISYNC_OLDEST_TORCH:-2.4.1}
+  echo "== torch $oldest (the oldest supported): the torch and Horovod tests and torch's contract tests, 2 ranks"
+  MPISYNC_TORCH_VERSION=$oldest MPISYNC_TORCH_BUILD=index timeout 1200 bash ci/setup.sh .venv-torch-oldest mpich test
+  PATH="$PWD/.venv-torch-oldest/bin:$PATH" MPIEXEC_TIMEOUT=900 timeout 960 .venv-torch-oldest/bin/mpiexec -n 2 .venv-torch-oldest/bin/python ci/mpi_pytest.py -q tests/torch tests/horovod
+  PATH="$PWD/.venv-torch-oldest/bin:$PATH" timeout 900 .venv-torch-oldest/bin/python ci/torch_contract/compare.py --ranks 2 --out-dir "$MPISYNC_TEST_LOGS/torch-contract-oldest"
 fi
 if [ "${MPISYNC_SKIP_FRAMEWORKS:-0}" != 1 ]; then
   # DeepSpeed, Lightning and Accelerate in a venv of their own, so they cannot change the one
@@ -92,8 +107,8 @@ if [ "${MPISYNC_SKIP_OPENMPI:-0}" != 1 ]; then
   done
   # Open MPI's context-id agreement once failed here with several Idups in flight on one
   # communicator (MPI_ERR_INTERN from MPI_Test); the torch tests make the most communicators.
-  echo "== the torch tests on Open MPI, 20 runs in a row (2 ranks with MPISYNC_SHARED_MEMORY=1, 3 ranks)"
-  for run in $(seq 1 10); do
+  echo "== the torch tests on Open MPI, 6 runs in a row (2 ranks with MPISYNC_SHARED_MEMORY=1, 3 ranks)"
+  for run in $(seq 1 3); do
     for n in 2 3; do
       MPISYNC_SHARED_MEMORY=$([ "$n" = 2 ] && echo 1 || true) MPIEXEC_TIMEOUT=300 timeout 320 .venv-openmpi/bin/mpiexec --oversubscribe \
         -n "$n" -x MPISYNC_SHARED_MEMORY .venv-openmpi/bin/python ci/mpi_pytest.py -q tests/torch \
