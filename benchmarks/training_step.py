@@ -10,7 +10,9 @@ communication: the floor), ``horovod overlap`` (``mpisync.horovod.DistributedOpt
 bucket's all-reduce started during backward), ``horovod at step`` (the same, every gradient
 reduced at ``step()``), ``ddp`` (``DistributedDataParallel`` on the ``mpisync`` backend). Each
 row's figure is images per second over the ranks (batch x ranks / the slowest rank's median
-step); rank 0 prints min / median / max over the rounds, and how much of the communication each
+step). ``--rows "real horovod"`` runs Horovod's own ``DistributedOptimizer`` instead (Horovod's
+defaults), alone, where Horovod is installed: launch it alternately with the others to compare.
+Rank 0 prints min / median / max over the rounds, and how much of the communication each
 row hides: ``1 - (row - compute) / (at step - compute)``.
 """
 
@@ -23,6 +25,8 @@ import sys
 import time
 
 ROWS = ("compute only", "horovod overlap", "horovod at step", "ddp")
+#: Run alone (``--rows "real horovod"``) in an environment where Horovod itself is installed.
+REAL = "real horovod"
 
 
 def resnet18(num_classes: int = 1000):
@@ -68,6 +72,8 @@ def _trainer(row: str, hvd):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if row == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
+    elif row == REAL:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     elif row.startswith("horovod"):
         optimizer = hvd.DistributedOptimizer(
             optimizer,
@@ -108,7 +114,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
-        "--rows", default=",".join(ROWS), help="comma-separated, of: " + ", ".join(ROWS)
+        "--rows",
+        default=",".join(ROWS),
+        help="comma-separated, of: " + ", ".join(ROWS) + f"; or {REAL!r} alone",
     )
     parser.add_argument("--json", help="write every round's figures here (rank 0)")
     args = parser.parse_args(argv)
@@ -117,12 +125,17 @@ def main(argv=None) -> int:
     import torch
     from mpi4py import MPI
 
-    import mpisync.horovod as hvd
-    import mpisync.torch
-
     comm = MPI.COMM_WORLD
-    hvd.init()
-    mpisync.torch.init_process_group()
+    if rows == [REAL]:
+        import horovod.torch as hvd
+
+        hvd.init()
+    else:
+        import mpisync.horovod as hvd
+        import mpisync.torch
+
+        hvd.init()
+        mpisync.torch.init_process_group()
     torch.manual_seed(comm.rank)
     images = torch.randn(args.batch, 3, 224, 224)
     labels = torch.randint(0, 1000, (args.batch,))
@@ -136,7 +149,8 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w") as out:
                 json.dump({"ranks": comm.size, "batch": args.batch, "img_per_s": rates}, out)
-    torch.distributed.destroy_process_group()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return 0
 
 
