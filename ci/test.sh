@@ -71,7 +71,8 @@ if [ "${MPISYNC_SKIP_OLDEST_TORCH:-0}" != 1 ]; then
   oldest=${MPISYNC_OLDEST_TORCH:-2.4.1}
   echo "== torch $oldest (the oldest supported): the torch and Horovod tests and torch's contract tests, 2 ranks"
   MPISYNC_TORCH_VERSION=$oldest MPISYNC_TORCH_BUILD=index timeout 1200 bash ci/setup.sh .venv-torch-oldest mpich test
-  PATH="$PWD/.venv-torch-oldest/bin:$PATH" MPIEXEC_TIMEOUT=900 timeout 960 .venv-torch-oldest/bin/mpiexec -n 2 .venv-torch-oldest/bin/python ci/mpi_pytest.py -q tests/torch tests/horovod
+  PATH="$PWD/.venv-torch-oldest/bin:$PATH" MPIEXEC_TIMEOUT=900 timeout 960 .venv-torch-oldest/bin/mpiexec -n 2 .venv-torch-oldest/bin/python ci/mpi_pytest.py -q tests/torch tests/horovod \
+    --deselect tests/torch/test_compile.py  # a compiled DDP hangs now and then on 2.4 (docs/compatibility.md)
   PATH="$PWD/.venv-torch-oldest/bin:$PATH" timeout 900 .venv-torch-oldest/bin/python ci/torch_contract/compare.py --ranks 2 --out-dir "$MPISYNC_TEST_LOGS/torch-contract-oldest"
 fi
 if [ "${MPISYNC_SKIP_FRAMEWORKS:-0}" != 1 ]; then
