@@ -99,7 +99,8 @@ def compare(a: dict, b: dict, a_name: str = "A", b_name: str = "B") -> str:
 def _where(doc: dict) -> str:
     meta = doc.get("meta") or {}
     env = meta.get("environment") or {}
-    parts = [f"{meta.get('ranks', '?')} ranks", str(meta.get("mpi_library", "?"))]
+    library = env.get("mpi_library") or meta.get("mpi_library", "?")
+    parts = [f"{meta.get('ranks', '?')} ranks", " ".join(str(library).split())]
     if env:
         parts += [f"{env['nodes']} node(s)", env["cpu"], f"mpisync {env['versions']['mpisync']}"]
     parts.append(str(meta.get("date", "")))

@@ -350,7 +350,7 @@ def run(comm, args) -> dict:
             "ranks": comm.size,
             "root": args.root,
             "quick": bool(args.quick),
-            "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+            "mpi_library": _mpilib.library_name(MPI.Get_library_version()),
             "date": _datetime.datetime.now(_datetime.timezone.utc).isoformat(timespec="seconds"),
             "iterations": opt["iterations"],
             "warmup": opt["warmup"],
