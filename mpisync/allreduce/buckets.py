@@ -16,6 +16,9 @@ that no rank has stays ``None``. Each element is summed by the same ``MPI_SUM`` 
 ranks whatever the bucket boundaries; with three ranks or more the order of the additions is
 the MPI library's (or, in ``GradSync``, the node's segment's), which rounding can tell apart.
 
+Bucket sizes: ``fusion_bytes`` (the argument or ``MPISYNC_FUSION_BYTES``) caps every bucket;
+where neither is given, the buckets are ``DistributedDataParallel``'s (:data:`DEFAULT_BUCKETS`).
+
 The first :meth:`Buckets.finish` lays out the buckets from the gradients it sees and checks,
 collectively, that every rank laid out the same; hooks start buckets from the second step on.
 """
@@ -31,6 +34,7 @@ from typing import Any
 import numpy as _np
 from mpi4py import MPI
 
+from .. import config as _config
 from .._runtime.clock import Deadline
 from .._runtime.keepalive import keep_alive
 from .._runtime.lifecycle import check_comm, duplicate, free_comm, wait_duplicate
@@ -39,7 +43,13 @@ from .._runtime.timeouts import timed_out
 from ..errors import InvalidParamError, ManifestMismatchError, SyncError
 from . import ops as _ops
 
-__all__ = ["Buckets", "densified"]
+__all__ = ["Buckets", "DEFAULT_BUCKETS", "bucket_caps", "densified"]
+
+#: The bucket caps where no ``fusion_bytes`` is given: torch DDP's, the first bucket (the last
+#: gradients, which backward produces first) at most 1 MiB so that communication starts early,
+#: each other at most 25 MiB (``bucket_cap_mb``); fewer, larger messages than mpisync's
+#: ``fusion_bytes`` default, which is sized for broadcasts of parameter sets.
+DEFAULT_BUCKETS = (1 << 20, 25 << 20)
 
 _STAGED = {"float16": "float16", "bfloat16": "bfloat16"}
 _TOO_MANY = (
@@ -61,6 +71,13 @@ def densified(sparse):
     dense = torch.zeros(sparse.shape, dtype=sparse.dtype, device=sparse.device)
     indices = sparse._indices()
     return dense.index_put_(tuple(indices), sparse._values(), accumulate=True)
+
+
+def bucket_caps(fusion_bytes: int | None) -> tuple[int, int]:
+    """``(first bucket's cap, every other's)``: ``fusion_bytes`` (else ``MPISYNC_FUSION_BYTES``)
+    for both, else :data:`DEFAULT_BUCKETS`."""
+    setting = _config.resolve(fusion_bytes=fusion_bytes).fusion_bytes
+    return DEFAULT_BUCKETS if setting.source == "built-in" else (setting.value, setting.value)
 
 
 def _dtype_name(tensor) -> str:
@@ -109,8 +126,9 @@ class _Bucket:
             yield index, out.view(shape)
 
 
-def _layout(packed: Sequence, fusion_bytes: int) -> list:
-    """The buckets of the tensors ``packed`` (``None``: not bucketed), in reverse order."""
+def _layout(packed: Sequence, caps: tuple[int, int]) -> list:
+    """The buckets of the tensors ``packed`` (``None``: not bucketed), in reverse order, the
+    first at most ``caps[0]`` bytes, the others ``caps[1]``."""
     buckets: list = []
     slots: list = []
     rdtype = _np.dtype(_np.float32)  # the current bucket's, once it has a slot
@@ -125,7 +143,7 @@ def _layout(packed: Sequence, fusion_bytes: int) -> list:
             raise InvalidParamError(f"mpisync: gradient {index}: {problem}")
         wanted = _ops.reduce_dtype(dtype)
         size = tensor.numel() * wanted.itemsize
-        if slots and (wanted != rdtype or nbytes + size > fusion_bytes):
+        if slots and (wanted != rdtype or nbytes + size > caps[1 if buckets else 0]):
             buckets.append(_Bucket(slots, rdtype))
             slots, nbytes = [], 0
         offset = sum(numel for _, _, numel, _, _ in slots)
@@ -138,13 +156,13 @@ def _layout(packed: Sequence, fusion_bytes: int) -> list:
 
 class Buckets:
     """The overlapped all-reduce of ``count`` gradients over ``comm`` with ``op`` (``"sum"`` or
-    ``"avg"``), ``passes`` backward passes a step. ``pack``/``unpack`` are the caller's (see
-    the module's docstring)."""
+    ``"avg"``), ``passes`` backward passes a step, buckets capped by ``caps``
+    (:func:`bucket_caps`). ``pack``/``unpack`` are the caller's (see the module's docstring)."""
 
     def __init__(self, comm, count: int, pack: Pack, unpack: Unpack, *, op: str,
-                 fusion_bytes: int, timeout: float | None, passes: int = 1):  # fmt: skip
+                 caps: tuple[int, int], timeout: float | None, passes: int = 1):  # fmt: skip
         self.user_comm, self.count, self.pack, self.unpack = comm, count, pack, unpack
-        self.op, self.fusion_bytes, self.timeout, self.passes = op, fusion_bytes, timeout, passes
+        self.op, self.caps, self.timeout, self.passes = op, caps, timeout, passes
         self.comm: MPI.Intracomm | None = None
         self.buckets: list | None = None  # laid out by the first finish()
         self.where: dict = {}  # gradient index -> (bucket, slot)
@@ -281,7 +299,7 @@ class Buckets:
         (collective), or every rank raises :class:`~mpisync.ManifestMismatchError`."""
         check_comm(self.user_comm)  # a world of one where the launcher started more, say
         packed = [self.pack(index) for index in range(self.count)]
-        buckets = _layout(packed, self.fusion_bytes)
+        buckets = _layout(packed, self.caps)
         if self.user_comm.size > 1:
             deadline = Deadline(self.timeout, comm=self.user_comm)
             self.comm = wait_duplicate(duplicate(self.user_comm), deadline.wait)
@@ -296,7 +314,7 @@ class Buckets:
 
     def _agree(self, buckets: list, deadline: Deadline) -> None:
         described = [[list(s) for s in b.slots] + [str(b.array.dtype)] for b in buckets]
-        text = _json.dumps([self.op, self.fusion_bytes, described])
+        text = _json.dumps([self.op, self.caps, described])
         digest = _zlib.crc32(text.encode())
         both = _np.array([digest, -digest], dtype=_np.int64)
         assert self.comm is not None

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from .. import config as _config
 from ..errors import InvalidParamError
-from .buckets import Buckets, densified
+from .buckets import Buckets, bucket_caps, densified
 
 __all__ = ["GradOverlap"]
 
@@ -38,7 +38,8 @@ class GradOverlap:
         comm: The intracommunicator whose ranks take part (default ``MPI.COMM_WORLD``).
         op: ``"avg"`` (default) or ``"sum"``.
         fusion_bytes: The most bytes of gradients per bucket (a larger gradient has its own;
-            ``MPISYNC_FUSION_BYTES``, as for :class:`GradSync`). Smaller buckets start sooner.
+            else ``MPISYNC_FUSION_BYTES``; where neither is set, DDP's buckets: the first at
+            most 1 MiB, the others 25 MiB). Smaller buckets start sooner.
         backward_passes_per_step: Backward passes accumulated into ``.grad`` per step; the
             hooks start buckets on the last one.
         timeout: Seconds each wait may take (``MPISYNC_TIMEOUT``).
@@ -71,6 +72,7 @@ class GradOverlap:
         if op not in ("avg", "sum"):
             raise InvalidParamError(f"mpisync: GradOverlap's op is 'avg' or 'sum', got {op!r}")
         settings = _config.resolve(fusion_bytes=fusion_bytes, timeout=timeout)
+        caps = bucket_caps(fusion_bytes)
         passes = backward_passes_per_step
         if not isinstance(passes, int) or passes < 1:
             raise InvalidParamError(f"mpisync: backward_passes_per_step must be >= 1, got {passes}")
@@ -82,7 +84,7 @@ class GradOverlap:
             self._pack,
             self._unpack,
             op=op,
-            fusion_bytes=settings.fusion_bytes.value,
+            caps=caps,
             timeout=settings.timeout.value,
             passes=passes,
         )

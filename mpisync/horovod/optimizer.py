@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import config as _config
-from ..allreduce.buckets import Buckets, densified
+from ..allreduce.buckets import Buckets, bucket_caps, densified
 from .compression import Compression, Compressor
 from .context import default_comm, require
 from .naming import named_parameters_of
@@ -73,14 +73,14 @@ class _Reduction:
         self.contexts: list = [None] * len(named)  # each gradient's compression context
         self.buckets: Buckets | None = None
         if overlap is not None and self.comm is not None:
-            fusion_bytes, passes = overlap
+            caps, passes = overlap
             self.buckets = Buckets(
                 self.comm,
                 len(named),
                 self._pack,
                 self._unpack,
                 op=self.op,
-                fusion_bytes=fusion_bytes,
+                caps=caps,
                 timeout=_config.resolve().timeout.value,
                 passes=passes,
             )
@@ -329,7 +329,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
         overlap: ``False``: no hooks; every dense gradient goes through one
             :class:`mpisync.GradSync` call at ``step()``.
         fusion_bytes: The most bytes of gradients per bucket (a larger gradient has its own);
-            default ``MPISYNC_FUSION_BYTES``, as for :class:`mpisync.GradSync`. Unlike
+            else ``MPISYNC_FUSION_BYTES``; where neither is set, DDP's buckets (the first at
+            most 1 MiB, the others 25 MiB). Unlike
             ``HOROVOD_FUSION_THRESHOLD`` (a cap on what each cycle fuses), a bucket starts once
             full, so smaller buckets start sooner.
 
@@ -363,7 +364,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
             "DistributedOptimizer reduces gradients with hvd.Average, hvd.Sum or hvd.Adasum"
         )
     named = named_parameters_of(optimizer, named_parameters)
-    fusion = _config.resolve(fusion_bytes=fusion_bytes).fusion_bytes.value
+    caps = bucket_caps(fusion_bytes)
     base = type(optimizer)
     methods = {k: v for k, v in vars(_DistributedOptimizer).items() if not k.startswith("__")}
     cls = type(base.__name__, (base,), {**methods, "_mpisync_base": base, "__doc__": base.__doc__})
@@ -377,7 +378,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
         op,
         float(gradient_predivide_factor),
         sparse_as_dense,
-        (fusion, backward_passes_per_step) if overlap else None,
+        (caps, backward_passes_per_step) if overlap else None,
     )
     context.optimizers.add(wrapped)
     return wrapped

@@ -115,3 +115,37 @@ def test_refuses_bad_settings(comm):
         mpisync.GradOverlap([("w", weight)], comm, op="max")
     with pytest.raises(mpisync.InvalidParamError, match="fusion_bytes"):
         mpisync.GradOverlap([("w", weight)], comm, fusion_bytes=-1)
+
+
+@pytest.mark.parametrize(
+    ("argument", "environment", "caps"),
+    [
+        (None, None, (1 << 20, 25 << 20)),  # DDP's buckets
+        (4096, None, (4096, 4096)),
+        (None, "8192", (8192, 8192)),
+        (4096, "8192", (4096, 4096)),
+    ],
+)
+def test_bucket_caps(monkeypatch, argument, environment, caps):
+    from mpisync.allreduce.buckets import bucket_caps
+
+    if environment is None:
+        monkeypatch.delenv("MPISYNC_FUSION_BYTES", raising=False)
+    else:
+        monkeypatch.setenv("MPISYNC_FUSION_BYTES", environment)
+    assert bucket_caps(argument) == caps
+
+
+def test_default_layout_is_ddps():
+    """Backward's first gradients fill a bucket of at most 1 MiB, then buckets of 25 MiB; a
+    gradient larger than its cap has a bucket of its own."""
+    from mpisync.allreduce.buckets import DEFAULT_BUCKETS, _layout
+
+    mib = 1 << 18  # float32 elements in a MiB
+    numels = [3 * mib, 10 * mib, 10 * mib, 10 * mib, 8 * mib, mib // 2, mib // 4, mib // 4]
+    packed = [(torch.zeros(n), True) for n in numels]
+    buckets = _layout(packed, DEFAULT_BUCKETS)
+    assert [[slot[0] for slot in b.slots] for b in buckets] == [[7, 6, 5], [4, 3], [2, 1, 0]]
+    assert [len(b.array) for b in buckets] == [mib + 3, 18 * mib + 2, 23 * mib + 3]
+    alone = _layout([(torch.zeros(2 * mib), True), (torch.zeros(30 * mib), True)], DEFAULT_BUCKETS)
+    assert [[slot[0] for slot in b.slots] for b in alone] == [[1], [0]]
