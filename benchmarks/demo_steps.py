@@ -1,7 +1,7 @@
 """The main job's steps, launched as a user launches it, for several checkouts or settings in turn.
 
     python benchmarks/demo_steps.py --rounds 5 --side old=/path/to/old --side new=. \
-        --side "mpi-only=.:MPISYNC_CROSS_MEMORY=0,MPISYNC_SHARED_MEMORY=0"
+        --side "mpi-only=.:MPISYNC_CROSS_MEMORY=0"
 
 Each ``--side NAME=CHECKOUT[:VAR=VALUE,...]`` is one way to run ``examples/sync_demo.py`` (a fresh
 ``mpiexec -n 2`` each launch, the checkout first on ``PYTHONPATH``, with those variables set).

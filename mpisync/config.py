@@ -62,7 +62,6 @@ ENV_NAMES = {
 
 #: The on/off switches and their defaults (``None``: unset leaves the choice to the rule).
 SWITCHES: dict[str, bool | None] = {
-    "MPISYNC_SHARED_MEMORY": None,
     "MPISYNC_CROSS_MEMORY": True,
     "MPISYNC_SPEEDUPS": True,
     "MPISYNC_TIMEOUT_ABORT": True,
@@ -252,7 +251,7 @@ def env_switch(name: str, default: bool) -> bool:
 
 
 #: The switches that change what travels between ranks or how it is checked: ranks must agree.
-WIRE_SWITCHES = ("MPISYNC_SHARED_MEMORY", "MPISYNC_CROSS_MEMORY", "MPISYNC_SPEEDUPS")
+WIRE_SWITCHES = ("MPISYNC_CROSS_MEMORY", "MPISYNC_SPEEDUPS")
 
 
 def wire_settings(torch: bool = False) -> dict[str, Any]:

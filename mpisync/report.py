@@ -27,9 +27,8 @@ class SyncReport:
         root: The rank whose bytes were broadcast (0 for an all-reduce).
         fused_buckets: Buffers that carried several small tensors at once.
         verified: Whether ``verify=True`` checked every rank's bytes.
-        channel: How host bytes moved between ranks: ``"mpi"`` (collectives),
-            ``"cross-memory"`` (every rank on one node: tensors copied process to process) or
-            ``"shared memory"`` (every rank on one node: a shared segment).
+        channel: How host bytes moved between ranks: ``"mpi"`` (collectives) or
+            ``"cross-memory"`` (every rank on one node: tensors copied process to process).
         transfers: Steps of the plan: fused buckets and direct transfers.
     """
 

@@ -400,14 +400,13 @@ class ParamSync(Reusable):
 
     @property
     def buffer_bytes(self) -> int:
-        """Bytes of host buffers this syncer holds between syncs (fusion arena, shared segment);
-        device staging is not counted."""
+        """Bytes of host buffers this syncer holds between syncs (fusion arena); device
+        staging is not counted."""
         return self._host.nbytes
 
     @property
     def _mapped_bytes(self) -> int:
-        # For the bench's memory row: buffers tracemalloc does not see (the segment, an arena on a
-        # file).
+        # For the bench's memory row: buffers tracemalloc does not see (an arena on a file).
         return self._host.nbytes - self._host.traced_bytes
 
     def close(self) -> None:

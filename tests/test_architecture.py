@@ -133,20 +133,11 @@ def test_the_graph_sees_lazy_imports():
     assert "mpisync.devices.detect" in import_graph()["mpisync.tools.info"]
 
 
-#: The node's mechanisms: shared memory and cross-memory copies between a node's ranks.
+#: The node's mechanism: cross-memory copies between a node's ranks.
 MECHANISMS = {
     f"mpisync.transports.{name}"
-    for name in (
-        "cma",
-        "crossmemory",
-        "crossreduce",
-        "crossbcast",
-        "crossgather",
-        "sharedreduce",
-        "nodesegment",
-        "segment",
-    )
-} | {"mpisync.allreduce.segment"}
+    for name in ("cma", "crossmemory", "crossreduce", "crossbcast", "crossgather")
+}
 #: Who may import a mechanism: the transports themselves, GradSync's transport layer, and the
 #: command line's reports. Every front end goes through mpisync.transports.node (the collectives)
 #: and mpisync.transports.policy (which mechanism), or ParamSync's selection.

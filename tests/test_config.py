@@ -41,7 +41,6 @@ def test_settings_sources(monkeypatch):
 
 
 SWITCH_NAMES = (
-    "MPISYNC_SHARED_MEMORY",
     "MPISYNC_CROSS_MEMORY",
     "MPISYNC_SPEEDUPS",
     "MPISYNC_TIMEOUT_ABORT",
@@ -78,11 +77,11 @@ def test_log_level_takes_only_known_levels(monkeypatch):
 
 
 def test_problems_are_reported_together(monkeypatch):
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "ture")
+    monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "ture")
     monkeypatch.setenv("MPISYNC_LOG", "loud")
     with pytest.raises(InvalidParamError) as info:
         resolve()
-    assert str(info.value).startswith("MPISYNC_SHARED_MEMORY: an on/off switch")
+    assert str(info.value).startswith("MPISYNC_CROSS_MEMORY: an on/off switch")
     assert "; MPISYNC_LOG: a log level takes" in str(info.value)
 
 
@@ -122,7 +121,7 @@ def test_every_mpisync_variable_in_the_project_is_known():
             if path.suffix in (".py", ".sh", ".sbatch", ".c") and path.is_file():
                 used |= set(re.findall(r"\bMPISYNC_[A-Z][A-Z_]*[A-Z]\b", path.read_text()))
     assert used and sorted(used - KNOWN_ENV) == []
-    assert {"MPISYNC_TIMEOUT", "MPISYNC_SHARED_MEMORY", "MPISYNC_TEST_LOGS"} <= used
+    assert {"MPISYNC_TIMEOUT", "MPISYNC_CROSS_MEMORY", "MPISYNC_TEST_LOGS"} <= used
 
 
 def test_a_bad_switch_stops_every_sync_naming_it(monkeypatch):

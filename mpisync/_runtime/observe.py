@@ -6,7 +6,7 @@ rank, unless the application configured the ``mpisync`` logger itself.
 ``{rank}`` replaced, else ``PATH.rank<N>.json``), viewable in chrome://tracing
 or Perfetto, or drawn as a PNG by ``mpisync timeline``: phases validate, pack,
 broadcast, unpack, fan-out, verify, and the other transports' spans
-(cross-memory, shared memory, device); one span per all-reduce call
+(cross-memory, device); one span per all-reduce call
 (``allreduce``), per torch backend operation (``torch all_reduce``, ...) and per
 ``stage-checkpoint``. Events are appended after each sync, else once a second
 or every 4096 events, at a constant cost per event; the file is valid JSON at

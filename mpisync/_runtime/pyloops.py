@@ -74,7 +74,7 @@ class BufferList:
                 f"BufferList: {self.nbytes} bytes do not fit at offset {offset} of {len(arena)}"
             )
 
-    def gather(self, arena, offset: int = 0, streaming: bool = False) -> int:
+    def gather(self, arena, offset: int = 0) -> int:
         """Copy every buffer, end to end, into ``arena`` from ``offset``."""
         arena = memoryview(arena).cast("B")
         self._fits(arena, offset)

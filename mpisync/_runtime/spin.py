@@ -1,11 +1,10 @@
 """How mpisync's waits poll: spin yielding the core for a while, then sleep between polls.
 
-A wait that polls (an MPI request tested under a deadline, a counter of the node's shared
-segment) runs while nothing else on its rank progresses: MPI's nonblocking collectives progress
-only inside MPI calls, and a peer's store shows up only when the peer runs. So a wait first spins,
+A wait that polls (an MPI request tested under a deadline) runs while nothing else on its rank
+progresses: MPI's nonblocking collectives progress only inside MPI calls. So a wait first spins,
 yielding the core to oversubscribed peers between polls, and backs off to short sleeps only after
 a long stall. Every polling wait uses these two numbers (:mod:`mpisync._runtime.ring`,
-:mod:`mpisync.torch.entry`, :mod:`mpisync.transports.nodesegment`).
+:mod:`mpisync.torch.entry`).
 """
 
 from __future__ import annotations

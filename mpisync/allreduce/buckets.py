@@ -14,7 +14,7 @@ and is rounded once after the division, ``avg`` is the sum divided by the ranks'
 per gradient rides at the end of its bucket: whether the rank had a gradient, so a gradient
 that no rank has stays ``None``. Each element is summed by the same ``MPI_SUM`` over the same
 ranks whatever the bucket boundaries; with three ranks or more the order of the additions is
-the MPI library's (or, in ``GradSync``, the node's segment's), which rounding can tell apart.
+the MPI library's for the bucket's size, which rounding can tell apart.
 
 Bucket sizes: ``fusion_bytes`` (the argument or ``MPISYNC_FUSION_BYTES``) caps every bucket;
 where neither is given, the buckets are ``DistributedDataParallel``'s (:data:`DEFAULT_BUCKETS`).

@@ -145,7 +145,6 @@ class GradSync(Reusable):
         self._held = held = _Holdings()
         # close(), or the object collected without it: frees the duplicate and the buffers
         self._release = release_when_collected(self, held.release)
-        self._node_segment = True  # False: every bucket through MPI (the bench's "MPI only" rows)
         self._closed = False
         self._timeline: Timeline | None = None  # MPISYNC_TIMELINE's, read at the first call
         self._begun = False  # the first call passed the communicator's check
@@ -168,13 +167,9 @@ class GradSync(Reusable):
 
     @property
     def buffer_bytes(self) -> int:
-        """Bytes of host buffers this syncer holds between calls (fusion arena or shared
-        segment)."""
-        segment = self._transport.nbytes if self._transport is not None else 0
+        """Bytes of host buffers this syncer holds between calls (its fusion arena)."""
         program = self._prepared.program if self._prepared is not None else None
-        if program is None or program.spans is not None:
-            return segment
-        return segment + len(program.arena)
+        return len(program.arena) if program is not None else 0
 
     def close(self) -> None:
         """Free the duplicated communicator and cached buffers; further calls raise.
@@ -293,9 +288,7 @@ class GradSync(Reusable):
 
     def _agree(self, manifest, prepared, deadline, report) -> tuple:
         """``(prepared, ctx)``: with several ranks, wait for the duplicate (the first call) and
-        agree on the manifests (collective), and the prepared set still to use: None when its
-        fused buckets move onto the node's segment now (the same call on every rank). Alone, raise
-        this rank's errors."""
+        agree on the manifests (collective). Alone, raise this rank's errors."""
         comm, held = self._user_comm, self._held
         if comm.size > 1:
             if held.comm is None:
@@ -309,10 +302,8 @@ class GradSync(Reusable):
             raise diagnose([_json_doc(manifest)])
         if held.transport is None:
             fusion = self._values["fusion_bytes"]
-            held.transport = ReduceTransport(comm, self._op, fusion, self._node_segment)
+            held.transport = ReduceTransport(comm, self._op, fusion)
         ctx = Context(comm, 0, deadline, report, Trace(), self._values["max_concurrent"], False)
-        if prepared is not None and held.transport.moves_to_segment(prepared.program):
-            return None, ctx
         return prepared, ctx
 
     def _transport_of(self, ctx) -> ReduceTransport:
@@ -362,7 +353,8 @@ def without_none(params) -> tuple:
 
 def _reduce_manifest(params, devices, rank, size, op, fusion_bytes, settings_error, wire):
     """The manifest of an all-reduce with ``op``: the bulk scan where it applies, else the general
-    one with the reduction's own checks (dtype and op, writable replicas, shared memory)."""
+    one with the reduction's own checks (dtype and op, writable replicas, shared memory between
+    replicas)."""
     settings = {
         "op": op if isinstance(op, str) else repr(op),
         "fusion_bytes": fusion_bytes,

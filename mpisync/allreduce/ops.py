@@ -13,7 +13,7 @@ complex dtypes take ``sum``, ``avg`` and
 
 ``min`` and ``max`` of floating-point values follow numpy's and torch's rule,
 NaN wins, and every rank ends with the same bytes whatever path a value takes
-(MPI or the node's segment, first call or reused): MPI's ``MIN``/``MAX`` leave
+(MPI or cross-memory, first call or reused): MPI's ``MIN``/``MAX`` leave
 NaN to the library (MPICH's ``a < b ? a : b`` keeps a rank-dependent operand),
 so floats are reduced as integers of a total order instead (:func:`to_ordered`):
 the bits of a non-negative float read as a signed integer already sort as the

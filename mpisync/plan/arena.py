@@ -146,14 +146,12 @@ class Arena:
     def __len__(self) -> int:
         return self.nbytes
 
-    def gather(self, copies: tuple, streaming: bool = False) -> None:
-        """Copy the buffers of ``copies`` (from :func:`copy_list`) into the arena (``streaming``:
-        with
-        non-temporal stores, where the C loops are built, for bytes another core reads next)."""
+    def gather(self, copies: tuple) -> None:
+        """Copy the buffers of ``copies`` (from :func:`copy_list`) into the arena."""
         fd, base, compiled = self._fd, self._base, self._compiled
         for offset, group, nbytes, held in copies:
             if compiled and held is not None:
-                held.gather(self.view, offset, streaming)
+                held.gather(self.view, offset)
             elif fd is None or _os.pwritev(fd, group, base + offset) != nbytes:
                 self._loop_gather(offset, group)
 

@@ -87,7 +87,6 @@ def collect_info() -> dict:
         ],
         "timeout_aborts": _config.abort_on_timeout(),
         "fail_fast": _fail_fast_line(),
-        "shared_memory": _shared_memory_line(),
         "cross_memory": _cross_memory_line(),
         "speedups": _speedups_line(),
         "host_transport": __import__("mpisync.transports.tuning", fromlist=["describe"]).describe(
@@ -179,29 +178,4 @@ def _speedups_line() -> str:
         "off (MPISYNC_SPEEDUPS=0): the Python form of every loop, the same program",
         "not built (no C compiler when mpisync was installed): the Python form of every loop, "
         "the same program",
-    )
-
-
-def _shared_memory_line() -> str:
-    from ..transports.nodesegment import ring_available, setting
-
-    if not ring_available():
-        return (
-            "not available here (needs /dev/shm, preadv/pwritev and the C extension's atomics:"
-            " not with MPISYNC_SPEEDUPS=0 or without a C compiler)"
-        )
-    wanted = setting()
-    if wanted is None:
-        return (
-            "small sets (MPISYNC_SHARED_MEMORY=1: every set, =0: never): sets whose tensors are "
-            "all "
-            "smaller than fusion_bytes move through the node's shared segment, where every rank is "
-            "on one node"
-        )
-    return (
-        "on here (MPISYNC_SHARED_MEMORY=1): every set moves through the node's shared segment, "
-        "where every "
-        "rank is on one node"
-        if wanted
-        else "off (MPISYNC_SHARED_MEMORY=0)"
     )

@@ -4,8 +4,8 @@
     mpisync timeline /tmp/tl-*.json --out tl.png [--sync N]
 
 One row per rank and span name: validate, pack, broadcast, unpack, fan-out,
-verify, and every transport's own spans (cross-memory, shared memory, the
-device transports); ``allreduce`` (one per all-reduce call), ``stage-checkpoint``,
+verify, and every transport's own spans (cross-memory, the device
+transports); ``allreduce`` (one per all-reduce call), ``stage-checkpoint``,
 ``torch all_reduce``, ``torch broadcast``, ... (one per operation of the torch
 backend), also names this renderer does not know yet. Needs
 matplotlib (``pip install 'mpisync[plot]'``); reading the files does not.
@@ -27,7 +27,6 @@ ORDER = (
     "pack",
     "broadcast",
     "cross-memory",
-    "shared memory",
     "unpack",
     "fan-out",
     "host",
@@ -42,7 +41,6 @@ _COLORS = {
     "pack": "tab:orange",
     "broadcast": "tab:gray",
     "cross-memory": "tab:olive",
-    "shared memory": "tab:cyan",
     "unpack": "tab:green",
     "fan-out": "tab:purple",
     "host": "tab:brown",

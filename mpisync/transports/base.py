@@ -7,9 +7,7 @@ the sync's deadline (``run``, collective) and frees its buffers (``close``).
 
 - ``mpi``: nonblocking broadcasts through the request ring, small tensors
   packed into fusion buckets of an arena;
-- ``cross-memory``: tensors copied process to process (:mod:`mpisync.transports.cma`);
-- ``shared memory``: a ring of slots in a file every rank maps
-(:mod:`mpisync.transports.nodesegment`).
+- ``cross-memory``: tensors copied process to process (:mod:`mpisync.transports.cma`).
 
 The device transport (staged or CUDA-aware) is :mod:`mpisync.transports.device`.
 """
@@ -57,8 +55,8 @@ class Context:
 
 
 def pending_names(expired, ctx: Context | None, everything) -> list:
-    """The names a timed-out wait was for: the waiter's own (``expired.pending``: the shared
-    segments, the device pipeline), those in flight in the running transport's ring, or
+    """The names a timed-out wait was for: the waiter's own (``expired.pending``: cross-memory's
+    copies, the device pipeline), those in flight in the running transport's ring, or
     ``everything``."""
     if getattr(expired, "pending", None) is not None:
         return list(dict.fromkeys(expired.pending))

@@ -4,8 +4,7 @@ together.
 The choice follows :func:`mpisync.transports.selection.choose` over facts every rank
 shares (gathered in one all-reduce posted with the communicator's
 duplication), so every rank opens and uses the same transport. A transport
-whose set-up failed on some rank is not offered again; a shared segment left
-by a closed syncer of the same ranks is adopted when every rank holds it.
+whose set-up failed on some rank is not offered again.
 """
 
 from __future__ import annotations
@@ -14,10 +13,7 @@ from ..plan.arena import Arena
 from . import spares
 from .crossmemory import CrossTransport
 from .mpi import MpiTransport
-from .nodesegment import NodeSegment
-from .nodesegment import setting as segment_setting
-from .segment import SegmentTransport, segment_geometry, spare_words
-from .selection import CROSS, MPI, SHARED, Choice, Facts, FactsExchange, choose
+from .selection import CROSS, MPI, Choice, Facts, FactsExchange, choose
 
 __all__ = ["HostTransports"]
 
@@ -31,23 +27,10 @@ class HostTransports:
         self.facts: Facts | None = None  # once the exchange completed
         self.last_choice: Choice | None = None  # of the last sync
         self._open: dict = {}
-        # a spare shared segment offered in the facts exchange
-        self._spare: NodeSegment | None = None
-
-    def geometry(self, every_set: bool) -> tuple[int, int]:
-        """The shared segment's geometry under this syncer's settings."""
-        return segment_geometry(self.capacity, self.fusion, every_set or self.preferred == SHARED)
 
     def post_facts(self, user_comm) -> FactsExchange:
-        """Post the facts all-reduce on ``user_comm`` (offering the spare segment, if this rank has
-        one)."""
-        self._spare = spares.take(spares.SEGMENT)
-        return FactsExchange(
-            user_comm,
-            spare=spare_words(
-                self._spare, user_comm, self.root, self.geometry(segment_setting() is True)
-            ),
-        )
+        """Post the facts all-reduce on ``user_comm``."""
+        return FactsExchange(user_comm)
 
     @property
     def nbytes(self) -> int:
@@ -87,15 +70,6 @@ class HostTransports:
             return MpiTransport(
                 comm, self.root, spares.take(spares.ARENA) if self.one_shot else None
             )
-        if channel == SHARED and self.facts.spare:
-            # the same segment on every rank (the facts agreed)
-            spare, self._spare = self._spare, None
-            assert spare is not None  # this rank offered it (the facts say every rank did)
-            return SegmentTransport(comm, self.root, spare)
-        if channel == SHARED:
-            return SegmentTransport.open(
-                comm, self.root, call, self.geometry(self.facts.shared_setting is True)
-            )
         fallback = self._open.get(MPI) or MpiTransport(comm, self.root)
         self._open.setdefault(MPI, fallback)
         return CrossTransport.open(comm, self.root, call, fallback)
@@ -115,14 +89,8 @@ class HostTransports:
                 and spares.offer(spares.ARENA, transport.arena)
             ):
                 transport.arena = Arena(0)
-            if channel == SHARED:
-                transport.close(broken, keep=True)
-            else:
-                transport.close(broken)
+            transport.close(broken)
         self._open.clear()
-        if self._spare is not None and not broken:  # offered, not adopted: back to the pool
-            spares.offer(spares.SEGMENT, self._spare)
-        self._spare = None
 
 
-TRANSPORTS = {MPI: MpiTransport, CROSS: CrossTransport, SHARED: SegmentTransport}
+TRANSPORTS = {MPI: MpiTransport, CROSS: CrossTransport}

@@ -14,7 +14,7 @@ import typing as _typing
 
 from mpi4py import MPI
 
-from . import crossbcast, crossgather, crossreduce, policy, sharedreduce
+from . import crossbcast, crossgather, crossreduce, policy
 from .crossreduce import Step, combine_of, drive
 
 __all__ = [
@@ -37,14 +37,9 @@ def reduce_steps(
     combine = combine_of(mpi_op) if comm.size > 1 and len(arrays) == 1 else None
     if combine is not None:
         operation = policy.ALLREDUCE if root is None else policy.REDUCE
-        mechanism = policy.choose(operation, arrays[0].nbytes, comm.size)
-        done = False
-        if mechanism == policy.CROSS:
-            done = yield from crossreduce.reduce_steps(comm, arrays[0], combine, root=root)
-        elif mechanism == policy.SHARED:
-            done = yield from sharedreduce.shared_steps(comm, arrays[0], combine)
-        if done:
-            return
+        if policy.choose(operation, arrays[0].nbytes, comm.size) == policy.CROSS:
+            if (yield from crossreduce.reduce_steps(comm, arrays[0], combine, root=root)):
+                return
     yield [comm.Iallreduce(MPI.IN_PLACE, a, mpi_op) for a in arrays], True
 
 

@@ -2,7 +2,7 @@
 
 No sync is spent trying transports. A syncer's first sync gathers a few
 facts in one small all-reduce (every rank on one node? may every rank use
-cross-memory copies and the node's shared segment?); each sync then applies
+cross-memory copies?); each sync then applies
 :func:`choose` (whose rule is :func:`mpisync.transports.policy.parameter_set`) to
 those facts and to what validation already made common (every host tensor
 smaller than ``fusion_bytes``?). Every input is the same on
@@ -20,8 +20,7 @@ import typing as _typing
 from mpi4py import MPI as _MPI
 
 from . import cma as _crossmemory
-from . import nodesegment as _intranode
-from .policy import CROSS, MPI, SHARED, parameter_set
+from .policy import CROSS, MPI, parameter_set
 from .tuning import CLASSES, lookup
 
 __all__ = [
@@ -32,11 +31,10 @@ __all__ = [
     "choose",
     "MPI",
     "CROSS",
-    "SHARED",
     "CHANNELS",
 ]
 
-CHANNELS = (MPI, CROSS, SHARED)
+CHANNELS = (MPI, CROSS)
 
 
 class Facts(_typing.NamedTuple):
@@ -45,12 +43,8 @@ class Facts(_typing.NamedTuple):
     size: int
     one_node: bool  # every rank on one node, as MPI names nodes
     cross: bool  # cross-memory copies permitted and possible on every rank
-    segment: bool  # the slot ring of the node's shared segment possible on every rank
-    shared_setting: bool | None  # MPISYNC_SHARED_MEMORY: True any set, False never, None small sets
     # the tuning file's channel for small sets and for the rest (mpisync.transports.tuning)
     tuned: tuple = (None, None)
-    # every rank holds the same spare shared segment, usable at these ranks and root
-    spare: bool = False
 
     def layout(self) -> str:
         """The rank layout a tuning entry is for: ``"<size>x1"`` on one node, else
@@ -65,19 +59,11 @@ class Choice(_typing.NamedTuple):
     why: str
 
 
-def local_facts(size: int, spare: tuple = (0, 0)) -> tuple:
-    """This rank's words for :func:`gather_facts`: node, cross-memory permitted, segment possible,
-    its ``MPISYNC_SHARED_MEMORY`` setting (0 unset, 1 on, 2 off), and the tuning file's channels
-    for small sets and the rest (as if every rank were on this node: entries apply only then)."""
-    setting = _intranode.setting()
-    return (
-        _crossmemory.host_word(),
-        int(_crossmemory.enabled()),
-        int(_intranode.ring_available()),
-        0 if setting is None else 1 if setting else 2,
-        *tuned_words(f"{size}x1"),
-        *spare,
-    )
+def local_facts(size: int) -> tuple:
+    """This rank's words for :func:`gather_facts`: node, cross-memory permitted, and the tuning
+    file's channels for small sets and the rest (as if every rank were on this node: entries
+    apply only then)."""
+    return (_crossmemory.host_word(), int(_crossmemory.enabled()), *tuned_words(f"{size}x1"))
 
 
 def tuned_words(layout: str) -> tuple:
@@ -95,8 +81,8 @@ class FactsExchange:
     """The facts all-reduce, posted early (with the communicator's duplication, so its round trip
     overlaps the manifest's construction) and completed by :meth:`result`."""
 
-    def __init__(self, comm, words: _typing.Sequence[int] | None = None, spare: tuple = (0, 0)):
-        words = [int(w) for w in (local_facts(comm.size, spare) if words is None else words)]
+    def __init__(self, comm, words: _typing.Sequence[int] | None = None):
+        words = [int(w) for w in (local_facts(comm.size) if words is None else words)]
         self.size, self.count = comm.size, len(words)
         # MAX of the words and of their complements: max and min in one all-reduce (see agreement).
         self.send = _array.array("q", words + [~w for w in words])
@@ -108,16 +94,11 @@ class FactsExchange:
         call(self.request)
         n = self.count
         high, low = self.recv[:n].tolist(), [~w for w in self.recv[n:]]
-        # A setting or a tuning entry that differs between ranks counts as unset: every rank decides
-        # alike.
-        setting = None if high[3] != low[3] or low[3] == 0 else low[3] == 1
+        # A tuning entry that differs between ranks counts as unset: every rank decides alike.
         tuned = tuple(
-            CHANNELS[h] if h == lo and h >= 0 else None for h, lo in zip(high[4:6], low[4:6])
+            CHANNELS[h] if h == lo and h >= 0 else None for h, lo in zip(high[2:4], low[2:4])
         )
-        spare = n > 7 and high[6] == low[6] != 0 and high[7] == 0
-        return Facts(
-            self.size, high[0] == low[0], bool(low[1]), bool(low[2]), setting, tuned, spare
-        )
+        return Facts(self.size, high[0] == low[0], bool(low[1]), tuned)
 
 
 def gather_facts(comm, call, words: tuple | None = None) -> Facts:
@@ -137,10 +118,6 @@ def choose(
     usable = {
         MPI: True,
         CROSS: facts.one_node and facts.cross and CROSS not in unavailable,
-        SHARED: facts.one_node
-        and facts.segment
-        and facts.shared_setting is not False
-        and SHARED not in unavailable,
     }
     if preferred is not None and usable.get(preferred):
         return Choice(preferred, "asked for")
@@ -150,4 +127,4 @@ def choose(
         return Choice(MPI, "ranks on several nodes")
     if tuned is not None and usable.get(tuned):
         return Choice(tuned, "tuning file")
-    return Choice(*parameter_set(small, usable, facts.shared_setting))
+    return Choice(*parameter_set(small, usable[CROSS]))

@@ -1,21 +1,17 @@
-"""Buffers a closed syncer hands on to the next one: one spare of each kind at most.
+"""The fusion arena a closed one-shot ``sync_params`` hands on to the next one: one spare at most.
 
-Mapping a fresh shared segment, or touching the pages of a fresh fusion
-arena, costs more than a sync of many small tensors (docs/performance.md). A
-closed syncer whose last run completed offers what it held; the next syncer
-takes it: a shared segment (``SEGMENT``, adopted only when every rank holds
-the same one, see :func:`mpisync.transports.segment.spare_words`) and the
-fusion arena of a one-shot ``sync_params`` (``ARENA``).
+Touching the pages of a fresh fusion arena costs more than a sync of many small tensors
+(docs/performance.md). A one-shot syncer whose last run completed offers its arena; the next
+one takes it.
 """
 
 from __future__ import annotations
 
-__all__ = ["ARENA", "SEGMENT", "offer", "take"]
+__all__ = ["ARENA", "offer", "take"]
 
 ARENA = "arena"
-SEGMENT = "segment"
 
-_SPARES: dict = {ARENA: [], SEGMENT: []}
+_SPARES: dict = {ARENA: []}
 
 
 def take(kind: str):

@@ -118,6 +118,6 @@ def describe(size: int, one_node: bool) -> str:
     if entries:
         return f"{why}: {entries} (layout {layout})"
     return (
-        f"built-in rule ({why}): one node -> shared memory for sets of small tensors, cross-memory "
+        f"built-in rule ({why}): one node -> MPI for sets of small tensors, cross-memory "
         "copies for the rest; several nodes -> MPI"
     )

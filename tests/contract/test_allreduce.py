@@ -95,11 +95,9 @@ def _bulk_beside_general(comm, op, dtype, other):
     if dtype == "complex64" and op in ("min", "max"):
         pytest.skip("no ordering for complex values (refused: see test_refused_inputs)")
     # Odd ranks pass a dict subclass (kept and reused), or one-replica lists (prepared again at
-    # every call): ranks on both paths must issue the same collectives on the same bucket layout
-    # (the node's shared regions line up from the first call on).
+    # every call): ranks on both paths must issue the same collectives on the same bucket layout.
     from mpisync.allreduce.bulk import scan_for_reduce
 
-    # Fused bytes within the node segment's bounds for every dtype (24 KiB to 16 buckets).
     sizes = dict(
         _SIZES,
         **{"a.empty": 0, "e.more": 300, "f.more": 90},
@@ -131,13 +129,12 @@ def _bulk_beside_general(comm, op, dtype, other):
     )
     # with the C loops or their Python form alike
     assert took_bulk == (not comm.rank % 2 and not staged)
-    segment = _one_node_segment(comm)
     with mpisync.GradSync(comm, op=op, fusion_bytes=16384) as syncer:
         for call in range(3):
             for name, n in sizes.items():
                 arrays[name][...] = _values(name, comm.rank, call, n, kinds[name])
             report = syncer.allreduce(params)
-            assert report.channel == ("shared memory" if segment else "mpi"), call
+            assert report.channel == "mpi", call
             for name, n in sizes.items():
                 expected = _expected(op, name, comm.size, 1, n, kinds[name], salt=call)
                 if np.dtype(kinds[name]).kind in "iu":
@@ -176,11 +173,11 @@ def test_an_array_resized_in_place_is_never_reduced_at_its_old_address(comm, who
 def test_a_torch_tensor_given_new_memory_is_reduced_there(comm):
     torch = pytest.importorskip("torch")
     grads = {f"p{i}": torch.full((300,), float(comm.rank + i)) for i in range(6)}
-    grads.update({f"q{i}": torch.zeros(2000) for i in range(6)})  # 55 kB fused: the segment's
+    grads.update({f"q{i}": torch.zeros(2000) for i in range(6)})  # 55 kB fused
     total = sum(range(comm.size))
     with mpisync.GradSync(comm, op="sum", fusion_bytes=16384) as syncer:
         syncer.allreduce(grads)
-        syncer.allreduce(grads)  # the node's segment, where every rank shares one node
+        syncer.allreduce(grads)  # the prepared set, reused
         grads["p3"].data = torch.full((300,), 100.0 + comm.rank)  # the same object, new memory
         syncer.allreduce(grads)
     assert torch.equal(grads["p3"], torch.full((300,), 100.0 * comm.size + total))
@@ -208,81 +205,55 @@ def test_gradsync_reuses_its_plan_and_sees_new_values(comm):
             mean = sum(r + step for r in range(comm.size)) / comm.size
             assert all(np.allclose(a, mean) for a in params.values()), step
         assert report.fused_buckets >= 2 and report.transfers == report.fused_buckets + 1
-        # One agreement, then one all-reduce per bucket (their 11 kB stay under the buckets'
-        # segment's floor), and for the large array (800 kB) one more, or on one node two through
-        # the node's segment for mid sizes.
-        segment = _one_node_segment(comm)
-        assert report.channel == ("shared memory" if segment else "mpi")
-        per_call = 1 + report.fused_buckets + (2 if segment else 1)
+        # One agreement, then one all-reduce per bucket and one for the large array (800 kB).
+        assert report.channel == "mpi"
+        per_call = 1 + report.fused_buckets + 1
         assert report.collectives == (per_call if comm.size > 1 else 0)
     with pytest.raises(mpisync.SyncError, match="closed"):
         syncer.allreduce(params)
 
 
-def _one_node_segment(comm) -> bool:
-    # Facts every rank shares: all ranks on one node, and the segment not switched off anywhere.
-    import os
-
-    from mpisync.transports.cma import host_word
-    from mpisync.transports.nodesegment import available
-
-    words = comm.allgather(host_word())
-    allowed = os.environ.get("MPISYNC_SHARED_MEMORY", "").strip() != "0" and available()
-    return comm.size > 1 and len(set(words)) == 1 and everyone(comm, allowed)
-
-
 @pytest.mark.parametrize("op", ["sum", "avg", "max", "prod"])
-def test_fused_buckets_go_through_the_node_segment_on_one_node(comm, op):
+def test_fused_buckets_of_several_dtypes_repeated(comm, op):
     dtypes = ["float32", "int64", "float16", "uint8"]
     shapes = {f"{d}.{i:03d}": (5 + i, d) for d in dtypes for i in range(60)}
     shapes["float64.big"] = (40000, "float64")
     params = {name: _values(name, comm.rank, 0, n, d) for name, (n, d) in shapes.items()}
     expected = {name: _expected(op, name, comm.size, 1, n, d) for name, (n, d) in shapes.items()}
-    segment = _one_node_segment(comm)
     # reduced in float32; avg of uint8 in int64
     widened = {"float16": 2, "uint8": 8 if op == "avg" else 1}
     fused = sum(
         a.nbytes * widened.get(a.dtype.name, 1) for n, a in params.items() if n != "float64.big"
     )
     with mpisync.GradSync(comm, op=op, fusion_bytes=4096) as syncer:
-        # the segment opens at the first call (its opening: collectives of that call only)
         for call in range(2):
             report = syncer.allreduce(params)
-            assert report.channel == ("shared memory" if segment else "mpi")
+            assert report.channel == "mpi"
             for name, array in params.items():
                 assert array.tobytes() == expected[name].tobytes(), (call, name)
                 array[...] = _values(name, comm.rank, 0, *shapes[name])
-        if segment:  # one region per rank of the fused bytes, nothing else kept
-            assert fused * comm.size <= syncer.buffer_bytes <= (fused + 4096) * comm.size + 65536
-            # the agreement, the large tensor (mid-size: two through the node's segment), two
-            # barriers
-            assert report.collectives == 1 + 2 + 2
-        else:
-            assert fused <= syncer.buffer_bytes <= fused + 4096 or comm.size == 1
+        # one fusion arena, nothing else kept
+        assert fused <= syncer.buffer_bytes <= fused + 4096 * len(dtypes)
+        if comm.size > 1:  # the agreement, each bucket, the large tensor
+            assert report.collectives == 1 + report.fused_buckets + 1
 
 
-def test_a_larger_set_after_the_segment_was_sized_goes_through_mpi(comm):
-    # 32 kB: the segment's
+def test_a_larger_set_after_a_smaller_one(comm):
     small = {f"s{i}": np.full(400, comm.rank + i, np.float32) for i in range(20)}
-    # fused, in 5 buckets
-    large = {f"s{i}": np.full(4000, comm.rank + i, np.float32) for i in range(20)}
+    large = {f"s{i}": np.full(4000, comm.rank + i, np.float32) for i in range(20)}  # 5 buckets
     with mpisync.GradSync(comm, op="sum", fusion_bytes=1 << 16) as syncer:
-        first = syncer.allreduce(small)  # the segment opens here, sized for this set
-        sized = syncer.allreduce(small)
+        first = syncer.allreduce(small)
+        syncer.allreduce(small)
         larger = syncer.allreduce(large)
-        again = syncer.allreduce({k: np.full(400, comm.rank + 100.0, np.float32) for k in small})
+        syncer.allreduce({k: np.full(400, comm.rank + 100.0, np.float32) for k in small})
     total = sum(range(comm.size))
     for i in range(20):
         assert small[f"s{i}"].tolist() == [float(comm.size * (total + comm.size * i))] * 400
         assert large[f"s{i}"].tolist() == [float(total + comm.size * i)] * 4000
-    segment = _one_node_segment(comm)
-    assert (first.channel, sized.channel, larger.channel, again.channel) == (
-        ("shared memory", "shared memory", "mpi", "shared memory") if segment else ("mpi",) * 4
-    )
+    assert (first.fused_buckets, larger.fused_buckets) == (1, 5)
 
 
-def test_fused_bytes_under_the_segments_floor_stay_on_mpi(comm):
-    # Under 24 KiB of fused bytes one all-reduce through MPI beats the segment's two barriers.
+def test_scalars_and_a_small_array(comm):
     params = {"loss": np.array(comm.rank + 1.0), "acc": np.full(8, float(comm.rank), np.float32)}
     with mpisync.GradSync(comm, op="sum") as syncer:
         channels = [syncer.allreduce(params).channel for _ in range(3)]
@@ -292,8 +263,7 @@ def test_fused_bytes_under_the_segments_floor_stay_on_mpi(comm):
     assert params["acc"].tolist() == [float(comm.size**2 * total)] * 8
 
 
-def test_fused_bytes_beyond_sixteen_buckets_stay_on_mpi(comm):
-    # The segment would hold every rank's fused bytes: past 16 buckets of them, MPI carries them.
+def test_many_fused_buckets(comm):
     params = {f"t{i:03d}": np.full(100, comm.rank + i, np.float64) for i in range(100)}  # 80 kB
     with mpisync.GradSync(comm, op="max", fusion_bytes=4096) as syncer:
         report = syncer.allreduce(params)
@@ -394,7 +364,6 @@ def test_mismatched_op_raises_everywhere(comm):
 
 def test_cuda_tensors(comm):
     torch = pytest.importorskip("torch")
-    from mpiutil import everyone
 
     if not everyone(comm, torch.cuda.is_available()):
         pytest.skip("needs a CUDA device on every rank")
@@ -430,7 +399,7 @@ def _gathered_bytes(comm, array) -> list:
 def test_tied_weights_are_reduced_once(comm, op, n):
     # One storage under two names (a language model's head.weight = emb.weight): reduced once,
     # below fusion_bytes (a bucket) and above it (in place), one-shot and through a GradSync whose
-    # later calls take the node's segment.
+    # later calls reuse their plan.
     torch = pytest.importorskip("torch")
     emb = torch.nn.Embedding(n // 10, 10)
     head = torch.nn.Linear(10, n // 10, bias=False)
@@ -494,7 +463,7 @@ _NAN_CASES = {
 @pytest.mark.parametrize("op", ["min", "max"])
 def test_nan_wins_min_and_max_with_the_same_bytes_on_every_rank_and_channel(comm, op, dtype):
     # numpy's and torch's rule (NaN wins), whatever path a value takes: one-shot, and a reused
-    # GradSync (its buckets on the node's segment where it opens).
+    # GradSync (its prepared set reused).
     torch = pytest.importorskip("torch") if dtype == "bfloat16" else None
     rows = _NAN_CASES[op]
     mine = rows[comm.rank % 2]
@@ -533,20 +502,12 @@ def test_nan_wins_min_and_max_with_the_same_bytes_on_every_rank_and_channel(comm
 @pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_mid_size_arrays_go_through_the_nodes_segment_from_the_first_call(
-    comm, op, dtype, replicas
-):
-    """The arrays reduced in their own memory, of one dtype, 256 KiB to 2 MiB together (float16
-    in float32 staging), go through the node's segment from the first call, laid end to end in
-    one reduction; every call exact."""
-    from mpisync.transports.policy import SHARED_REDUCE_MAX_BYTES as SHARED_MAX
-
-    n = SHARED_MAX // 16 + 3  # int64: half the segment's largest, with b.mid two thirds of it
+def test_mid_size_arrays_reduced_in_their_own_memory(comm, op, dtype, replicas):
+    """Arrays above ``fusion_bytes`` (reduced in their own memory, under cross-memory's floor:
+    MPI) beside a fused bucket; every call exact."""
+    n = (1 << 20) // 8 + 3  # int64: a little over 1 MiB, with b.mid a third of it
     shapes = {"a.mid": n, "b.mid": n // 3, "c.small": 5}
-    segment = _one_node_segment(comm)
     channels = []
-    # a.mid and b.mid reduced in their own memory; c.small's bucket under the buckets' segment's
-    # floor (MPI)
     with mpisync.GradSync(comm, op=op, fusion_bytes=32 << 10) as syncer:
         for call in range(4):
             params = {}
@@ -560,7 +521,7 @@ def test_mid_size_arrays_go_through_the_nodes_segment_from_the_first_call(
                 got = params[name]
                 for array in got if replicas > 1 else [got]:
                     assert array.tobytes() == want.tobytes(), (call, name)
-    assert channels == ["shared memory" if segment else "mpi"] * 4
+    assert channels == ["mpi"] * 4
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -594,7 +555,7 @@ def test_the_reduce_transport_runs_a_set_behind_the_transport_interface(comm, re
     # "big" (sorted first, its dtype's group first) in place, then the 6 small tensors (260
     # bytes) in 2 buckets of at most 256 bytes
     assert [step.fused for step in program.steps] == [False, True, True]
-    assert program.spans is None and transport.nbytes == 0
+    assert transport.nbytes == 0 and len(program.arena) >= 260
     assert reduced.before() is False
     transport.run(program, ctx)
     reduced.after()

@@ -165,7 +165,6 @@ def test_a_timed_out_sync_never_hands_its_buffers_on(comm, monkeypatch):
     from mpisync.transports.mpi import MpiTransport
 
     monkeypatch.setenv("MPISYNC_TIMEOUT_ABORT", "0")
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")  # a small set through MPI's ring and the arena
     monkeypatch.setitem(spares._SPARES, spares.ARENA, [])
     # one bucket
     params = {f"s{i}": values(f"s{i}", comm.rank, (16,), "float32") for i in range(10)}

@@ -334,9 +334,7 @@ def test_a_single_array_is_checked_against_devices(comm, devices, problem):
     )
 
 
-@pytest.mark.parametrize(
-    "setting", ["MPISYNC_SHARED_MEMORY", "MPISYNC_CROSS_MEMORY", "MPISYNC_SPEEDUPS"]
-)
+@pytest.mark.parametrize("setting", ["MPISYNC_CROSS_MEMORY", "MPISYNC_SPEEDUPS"])
 @pytest.mark.parametrize("call", ["sync_params", "allreduce"])
 def test_a_wire_setting_that_differs_between_ranks(comm, monkeypatch, setting, call):
     """A setting that changes what travels (a transport, the loops) is agreed with the manifest:

@@ -113,10 +113,9 @@ def test_parameter_set_over_256mb(comm):
 
     params = {n: fill(comm.rank, i, s) for i, (n, s) in enumerate(shapes.items())}
     with mpisync.ParamSync(comm, root=root) as syncer:
-        # MPI, then a shared segment if it can
         reports = [syncer.sync(params, verify=True) for _ in range(2)]
     assert all(r.bytes > 256 * 2**20 and r.verified for r in reports)
-    # ranks on several nodes: no segment to share
+    # ranks on several nodes: no cross-memory
     if os.environ.get("MPISYNC_EXPECT_NODES", "1") != "1":
         assert [r.channel for r in reports] == ["mpi", "mpi"]
     for i, (n, s) in enumerate(shapes.items()):

@@ -1,7 +1,5 @@
 """sync_params on host arrays: every replica on every rank ends with root's bytes."""
 
-import os
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -49,7 +47,7 @@ def test_dtypes_shapes_and_any_root(comm, root_choice):
     assert report.verified and report.seconds > 0 and report.gbps >= 0
     # one fused bucket + 'big' (1.2 MB > fusion_bytes), whichever transport moved them
     if comm.size > 1:
-        assert report.channel in ("mpi", "cross-memory", "shared memory")
+        assert report.channel in ("mpi", "cross-memory")
         assert report.transfers == 2 and report.fused_buckets == 1
         if report.channel == "mpi":  # Idup + validation + facts + two broadcasts + verification
             assert report.collectives == 6
@@ -142,18 +140,12 @@ def test_param_sync_reuses_communicator_plan_and_buffers(comm):
         seen = set()
         for step in range(4):
             params = {n: values(n, comm.rank + 10 * step, s, d) for n, (s, d) in shapes.items()}
-            report = syncer.sync(params, verify=(step % 2 == 0))
+            syncer.sync(params, verify=(step % 2 == 0))
             for n, (s, d) in shapes.items():
                 assert same_bytes(params[n], values(n, 10 * step, s, d)), (step, n)
             seen.add(id(syncer._link.comm))
-            # max_concurrent x fusion_bytes plus a constant (a shared segment's header), never the
-            # model's
-            # size; MPISYNC_SHARED_MEMORY=1 puts every set through the segment, in slots of at least
-            # 1 MiB
-            every_set = (
-                report.channel == "shared memory" and os.environ.get("MPISYNC_SHARED_MEMORY") == "1"
-            )
-            assert syncer.buffer_bytes <= (2 << 20 if every_set else 2 * 512) + 8192
+            # max_concurrent x fusion_bytes plus a constant, never the model's size
+            assert syncer.buffer_bytes <= 2 * 512 + 8192
             assert (syncer._prepared is not None) == (comm.size > 1)
         assert len(seen) == 1
     assert syncer._link.comm is None
@@ -225,8 +217,6 @@ def test_sync_params_calls_hand_their_fusion_arena_on(comm, monkeypatch):
     from mpisync.transports import spares
 
     monkeypatch.setitem(spares._SPARES, spares.ARENA, [])  # none left by earlier tests
-    # small sets: the arena, not the node's segment
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
     shapes = {f"v{i:03d}": (i % 13 + 1,) for i in range(200)}
     arenas = []
     # 11 KB in all: one bucket of 64 KiB
@@ -383,11 +373,9 @@ def test_ranks_on_the_bulk_and_the_general_path_match(comm):
         assert report.fused_buckets == 5 and report.transfers == 6 and report.verified
 
 
-@pytest.mark.parametrize("channel_env", ["0", "1"], ids=["default", "shared memory"])
-def test_tied_weights_travel_once(comm, monkeypatch, channel_env):
+def test_tied_weights_travel_once(comm):
     # One array under two names travels once when every rank ties them alike; a rank that holds
     # them apart gets root's bytes in both.
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", channel_env)
     big = values("big", comm.rank, (300_000,), "float32")
     small = values("small", comm.rank, (10,), "float32")
     params = {"a": big, "b": big, "c": small}

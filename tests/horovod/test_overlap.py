@@ -1,8 +1,8 @@
 """DistributedOptimizer's overlap: buckets started from backward hooks give the same parameters,
 bit for bit, as the reduction at ``step()`` (``overlap=False``), and do start during backward.
 
-With three ranks or more the order of the additions belongs to the transport (the node's segment
-in one call, MPI's algorithm in the buckets), so only ranks 0 and 1 of the set contribute
+With three ranks or more the order of the additions belongs to MPI's algorithm for each
+bucket's size, so only ranks 0 and 1 of the set contribute
 non-zero gradients there: adding zeros in any order leaves the same bits."""
 
 import pytest

@@ -44,7 +44,7 @@ def test_thousands_of_dropped_syncers_are_flat_in_fds_mappings_and_memory(bounde
         fds0, fds1, maps0, maps1, rss0, rss1 = map(int, figures)
         assert fds1 == fds0, (kind, rank, out)
         assert maps1 == maps0, (kind, rank, out)
-        # leaking one object's arena or segment (hundreds of KiB) 3000 times would show in GiB
+        # leaking one object's arena (hundreds of KiB) 3000 times would show in GiB
         assert rss1 - rss0 < 32 << 10, (kind, rank, out)
 
 
@@ -63,7 +63,7 @@ def test_no_context_id_left_is_a_sync_error_on_every_rank_then_recovers(bounded_
 
 @pytest.mark.parametrize(
     "name, value",
-    [("MPISYNC_SHARED_MEMORY", "nope"), ("MPISYNC_MAX_CONCURRENT", "0")],
+    [("MPISYNC_CROSS_MEMORY", "nope"), ("MPISYNC_MAX_CONCURRENT", "0")],
 )
 def test_a_setting_invalid_on_one_rank_only_is_refused_on_every_rank(bounded_env, name, value):
     stdout, out = _run(bounded_env, "one_rank_setting.py", name, value, timeout=120)

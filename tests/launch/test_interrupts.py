@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.launcher
 JOB = Path(__file__).parent / "jobs" / "interrupts.py"
-MPI_ONLY = {"MPISYNC_CROSS_MEMORY": "0", "MPISYNC_SHARED_MEMORY": "0"}
+MPI_ONLY = {"MPISYNC_CROSS_MEMORY": "0"}
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,6 @@ def test_large_tensors_on_one_node_take_cross_memory_from_the_first_sync(comm, w
     if comm.size == 1:
         pytest.skip("no peers")
     monkeypatch.setenv("MPISYNC_CROSS_MEMORY", "1")
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
     root = 0 if where == "first" else last_rank(comm)
     cross = everyone(comm, crossmemory.enabled()) and _one_node(comm)
     params = _make(comm)
@@ -106,7 +105,6 @@ def test_one_rank_without_cross_memory_makes_every_rank_use_mpi(comm, monkeypatc
     if comm.rank == last_rank(comm):
         monkeypatch.setattr(crossmemory, "_CALLS", None)
     # the next choice after cross-memory, where it is on
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
     params = _make(comm)
     with mpisync.ParamSync(comm, fusion_bytes=64 << 10) as syncer:
         syncer._prefer("cross-memory")
@@ -120,7 +118,6 @@ def test_failed_copies_on_one_rank_are_redone_through_mpi_on_every_rank(comm, mo
     if comm.size == 1:
         pytest.skip("no peers")
     # the next choice after cross-memory, where it is on
-    monkeypatch.setenv("MPISYNC_SHARED_MEMORY", "0")
     cross = everyone(comm, crossmemory.enabled()) and _one_node(comm)
     params = _make(comm)
     with mpisync.ParamSync(comm, fusion_bytes=64 << 10) as syncer:

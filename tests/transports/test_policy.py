@@ -14,39 +14,31 @@ from mpisync.transports.policy import (
     ALLTOALL,
     ARRAY,
     BROADCAST,
-    BUCKETS,
     CROSS,
     LIST,
     MPI,
     PAIRWISE,
     REDUCE,
     REDUCE_SCATTER,
-    SHARED,
     choose,
 )
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mpisync"
 
 CROSS_MIN = policy.CROSS_REDUCE_MIN_BYTES
-SHARED_MIN, SHARED_MAX = policy.SHARED_REDUCE_MIN_BYTES, policy.SHARED_REDUCE_MAX_BYTES
 
 
-def test_the_thresholds_keep_their_values_and_order():
+def test_the_thresholds_keep_their_values():
     assert CROSS_MIN == 16 << 20 and policy.CROSS_BROADCAST_MIN_BYTES == 8 << 20
-    assert (SHARED_MIN, SHARED_MAX) == (256 << 10, 2 << 20)
-    assert policy.BUCKETS_SEGMENT_MIN_BYTES == 24 << 10
-    assert policy.BUCKETS_SEGMENT_MAX_BUCKETS == 16 and policy.PAIRWISE_MAX_RANKS == 16
-    assert SHARED_MIN < SHARED_MAX < CROSS_MIN  # the reduction's ladder has no overlap
+    assert policy.PAIRWISE_MAX_RANKS == 16
 
 
 @pytest.mark.parametrize("operation", [ALLREDUCE, REDUCE])
 @pytest.mark.parametrize("layout", [ARRAY, LIST])
-def test_reductions_climb_the_ladder(operation, layout):
+def test_reductions_are_mpi_below_cross_memorys_floor(operation, layout):
     expected = [
-        (SHARED_MIN - 1, MPI),
-        (SHARED_MIN, SHARED),
-        (SHARED_MAX, SHARED),
-        (SHARED_MAX + 1, MPI),
+        (0, MPI),
+        (1 << 20, MPI),
         (CROSS_MIN - 1, MPI),
         (CROSS_MIN, CROSS),
         (CROSS_MIN * 4, CROSS),
@@ -59,7 +51,6 @@ def test_reduce_scatter_is_cross_memory_from_the_reductions_floor_else_mpi():
     for layout in (ARRAY, LIST):
         assert choose(REDUCE_SCATTER, CROSS_MIN - 1, 3, layout) == MPI
         assert choose(REDUCE_SCATTER, CROSS_MIN, 3, layout) == CROSS
-        assert choose(REDUCE_SCATTER, SHARED_MIN, 3, layout) == MPI  # no segment path
 
 
 def test_broadcast_takes_one_array_by_cross_memory_from_its_own_floor():
@@ -75,15 +66,6 @@ def test_allgather_counts_the_bytes_gathered_and_takes_one_input_only():
     assert choose(ALLGATHER, CROSS_MIN, 4, LIST) == MPI
 
 
-def test_fused_buckets_take_the_segment_within_their_bounds():
-    fusion = 64 << 10
-    low, high = policy.BUCKETS_SEGMENT_MIN_BYTES, policy.BUCKETS_SEGMENT_MAX_BUCKETS * fusion
-    at = [choose(ALLREDUCE, n, 2, BUCKETS, fusion_bytes=fusion) for n in (low - 1, low, high)]
-    assert at == [MPI, SHARED, SHARED]
-    assert choose(ALLREDUCE, high + 1, 2, BUCKETS, fusion_bytes=fusion) == MPI
-    assert choose(REDUCE, low, 2, BUCKETS, fusion_bytes=fusion) == MPI  # all-reduce only
-
-
 def test_alltoall_posts_pairs_for_pieces_sized_by_pair_up_to_a_nodes_worth():
     most = policy.PAIRWISE_MAX_RANKS
     assert choose(ALLTOALL, 1 << 30, most, LIST) == PAIRWISE
@@ -94,7 +76,7 @@ def test_alltoall_posts_pairs_for_pieces_sized_by_pair_up_to_a_nodes_worth():
 
 @pytest.mark.parametrize("operation", [BROADCAST, ALLREDUCE, REDUCE, ALLGATHER, REDUCE_SCATTER])
 def test_one_rank_or_no_node_mechanism_is_mpi_at_any_size(operation):
-    for nbytes in (0, SHARED_MIN, CROSS_MIN, 1 << 32):
+    for nbytes in (0, 1 << 20, CROSS_MIN, 1 << 32):
         assert choose(operation, nbytes, 1) == MPI
         assert choose(operation, nbytes, 8, node=False) == MPI
 
@@ -106,13 +88,10 @@ def test_unknown_operations_and_layouts_are_refused():
         choose(ALLREDUCE, 1, 2, "strided")
 
 
-def test_a_parameter_set_follows_the_setting_then_its_sizes():
-    both = {CROSS: True, SHARED: True}
-    assert policy.parameter_set(True, both, None)[0] == SHARED
-    assert policy.parameter_set(False, both, None)[0] == CROSS
-    assert policy.parameter_set(False, both, True)[0] == SHARED
-    assert policy.parameter_set(True, {CROSS: True, SHARED: False}, None)[0] == MPI
-    assert policy.parameter_set(False, {CROSS: False, SHARED: True}, None)[0] == MPI
+def test_a_parameter_set_of_large_tensors_takes_cross_memory_where_it_can():
+    assert policy.parameter_set(False, True)[0] == CROSS
+    assert policy.parameter_set(True, True)[0] == MPI  # fused buckets
+    assert policy.parameter_set(False, False)[0] == MPI
 
 
 # Constants named like a size bound that do not choose a path, each with what it bounds.

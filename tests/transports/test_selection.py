@@ -7,19 +7,17 @@ import os
 import pytest
 
 from mpisync.transports import selection, tuning
-from mpisync.transports.selection import CROSS, MPI, SHARED, Facts, choose
+from mpisync.transports.selection import CROSS, MPI, Facts, choose
 
 
 def facts(**kw):
-    base = dict(
-        size=2, one_node=True, cross=True, segment=True, shared_setting=None, tuned=(None, None)
-    )
+    base = dict(size=2, one_node=True, cross=True, tuned=(None, None))
     base.update(kw)
     return Facts(**base)
 
 
-def test_one_node_small_sets_take_the_segment_large_ones_cross_memory():
-    assert choose(facts(), small=True).channel == SHARED
+def test_one_node_small_sets_take_mpi_large_ones_cross_memory():
+    assert choose(facts(), small=True).channel == MPI
     assert choose(facts(), small=False).channel == CROSS
 
 
@@ -30,22 +28,17 @@ def test_several_nodes_or_one_rank_take_mpi():
 
 
 def test_settings_and_failed_set_ups_narrow_the_choice():
-    # no cross-memory for small sets
-    assert choose(facts(shared_setting=False), small=True).channel == MPI
-    assert choose(facts(shared_setting=True), small=False).channel == SHARED
     assert choose(facts(cross=False), small=False).channel == MPI
-    assert choose(facts(segment=False), small=True).channel == MPI
-    assert choose(facts(), small=True, unavailable=(SHARED,)).channel == MPI
     assert choose(facts(), small=False, unavailable=(CROSS,)).channel == MPI
     assert choose(facts(), small=True, preferred=MPI).channel == MPI
 
 
 def test_a_tuning_entry_wins_where_usable():
-    tuned = facts(tuned=(MPI, SHARED))
-    assert choose(tuned, small=True) == (MPI, "tuning file")
-    assert choose(tuned, small=False).channel == SHARED
+    tuned = facts(tuned=(CROSS, MPI))
+    assert choose(tuned, small=True) == (CROSS, "tuning file")
+    assert choose(tuned, small=False) == (MPI, "tuning file")
     # not usable
-    assert choose(facts(tuned=(CROSS, CROSS), cross=False), small=True).channel == SHARED
+    assert choose(facts(tuned=(CROSS, CROSS), cross=False), small=True).channel == MPI
 
 
 def test_tuning_file_for_another_machine_library_or_layout_is_ignored(tmp_path, monkeypatch):

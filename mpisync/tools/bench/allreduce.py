@@ -10,11 +10,9 @@ medians of the slowest rank's time):
   25 MiB): the ``"mpisync"`` backend, gloo, mpi4py's blocking ``Allreduce`` of the same buffer, and
   the all-reduce's limit row (:mod:`mpisync.tools.bench.limits`); not OSU's method (the raw
   ``MPI_Allreduce`` rows by that method are :mod:`mpisync.tools.bench.osu`'s);
-- ``grads``: ``GradSync.allreduce`` of the gradient sets of ResNet-50, BERT-base and 5000 x 400 B
-  (its fused buckets through the node's shared segment where every rank shares one node), the same
-  with every bucket through MPI, the one-shot ``mpisync.allreduce`` (a new syncer each call), one
-  flat ``Allreduce`` of the same bytes, the limit row, and (5000 x 400 B) a loop of per-tensor
-  ``Allreduce``;
+- ``grads``: ``GradSync.allreduce`` of the gradient sets of ResNet-50, BERT-base and 5000 x 400 B,
+  the one-shot ``mpisync.allreduce`` (a new syncer each call), one flat ``Allreduce`` of the same
+  bytes, the limit row, and (5000 x 400 B) a loop of per-tensor ``Allreduce``;
 - ``ddp``: one DistributedDataParallel training step of an 8-layer 1024 x 1024 MLP (batch 32) on the
   ``"mpisync"`` backend, on gloo, the same step without communication, and through DDP with a
   communication hook that moves nothing (DDP's own cost: what compute/step is with free
@@ -129,11 +127,8 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
         nbytes = sum(a.nbytes for a in params.values())
         flat = written(nbytes // 4, _np.float32)
         syncer = GradSync(comm, op="sum")
-        mpi_only = GradSync(comm, op="sum")
-        mpi_only._node_segment = False  # every bucket through MPI
         runs = {
             "GradSync": lambda s=syncer, p=params: s.allreduce(p),
-            "GradSync, MPI only": lambda s=mpi_only, p=params: s.allreduce(p),
             "allreduce, one-shot": lambda p=params: allreduce(p, comm, op="sum"),
             "flat Allreduce": lambda f=flat: comm.Allreduce(MPI.IN_PLACE, f),
             "limit": _limits.limit_run(comm, "all-reduce", nbytes),
@@ -146,7 +141,6 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
         timings = measure_interleaved(comm, runs, iterations=iterations, warmup=3)
         channel = syncer.allreduce(params).channel
         syncer.close()
-        mpi_only.close()
         row = {
             "workload": name,
             "tensors": len(params),
@@ -157,7 +151,6 @@ def grads(comm, iterations: int, sets=GRAD_SETS) -> list:
         row["channel"] = channel
         row["vs_flat"] = timings["flat Allreduce"].median / timings["GradSync"].median
         row["of_limit"] = _of_limit(comm, timings["limit"].median, timings["GradSync"].median)
-        row["vs_mpi_only"] = timings["GradSync, MPI only"].median / timings["GradSync"].median
         row["one_shot_vs_flat"] = (
             timings["flat Allreduce"].median / timings["allreduce, one-shot"].median
         )
@@ -315,13 +308,13 @@ def _grads_lines(rows: list) -> list:
     lines = [
         "",
         "GradSync.allreduce of gradient sets, sum (grads)",
-        f"  {'set':<11} {'tensors':>7} {'MB':>7} {'GradSync':>9} {'MPI only':>9} {'one-shot':>9} "
+        f"  {'set':<11} {'tensors':>7} {'MB':>7} {'GradSync':>9} {'one-shot':>9} "
         f"{'flat':>8} {'limit':>8} {'x flat':>7} {'of limit':>9}  channel",
     ]
     for row in rows:
         lines.append(
             f"  {row['workload']:<11} {row['tensors']:>7} {row['bytes'] / 1e6:7.1f} "
-            f"{row['GradSync_ms']:9.2f} {row['GradSync, MPI only_ms']:9.2f} "
+            f"{row['GradSync_ms']:9.2f} "
             f"{row['allreduce, one-shot_ms']:9.2f} {row['flat Allreduce_ms']:8.2f} "
             f"{row['limit_ms']:8.2f} {ratio_text(row['vs_flat']):>7} "
             f"{ratio_text(row.get('of_limit')):>9}  {row['channel']}"
@@ -333,8 +326,8 @@ def _grads_lines(rows: list) -> list:
                 f"{ratio_text(row['one_shot_vs_per_tensor'])} faster"
             )
     lines.append(
-        "  times: medians, milliseconds; GradSync: a repeated allreduce of one syncer; MPI only: "
-        "the same with every bucket through MPI; one-shot: mpisync.allreduce (a new syncer per "
+        "  times: medians, milliseconds; GradSync: a repeated allreduce of one syncer; "
+        "one-shot: mpisync.allreduce (a new syncer per "
         "call); flat: one in-place MPI_Allreduce of the same bytes; limit: the same reduction as "
         "local adds and copies on every rank at once; x flat: flat's time / GradSync's; of limit: "
         f"the limit's time / GradSync's (1.00x: at the memory limit) ({DOCS})"

@@ -2,8 +2,8 @@
 and adds, on every rank's core at once.
 
 A collective between ranks on one node moves bytes from one process's memory
-into another's; however it does it (MPI, cross-memory attach, a shared
-segment), each byte it delivers is read once and written once, and each byte
+into another's; however it does it (MPI, cross-memory copies, a shared
+memory segment), each byte it delivers is read once and written once, and each byte
 it reduces is read and added once. The same reads, adds and writes done by
 each rank on its own memory, all ranks at once (one core each), need no
 synchronisation, no page mapping and no second copy, so no transfer can beat

@@ -277,7 +277,7 @@ def _allreduce_rows(reduced: dict) -> list:
     for r in reduced.get("sweep", []):
         rows += _timed_rows("allreduce sweep", "", r, ("mpisync", "gloo", "mpi Allreduce"))
     for r in reduced.get("grads", []):
-        for name in ("GradSync", "GradSync, MPI only", "allreduce, one-shot"):
+        for name in ("GradSync", "allreduce, one-shot"):
             seconds = r[f"{name}_ms"] / 1e3
             rows.append(
                 {

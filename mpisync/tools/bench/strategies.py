@@ -113,7 +113,7 @@ def paramsync(channel: str | None = None, **settings):
     """Repeated ``ParamSync.sync`` (validation, plan and buffers reused), with ``settings``.
 
     ``channel=None``: the syncer's own choice (see :mod:`mpisync.transports.selection`);
-    else host bytes take ``channel`` ("mpi", "cross-memory", "shared memory")
+    else host bytes take ``channel`` ("mpi", "cross-memory")
     where every rank can. One untimed sync sets the syncer up.
     """
 
@@ -180,6 +180,5 @@ STRATEGIES = {
     "ParamSync": paramsync(),
     "ParamSync, MPI only": paramsync("mpi"),
     "ParamSync, one buffer": paramsync_one_buffer,
-    "ParamSync, shared memory": paramsync("shared memory"),
     "flat Bcast": flat_buffer,
 }

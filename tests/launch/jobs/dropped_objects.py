@@ -41,7 +41,7 @@ def use(kind: str) -> None:
         mpisync.ParamSync(comm).sync(params)
     else:
         reducer = mpisync.GradSync(comm)
-        for _ in range(3):  # the later calls open the node's segment and shared paths
+        for _ in range(3):  # the first call prepares, the later ones reuse
             reducer.allreduce(params)
 
 

@@ -28,11 +28,8 @@ if os.environ.get("FAULT_DEVICE") == "1":
     params = {name: SimulatedDeviceArray(array) for name, array in params.items()}
 victim = 0 if kind == "kill-root" else 1
 syncer = mpisync.ParamSync(comm, root=0, timeout=float(os.environ.get("FAULT_TIMEOUT", "5")))
-shared = os.environ.get("FAULT_SHARED") == "1"
 cross = os.environ.get("FAULT_CROSS") == "1"
-if shared:  # the node's shared segment from sync 1 (as the bench's "ParamSync, shared memory" does)
-    syncer._prefer("shared memory")
-elif cross:  # cross-memory copies from sync 1
+if cross:  # cross-memory copies from sync 1
     syncer._prefer("cross-memory")
 
 
@@ -42,21 +39,8 @@ def strike():
 
 
 timed_strike = False  # the victim stops on a timer started after its first sync (below)
-# stop inside the broadcast: after 10 slots read
-if comm.rank == victim and kind == "stall" and shared:
-    from mpisync.transports import nodesegment as intranode
-
-    read, reads = intranode.Chunk.read, []
-
-    def read_then_stop(chunk, arena):
-        read(chunk, arena)
-        reads.append(1)
-        if len(reads) == 10:
-            os.kill(os.getpid(), signal.SIGSTOP)
-
-    intranode.Chunk.read = read_then_stop
 # stop right after this rank's copies of sync 3
-elif comm.rank == victim and kind == "stall" and cross:
+if comm.rank == victim and kind == "stall" and cross:
     from mpisync.transports import cma as crossmemory
 
     run, runs = crossmemory.Copies.run, []
