@@ -352,9 +352,7 @@ class ParamSync(Reusable):
     ) -> None:
         self._hold(comm, max_concurrent, fusion_bytes, gpu_transport, timeout)
         self._root = root
-        self._host = HostTransports(
-            root, self._values["max_concurrent"], self._values["fusion_bytes"]
-        )
+        self._host = HostTransports(root)
         self._link = _Link(self._user_comm, self._host)
         self._held = held = _Holdings(self._link, self._host, self._values)
         self._compiler = _Compiler(self._host, held.device_transport, self._values)

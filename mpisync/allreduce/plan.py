@@ -47,11 +47,9 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // BUCKET_ALIGN) * BUCKET_ALIGN
 
 
-def fused_arena(nbytes: int, arena_for=None) -> tuple:
-    """``(arena, base)`` for ``nbytes`` of fused buckets: what ``arena_for(nbytes)`` returns, unless
-    it is None (or there are no fused bytes), then a private arena from byte 0."""
-    placed = arena_for(nbytes) if arena_for is not None and nbytes else None
-    return placed if placed is not None else (Arena(nbytes, vectored=False), 0)
+def fused_arena(nbytes: int) -> Arena:
+    """A private arena for ``nbytes`` of fused buckets."""
+    return Arena(nbytes, vectored=False)
 
 
 class ReduceStep:
@@ -212,29 +210,26 @@ def plan_groups(groups: list, fusion_bytes: int) -> ReducePlan:
     return ReducePlan(transfers, arena_bytes)
 
 
-def build_steps(groups: list, op: str, size: int, plan: ReducePlan, arena, base: int) -> list:
-    """The steps of ``plan`` over ``size`` ranks, its fused buckets from byte ``base`` of
-    ``arena``."""
+def build_steps(groups: list, op: str, size: int, plan: ReducePlan, arena) -> list:
+    """The steps of ``plan`` over ``size`` ranks, its fused buckets in ``arena``."""
     for group in groups:
         check_copier(group.held, arena, "build_steps")
     steps = []
     for index, transfer, offset in plan.transfers:
         group = groups[index]
         if transfer[0]:
-            steps.append(_fused_step(group, op, size, transfer, arena, base + offset))
+            steps.append(_fused_step(group, op, size, transfer, arena, offset))
         else:
             steps.append(_direct_step(group, op, size, transfer))
     return steps
 
 
-def compile_steps(groups: list, op: str, fusion_bytes: int, size: int, arena_for=None) -> tuple:
-    """``(steps, arena)`` reducing ``groups`` over ``size`` ranks.
-
-    The fused buckets lie end to end in a private arena, or from byte ``base`` of the arena that
-    ``arena_for(nbytes)`` returns as ``(arena, base)`` (None: a private one)."""
+def compile_steps(groups: list, op: str, fusion_bytes: int, size: int) -> tuple:
+    """``(steps, arena)`` reducing ``groups`` over ``size`` ranks, the fused buckets end to end in
+    a private arena."""
     plan = plan_groups(groups, fusion_bytes)
-    arena, base = fused_arena(plan.arena_bytes, arena_for)
-    return build_steps(groups, op, size, plan, arena, base), arena
+    arena = fused_arena(plan.arena_bytes)
+    return build_steps(groups, op, size, plan, arena), arena
 
 
 def ordered(step: ReduceStep, op: str) -> ReduceStep:

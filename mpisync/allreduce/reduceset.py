@@ -87,10 +87,10 @@ class ReduceSet:
         """Which bytes go in which all-reduce (the same on every rank that agreed)."""
         return plan_groups(self.groups, fusion_bytes)
 
-    def steps(self, plan: ReducePlan, arena, base: int) -> list:
-        """The steps of ``plan``, fused buckets from byte ``base`` of ``arena``; across ranks,
-        floats under ``min``/``max`` reduce as integers of their total order (:func:`ordered`)."""
-        steps = build_steps(self.groups, self.op, self.size, plan, arena, base)
+    def steps(self, plan: ReducePlan, arena) -> list:
+        """The steps of ``plan``, fused buckets in ``arena``; across ranks, floats under
+        ``min``/``max`` reduce as integers of their total order (:func:`ordered`)."""
+        steps = build_steps(self.groups, self.op, self.size, plan, arena)
         return [ordered(step, self.op) for step in steps] if self.size > 1 else steps
 
     def before(self) -> bool:

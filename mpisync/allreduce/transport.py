@@ -58,8 +58,8 @@ class ReduceTransport(Transport[ReduceSet, ReducePlan]):
     def compile(self, columns: ReduceSet, plan: ReducePlan, fusion: int, ctx: Context):
         """The steps of ``plan`` over the set ``columns``, their fused buckets in a private
         arena."""
-        arena, base = fused_arena(plan.arena_bytes)
-        return ReduceProgram(columns.steps(plan, arena, base), arena)
+        arena = fused_arena(plan.arena_bytes)
+        return ReduceProgram(columns.steps(plan, arena), arena)
 
     def run(self, program: ReduceProgram, ctx: Context) -> None:
         """Reduce every step's buffer over the ranks (collective), then store it; counts the

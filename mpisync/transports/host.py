@@ -21,8 +21,8 @@ __all__ = ["HostTransports"]
 class HostTransports:
     """Channel -> transport for one syncer (``None`` where a set-up failed on some rank)."""
 
-    def __init__(self, root: int, capacity: int, fusion: int, one_shot: bool = False):
-        self.root, self.capacity, self.fusion, self.one_shot = root, capacity, fusion, one_shot
+    def __init__(self, root: int, one_shot: bool = False):
+        self.root, self.one_shot = root, one_shot
         self.preferred: str | None = None  # a channel asked for (tests, the bench)
         self.facts: Facts | None = None  # once the exchange completed
         self.last_choice: Choice | None = None  # of the last sync

@@ -148,25 +148,3 @@ def test_torch_cpu_tensors_take_the_bulk_path_through_their_numpy_views():
         torch.equal(t, torch.full(t.shape, float(i)))
         for i, t in ((int(n[1:]), t) for n, t in grads.items())
     )
-
-
-def test_an_arena_from_arena_for_holds_the_buckets_from_its_base():
-    from mpisync.allreduce.bulk import bulk_groups
-    from mpisync.allreduce.plan import compile_steps
-    from mpisync.plan.arena import Arena
-
-    # 40 B each: buckets of 3, 3, 3, 1
-    params = {f"t{i}": np.full(10, i, np.float32) for i in range(10)}
-    shared = Arena(4096, vectored=False)
-    asked = []
-    steps, arena = compile_steps(
-        bulk_groups(_scan(params), "sum"),
-        "sum",
-        128,
-        2,
-        lambda nbytes: asked.append(nbytes) or (shared, 1024),
-    )
-    # 120, 120, 120 and 40 B, from 64-byte bounds
-    assert arena is shared and asked == [128 + 128 + 128 + 64]
-    base = np.frombuffer(shared.view, np.uint8).ctypes.data
-    assert [s.buffer.ctypes.data - base for s in steps] == [1024, 1152, 1280, 1408]

@@ -29,8 +29,8 @@ def _reduce_as_two_equal_ranks(params, op, fusion):
     assert not manifest.errors
     reduced = ReduceSet(manifest, op, 2)
     plan = reduced.plan(fusion)
-    arena, base = fused_arena(plan.arena_bytes)
-    steps = reduced.steps(plan, arena, base)
+    arena = fused_arena(plan.arena_bytes)
+    steps = reduced.steps(plan, arena)
     reduced.before()
     for step in steps:
         if step.load is not None:
