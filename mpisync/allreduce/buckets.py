@@ -73,10 +73,10 @@ def densified(sparse):
     return dense.index_put_(tuple(indices), sparse._values(), accumulate=True)
 
 
-def bucket_caps(fusion_bytes: int | None) -> tuple[int, int]:
-    """``(first bucket's cap, every other's)``: ``fusion_bytes`` (else ``MPISYNC_FUSION_BYTES``)
-    for both, else :data:`DEFAULT_BUCKETS`."""
-    setting = _config.resolve(fusion_bytes=fusion_bytes).fusion_bytes
+def bucket_caps(setting: _config.Setting[int]) -> tuple[int, int]:
+    """``(first bucket's cap, every other's)`` from the resolved ``fusion_bytes`` setting: its
+    value for both where the argument or ``MPISYNC_FUSION_BYTES`` gave it, else
+    :data:`DEFAULT_BUCKETS`."""
     return DEFAULT_BUCKETS if setting.source == "built-in" else (setting.value, setting.value)
 
 

@@ -72,7 +72,6 @@ class GradOverlap:
         if op not in ("avg", "sum"):
             raise InvalidParamError(f"mpisync: GradOverlap's op is 'avg' or 'sum', got {op!r}")
         settings = _config.resolve(fusion_bytes=fusion_bytes, timeout=timeout)
-        caps = bucket_caps(fusion_bytes)
         passes = backward_passes_per_step
         if not isinstance(passes, int) or passes < 1:
             raise InvalidParamError(f"mpisync: backward_passes_per_step must be >= 1, got {passes}")
@@ -84,7 +83,7 @@ class GradOverlap:
             self._pack,
             self._unpack,
             op=op,
-            caps=caps,
+            caps=bucket_caps(settings.fusion_bytes),
             timeout=settings.timeout.value,
             passes=passes,
         )

@@ -364,7 +364,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name: a function returning t
             "DistributedOptimizer reduces gradients with hvd.Average, hvd.Sum or hvd.Adasum"
         )
     named = named_parameters_of(optimizer, named_parameters)
-    caps = bucket_caps(fusion_bytes)
+    caps = bucket_caps(_config.resolve(fusion_bytes=fusion_bytes).fusion_bytes)
     base = type(optimizer)
     methods = {k: v for k, v in vars(_DistributedOptimizer).items() if not k.startswith("__")}
     cls = type(base.__name__, (base,), {**methods, "_mpisync_base": base, "__doc__": base.__doc__})

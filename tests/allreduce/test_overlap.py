@@ -128,12 +128,13 @@ def test_refuses_bad_settings(comm):
 )
 def test_bucket_caps(monkeypatch, argument, environment, caps):
     from mpisync.allreduce.buckets import bucket_caps
+    from mpisync.config import resolve
 
     if environment is None:
         monkeypatch.delenv("MPISYNC_FUSION_BYTES", raising=False)
     else:
         monkeypatch.setenv("MPISYNC_FUSION_BYTES", environment)
-    assert bucket_caps(argument) == caps
+    assert bucket_caps(resolve(fusion_bytes=argument).fusion_bytes) == caps
 
 
 def test_default_layout_is_ddps():
