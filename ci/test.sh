@@ -10,8 +10,8 @@ timeout 1200 bash ci/setup.sh .venv mpich
 export HYDRA_LAUNCHER=fork MPISYNC_TEST_LOGS=.test-logs
 started=$SECONDS
 # A stage's heading, with the seconds since the tests began (what a slow stage costs shows in
-# the log).
-stage() { echo "== [$((SECONDS - started)) s] $*"; }
+# the log) and the disk space left (the venvs of the later stages take several GB each).
+stage() { echo "== [$((SECONDS - started)) s, $(df -Ph . | awk 'NR == 2 {print $4}') free] $*"; }
 
 stage "lint and types: ruff, mypy"
 timeout 300 ruff check .

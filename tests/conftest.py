@@ -76,6 +76,21 @@ def comm():
 
 
 @pytest.fixture
+def shared_folder(comm):
+    """A temporary folder every rank of ``comm`` sees (root makes it), removed after the test."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    made = tempfile.mkdtemp(prefix="mpisync-test-") if comm.rank == 0 else None
+    folder = Path(comm.bcast(made, root=0))  # test-side only; mpisync itself never pickles
+    yield folder
+    comm.Barrier()  # no rank is still reading it
+    if comm.rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
 def bounded_env():
     """Environment for an ``mpiexec`` started by a test: bounded, and on the embedded MPI."""
     env = dict(os.environ)

@@ -1,7 +1,6 @@
 """MPISYNC_TIMELINE pointing where one rank cannot write: a warning there, never a stalled job."""
 
 import os
-import tempfile
 
 import pytest
 
@@ -12,9 +11,9 @@ from mpiutil import last_rank, same_bytes, values
 pytestmark = pytest.mark.mpi
 
 
-def test_unwritable_timeline_on_one_rank_still_syncs(comm):
+def test_unwritable_timeline_on_one_rank_still_syncs(comm, shared_folder):
     root = 0
-    folder = tempfile.mkdtemp(prefix="mpisync-tl-")
+    folder = str(shared_folder)
     # The last rank (a receiver when size > 1) gets a "folder" that is a file: it cannot write.
     blocker = os.path.join(folder, "a-file")
     with open(blocker, "w"):

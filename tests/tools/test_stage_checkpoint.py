@@ -9,7 +9,6 @@ import os
 import pickle
 import socket
 import struct
-import tempfile
 import time
 from pathlib import Path
 
@@ -202,15 +201,11 @@ def test_failing_writer_leaves_no_partial_dest_anywhere(installed, bounded_env, 
 # -- in-process, every rank: the same error everywhere ------------------------------------------
 
 
-def _shared_folder(comm) -> Path:
-    folder = tempfile.mkdtemp(prefix="mpisync-stage-") if comm.rank == 0 else None
-    return Path(comm.bcast(folder, root=0))  # test-side only; mpisync itself never pickles
-
-
-def _source_and_previous_dests(comm, source, previous: bytes) -> tuple[Path, Path, Path]:
-    """A shared folder, ``ckpt.bin`` in it written by root with ``source()``, and this rank's
+def _source_and_previous_dests(
+    folder: Path, comm, source, previous: bytes
+) -> tuple[Path, Path, Path]:
+    """In the shared ``folder``, ``ckpt.bin`` written by root with ``source()``, and this rank's
     ``out{rank}/ckpt.bin`` holding ``previous``: (folder, source path, this rank's DEST)."""
-    folder = _shared_folder(comm)
     src = folder / "ckpt.bin"
     if comm.rank == 0:
         src.write_bytes(source())
@@ -221,7 +216,9 @@ def _source_and_previous_dests(comm, source, previous: bytes) -> tuple[Path, Pat
     return folder, src, mine
 
 
-def _a_rename_failing_on_the_last_rank(comm, monkeypatch, source_bytes: int, previous: bytes):
+def _a_rename_failing_on_the_last_rank(
+    folder: Path, comm, monkeypatch, source_bytes: int, previous: bytes
+):
     """Root's random ``ckpt.bin`` of ``source_bytes``, each rank's DEST holding ``previous``, and
     the last rank's rename into its DEST failing (disk full): (the staging module, the last rank,
     SRC, the DEST template, this rank's DEST)."""
@@ -229,7 +226,9 @@ def _a_rename_failing_on_the_last_rank(comm, monkeypatch, source_bytes: int, pre
     import mpisync.tools.stage_checkpoint as staging
 
     bad = last_rank(comm)
-    folder, src, mine = _source_and_previous_dests(comm, lambda: os.urandom(source_bytes), previous)
+    folder, src, mine = _source_and_previous_dests(
+        folder, comm, lambda: os.urandom(source_bytes), previous
+    )
     real_replace = os.replace
 
     def failing_replace(a, b, *args, **kwargs):
@@ -244,8 +243,8 @@ def _a_rename_failing_on_the_last_rank(comm, monkeypatch, source_bytes: int, pre
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("kind", ["list-header", "deep-header"])
-def test_malformed_header_on_root_is_the_same_error_everywhere(comm, kind):
-    folder = _shared_folder(comm)
+def test_malformed_header_on_root_is_the_same_error_everywhere(comm, kind, shared_folder):
+    folder = shared_folder
     src = folder / "model.safetensors"
     if comm.rank == 0:
         header = b"[[1]]" if kind == "list-header" else b'{"a":' * 50_000 + b"1" + b"}" * 50_000
@@ -267,9 +266,9 @@ def test_malformed_header_on_root_is_the_same_error_everywhere(comm, kind):
 
 
 @pytest.mark.mpi
-def test_a_rename_failing_on_one_writer_rolls_the_others_back(comm, monkeypatch):
+def test_a_rename_failing_on_one_writer_rolls_the_others_back(comm, monkeypatch, shared_folder):
     staging, bad, src, template, mine = _a_rename_failing_on_the_last_rank(
-        comm, monkeypatch, 300_000, b"the previous checkpoint of rank %d" % comm.rank
+        shared_folder, comm, monkeypatch, 300_000, b"the previous checkpoint of rank %d" % comm.rank
     )
     raises_everywhere(
         comm,
@@ -290,9 +289,11 @@ def test_a_rename_failing_on_one_writer_rolls_the_others_back(comm, monkeypatch)
 
 
 @pytest.mark.mpi
-def test_a_roll_back_without_hard_links_says_the_previous_dest_is_gone(comm, monkeypatch):
+def test_a_roll_back_without_hard_links_says_the_previous_dest_is_gone(
+    comm, monkeypatch, shared_folder
+):
     staging, bad, src, template, mine = _a_rename_failing_on_the_last_rank(
-        comm, monkeypatch, 100_000, b"previous %d" % comm.rank
+        shared_folder, comm, monkeypatch, 100_000, b"previous %d" % comm.rank
     )
 
     def no_hard_links(*args, **kwargs):
@@ -315,13 +316,13 @@ def test_a_roll_back_without_hard_links_says_the_previous_dest_is_gone(comm, mon
 
 
 @pytest.mark.mpi
-def test_a_source_rewritten_while_it_streams_writes_no_dest(comm, monkeypatch):
+def test_a_source_rewritten_while_it_streams_writes_no_dest(comm, monkeypatch, shared_folder):
     # A save rewriting SRC in place while root streams it: the bytes sent mix two versions, and the
     # digests of what was sent still match; root finds SRC changed and no DEST is written.
     import mpisync.tools.stage_checkpoint as staging
 
     folder, src, mine = _source_and_previous_dests(
-        comm, lambda: b"\1" * (16 << 20), b"previous %d" % comm.rank
+        shared_folder, comm, lambda: b"\1" * (16 << 20), b"previous %d" % comm.rank
     )
     if comm.rank == 0:
         real_stream = staging._stream
@@ -361,7 +362,7 @@ def test_a_source_rewritten_while_it_streams_writes_no_dest(comm, monkeypatch):
 
 
 @pytest.mark.mpi
-def test_a_dest_folder_that_another_user_may_write_into_is_refused_everywhere(comm):
+def test_a_dest_folder_that_another_user_may_write_into_is_refused_everywhere(comm, shared_folder):
     """``--to <shared>/ckpt/latest.bin`` where another user made ``ckpt/`` writable by all (no
     sticky bit): that user could replace the staged checkpoint, so no rank writes it, and every
     rank raises the same error naming the path and why. Tests run as root: "another user" is a
@@ -370,7 +371,7 @@ def test_a_dest_folder_that_another_user_may_write_into_is_refused_everywhere(co
         pytest.skip("needs root to give a folder to another user")  # the same on every rank
     from mpisync.tools.stage_checkpoint import stage_checkpoint
 
-    folder = _shared_folder(comm)
+    folder = shared_folder
     src = folder / "ckpt.bin"
     shared = folder / "ckpt"
     if comm.rank == 0:
@@ -393,10 +394,12 @@ def test_a_dest_folder_that_another_user_may_write_into_is_refused_everywhere(co
 
 
 @pytest.mark.mpi
-def test_a_dest_folder_of_ours_writable_by_all_is_refused_and_a_sticky_one_taken(comm):
+def test_a_dest_folder_of_ours_writable_by_all_is_refused_and_a_sticky_one_taken(
+    comm, shared_folder
+):
     from mpisync.tools.stage_checkpoint import stage_checkpoint
 
-    folder = _shared_folder(comm)
+    folder = shared_folder
     src = folder / "ckpt.bin"
     shared = folder / "open"
     if comm.rank == 0:
