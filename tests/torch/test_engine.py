@@ -1,14 +1,17 @@
-"""The torch backend's engine without MPI: fake requests completed by the test, in any order, so
-that posting order, the cap, timeouts and failures can be driven exactly."""
+"""The torch backend's engine on real MPI, its operations' requests generalized requests that the
+test completes, in any order, so that posting order, the cap, timeouts and failures can be driven
+exactly."""
 
 import threading
 import time
 
 import pytest
+from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 
 from mpisync.torch.engine import Engine  # noqa: E402
+from mpisync.torch.entry import MpiCalls  # noqa: E402
 from mpisync.torch.errors import (  # noqa: E402
     AgreedError,
     OperationError,
@@ -16,59 +19,43 @@ from mpisync.torch.errors import (  # noqa: E402
 )
 
 
-class Request:
-    """A fake MPI request: done once the test completes it."""
-
-    def __init__(self, name):
-        self.name, self.done, self.taken, self.error = name, False, False, None
-
-    def __repr__(self):
-        return f"Request({self.name})"
-
-
-class FakeMpi:
-    """What the engine asks of MPI, served by Python: ``waitany`` blocks until the test (or the
-    engine's wake) completes one of the requests."""
+class Driven(MpiCalls):
+    """The engine's own MPI calls (its waits, its wake); each operation's request is an
+    ``MPI.Grequest`` that completes when the test says, with the MPI error it names."""
 
     def __init__(self, threaded=True):
-        self.cond = threading.Condition()
+        super().__init__()
         self._threaded = threaded
-        self.posted = []
+        self.posted: list = []
+        self._errors: dict = {}  # request name -> the MPI error it completes with
+        self._names: dict = {}  # id(request) -> its name
 
     def threaded(self):
-        return self._threaded
-
-    def wake(self):
-        mpi = self
-
-        class Wake(Request):
-            def Complete(self):  # noqa: N802 (MPI's name)
-                mpi.complete(self)
-
-        return Wake("wake")
+        return self._threaded and super().threaded()
 
     def request(self, name):
-        request = Request(name)
-        with self.cond:
-            self.posted.append(name)
+        errors = self._errors
+
+        def query(status, *args):
+            status.Set_source(MPI.UNDEFINED)
+            status.Set_tag(MPI.UNDEFINED)
+            status.Set_cancelled(False)
+            if name in errors:
+                raise MPI.Exception(errors[name])  # the request's outcome: that MPI error
+
+        self.posted.append(name)
+        request = MPI.Grequest.Start(query, _nothing, _nothing)
+        self._names[id(request)] = name
         return request
 
     def complete(self, request, error=None):
-        with self.cond:
-            request.done, request.error = True, error
-            self.cond.notify_all()
+        if error is not None:
+            self._errors[self._names[id(request)]] = error
+        request.Complete()
 
-    def waitany(self, requests, deadline):
-        with self.cond:
-            while True:
-                for index, request in enumerate(requests):
-                    if request.done and not request.taken:
-                        request.taken = True
-                        return index, None, request.error
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return -1, None, None
-                self.cond.wait(left)
+
+def _nothing(*args):
+    return None
 
 
 def steps(mpi, name, count=1, *, last_steps=1, finished=None):
@@ -100,7 +87,7 @@ def until(predicate, seconds=5.0):
 @pytest.fixture
 def mpi():
     REQUESTS.clear()
-    return FakeMpi()
+    return Driven()
 
 
 def make(mpi, capacity=16, timeout=None, on_timeout=None):
@@ -197,11 +184,11 @@ def test_an_mpi_error_in_a_collective_breaks_the_engine(mpi):
     engine = make(mpi)
     failing = engine.submit(steps(mpi, "a"), "a")
     pending = engine.submit(steps(mpi, "b"), "b")
-    mpi.complete(REQUESTS["a.0"][0], error=RuntimeError("MPI_ERR_OTHER"))
+    mpi.complete(REQUESTS["a.0"][0], error=MPI.ERR_OTHER)
     engine.wait(failing)
     engine.wait(pending)
     for entry in (failing, pending):
-        with pytest.raises(OperationError, match="MPI error in a: MPI_ERR_OTHER"):
+        with pytest.raises(OperationError, match="MPI error in a: Other MPI error"):
             entry.raise_error()
     with pytest.raises(OperationError, match="unusable"):
         engine.submit(steps(mpi, "c"), "c")
@@ -213,9 +200,9 @@ def test_an_mpi_error_in_a_receive_fails_that_receive_only(mpi):
     engine = make(mpi)
     receive = engine.submit(steps(mpi, "recv"), "recv", p2p=True)
     collective = engine.submit(steps(mpi, "c"), "c")
-    mpi.complete(REQUESTS["recv.0"][0], error=RuntimeError("truncated"))
+    mpi.complete(REQUESTS["recv.0"][0], error=MPI.ERR_TRUNCATE)
     engine.wait(receive)
-    with pytest.raises(OperationError, match="MPI error in recv: truncated"):
+    with pytest.raises(OperationError, match="MPI error in recv: Message truncated"):
         receive.raise_error()
     done(mpi, "c.0")
     engine.wait(collective)
@@ -304,7 +291,7 @@ def test_a_future_callback_may_issue_and_wait_for_more_operations(mpi):
 
 
 def test_without_a_worker_collectives_complete_on_the_caller(mpi):
-    serial = FakeMpi(threaded=False)
+    serial = Driven(threaded=False)
     engine = make(serial, timeout=5)
     completer = threading.Thread(
         target=lambda: (until(lambda: "a.0" in REQUESTS), done(serial, "a.0")), daemon=True
