@@ -27,34 +27,33 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # uv installs where it can be had (pip install uv, into the venv): it unpacks the multi-GB torch
 # builds several times as fast as pip; pip itself otherwise. uv does not read pip's
-# configuration: its sources (index-url, extra-index-url, find-links), constraint
-# (PIP_CONSTRAINT wins, as with pip) and cert are passed on; it compiles the bytecode, as pip
-# does (without it, with PYTHONDONTWRITEBYTECODE set, every import of torch compiles it anew).
-uv_options() {
-  "$py" - <<'PY'
-import os, shlex, subprocess, sys
+# configuration: its sources (index-url, extra-index-url, find-links), constraint and cert, from
+# pip's files and PIP_* variables as pip ranks them, are handed over (read once, below); it
+# compiles the bytecode, as pip does (without it, with PYTHONDONTWRITEBYTECODE set, every import
+# of torch compiles it anew).
+uv=""
+uv_sources=()
+pip_constraint=""
+if "$py" -m pip install -q uv >/dev/null 2>&1 && [ -x "$venv/bin/uv" ]; then
+  uv="$venv/bin/uv"
+  eval "$("$py" - <<'PY'
+import shlex, subprocess, sys
 listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-config = {}
+config = {}  # pip lists its files, then its PIP_* variables: the later one wins
 for line in listed.splitlines():
     key, _, value = line.partition("=")
     config[key.rpartition(".")[2]] = shlex.split(value)[0] if value else ""
-out = ["--index-strategy", "unsafe-best-match"]
-flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links"}
-for key, flag in flags.items():
+sources = ["--index-strategy", "unsafe-best-match"]
+for key in ("index-url", "extra-index-url", "find-links"):
     for value in config.get(key, "").split():
-        out += [flag, value]
-constraint = os.environ.get("PIP_CONSTRAINT", config.get("constraint", ""))
-for value in constraint.split():
-    out += ["--constraint", value]
-print(shlex.join(out))
+        sources += ["--" + key, value]
+print(f"uv_sources=({shlex.join(sources)})")
+print(f"pip_constraint={shlex.quote(config.get('constraint', ''))}")
+print(f"pip_cert={shlex.quote(config.get('cert', ''))}")
 PY
-}
-uv=""
-if "$py" -m pip install -q uv >/dev/null 2>&1 && [ -x "$venv/bin/uv" ]; then
-  uv="$venv/bin/uv"
-  cert=$("$py" -m pip config get global.cert 2>/dev/null || true)
-  if [ -n "$cert" ] && [ -z "${SSL_CERT_FILE:-}" ]; then
-    export SSL_CERT_FILE=$cert
+)"
+  if [ -n "$pip_cert" ] && [ -z "${SSL_CERT_FILE:-}" ]; then
+    export SSL_CERT_FILE=$pip_cert
   fi
 fi
 
@@ -65,9 +64,12 @@ pip_install() {
   local log status=0
   log=$(mktemp)
   if [ -n "$uv" ]; then
-    local options
-    eval "options=($(uv_options))"
-    "$uv" pip install -q --compile-bytecode --python "$py" "${options[@]}" "$@" >"$log" 2>&1 || status=$?
+    local value constraints=()  # PIP_CONSTRAINT, where set (for one install below), wins, as with pip
+    for value in ${PIP_CONSTRAINT-$pip_constraint}; do
+      constraints+=(--constraint "$value")
+    done
+    "$uv" pip install -q --compile-bytecode --python "$py" "${uv_sources[@]}" \
+      ${constraints[@]+"${constraints[@]}"} "$@" >"$log" 2>&1 || status=$?
   else
     "$py" -m pip install -q "$@" >"$log" 2>&1 || status=$?
   fi
