@@ -9,6 +9,11 @@ timeout 1200 bash ci/setup.sh .venv mpich
 . .venv/bin/activate
 export HYDRA_LAUNCHER=fork MPISYNC_TEST_LOGS=.test-logs
 started=$SECONDS
+# A job that ends by MPI_Abort (the fail-fast tests' jobs do, on purpose) leaves MPICH's
+# shared-memory segment in /dev/shm and Hydra's topology file in /tmp: the ones this run made
+# are removed when it ends, so that repeated runs do not fill the machine's memory.
+since=$(mktemp)
+trap 'find /dev/shm /tmp -maxdepth 1 -user "$(id -u)" -newer "$since" \( -name "mpich_shm_*" -o -name "hydra_hwloc_xmlfile_*" \) -delete 2>/dev/null || true; rm -f "$since"' EXIT
 # A stage's heading, with the seconds since the tests began (what a slow stage costs shows in
 # the log) and the disk space left (the venvs of the later stages take several GB each).
 stage() { echo "== [$((SECONDS - started)) s, $(df -Ph . | awk 'NR == 2 {print $4}') free] $*"; }
