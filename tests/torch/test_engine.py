@@ -33,7 +33,15 @@ class Driven(MpiCalls):
     def threaded(self):
         return self._threaded and super().threaded()
 
-    def request(self, name):
+    def post(self, key, names):
+        """Requests named ``names``, kept as ``REQUESTS[key]`` before they count as posted (the
+        engine posts from its worker: a test that sees a name posted finds its request)."""
+        requests = [self._request(name) for name in names]
+        REQUESTS[key] = requests
+        self.posted.extend(names)
+        return requests
+
+    def _request(self, name):
         errors = self._errors
 
         def query(status, *args):
@@ -43,7 +51,6 @@ class Driven(MpiCalls):
             if name in errors:
                 raise MPI.Exception(errors[name])  # the request's outcome: that MPI error
 
-        self.posted.append(name)
         request = MPI.Grequest.Start(query, _nothing, _nothing)
         self._names[id(request)] = name
         return request
@@ -60,10 +67,9 @@ def _nothing(*args):
 
 def steps(mpi, name, count=1, *, last_steps=1, finished=None):
     """An operation of ``last_steps`` steps, each posting ``count`` requests (kept in
-    ``mpi.requests_of[name]``)."""
+    ``REQUESTS[f"{name}.{step}"]``)."""
     for step in range(last_steps):
-        requests = [mpi.request(f"{name}.{step}.{k}") for k in range(count)]
-        REQUESTS[f"{name}.{step}"] = requests
+        requests = mpi.post(f"{name}.{step}", [f"{name}.{step}.{k}" for k in range(count)])
         yield requests, step == last_steps - 1
     if finished is not None:
         finished.append(name)
@@ -161,8 +167,7 @@ def test_an_agreed_error_fails_that_operation_only(mpi):
         pass
 
     def refused():
-        REQUESTS["check"] = [mpi.request("check")]
-        yield REQUESTS["check"], False
+        yield mpi.post("check", ["check"]), False
         raise Refused("every rank refuses")
 
     engine = make(mpi)
