@@ -11,7 +11,7 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch")
 
 from mpisync.torch.engine import Engine  # noqa: E402
-from mpisync.torch.entry import MpiCalls  # noqa: E402
+from mpisync.torch.entry import MpiCalls, _cancel, _free, _query  # noqa: E402
 from mpisync.torch.errors import (  # noqa: E402
     AgreedError,
     OperationError,
@@ -45,13 +45,11 @@ class Driven(MpiCalls):
         errors = self._errors
 
         def query(status, *args):
-            status.Set_source(MPI.UNDEFINED)
-            status.Set_tag(MPI.UNDEFINED)
-            status.Set_cancelled(False)
+            _query(status)  # as the engine's own wake request
             if name in errors:
                 raise MPI.Exception(errors[name])  # the request's outcome: that MPI error
 
-        request = MPI.Grequest.Start(query, _nothing, _nothing)
+        request = MPI.Grequest.Start(query, _free, _cancel)
         self._names[id(request)] = name
         return request
 
@@ -59,10 +57,6 @@ class Driven(MpiCalls):
         if error is not None:
             self._errors[self._names[id(request)]] = error
         request.Complete()
-
-
-def _nothing(*args):
-    return None
 
 
 def steps(mpi, name, count=1, *, last_steps=1, finished=None):
